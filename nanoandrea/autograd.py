@@ -1,0 +1,95 @@
+"""A tape autograd at tensor granularity, micrograd's idea with one node per op.
+
+A Tensor holds `data` (a device array or an ndarray, as its backend says), `grad` (None until a
+gradient reaches it) and `requires_grad`. Every differentiable op (nanoandrea.ops) computes its
+output and, when gradients are on, appends one closure to the tape that, given output.grad,
+writes its inputs' gradients. `loss.backward()` walks the tape in reverse.
+
+Gradients are written by the backward kernels themselves, in one of two modes: the first
+gradient to reach a tensor is written (=), later ones are added (+=) - that is how the residual
+stream, used by two branches, sums its gradients. Parameters' gradients are views into the
+flat gradient buffer, zeroed once per step, so they are always added to (which also makes
+gradient accumulation over micro-batches free).
+"""
+from contextlib import contextmanager
+
+_tape = []                      # (output, backward closure), in forward order
+_grad_enabled = True
+
+
+class Tensor:
+    __slots__ = ("data", "backend", "grad", "requires_grad", "name")
+
+    def __init__(self, data, backend, requires_grad=False, grad=None, name=None):
+        self.data = data
+        self.backend = backend
+        self.requires_grad = requires_grad
+        self.grad = grad
+        self.name = name
+
+    @property
+    def shape(self):
+        return tuple(self.data.shape)
+
+    def numpy(self):
+        return self.backend.to_host(self.data)
+
+    def item(self):
+        return float(self.numpy().reshape(-1)[0])
+
+    def backward(self, grad=None):
+        """Backpropagate through everything on the tape, from this tensor with gradient `grad`
+        (a backend array of this shape; default: ones, as for a scalar loss)."""
+        if grad is None:
+            grad = self.backend.empty(self.shape)
+            self.backend.fill(grad, 1.0)
+        self.grad = grad
+        for output, backward in reversed(_tape):
+            if output.grad is not None:
+                backward()
+        _tape.clear()
+
+    def __repr__(self):
+        return f"Tensor({self.name or ''}{list(self.shape)}, {self.backend.name})"
+
+
+def record(output, inputs, backward):
+    """Called by an op: output depends on inputs through `backward` (a closure)."""
+    if _grad_enabled and any(t.requires_grad for t in inputs):
+        output.requires_grad = True
+        _tape.append((output, backward))
+    return output
+
+
+def grad_slot(tensor):
+    """(buffer, accumulate): where a backward writes tensor's gradient, and whether it adds."""
+    if tensor.grad is None:
+        tensor.grad = tensor.backend.empty(tensor.shape)
+        return tensor.grad, False
+    return tensor.grad, True
+
+
+def summed_grad(tensor):
+    """tensor's gradient buffer for kernels that always add to it (parameter gradients)."""
+    if tensor.grad is None:
+        tensor.grad = tensor.backend.zeros(tensor.shape)
+    return tensor.grad
+
+
+@contextmanager
+def no_grad():
+    """Evaluation and sampling: ops record nothing."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def grad_enabled():
+    return _grad_enabled
+
+
+def clear_tape():
+    _tape.clear()

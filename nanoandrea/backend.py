@@ -1,0 +1,113 @@
+"""Backends: where tensors live and which implementation of each op runs.
+
+Every op in nanoandrea.kernels comes as a pair with one signature: the CUDA launcher `name`
+and its NumPy twin `name_numpy`. A Backend gathers one side of every pair, plus memory:
+    CUDA   device arrays (Numba), float32; kernels launched through kernels.launch
+    NumPy  ndarrays on the CPU, float32 or float64 (float64 for the gradient checks)
+The model and the autograd only ever call `backend.<op>(...)`, `backend.empty(...)`, ...
+"""
+import numpy as np
+
+from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding, gelu,
+                      heads, layernorm, matmul)
+from .kernels.launch import SIMULATOR, gpu_available
+
+OPS = {
+    matmul: ["matmul", "sum_rows"],
+    heads: ["split_heads", "merge_heads"],
+    attention: ["attention_forward", "attention_backward"],
+    layernorm: ["layernorm_forward", "layernorm_backward"],
+    gelu: ["gelu_forward", "gelu_backward"],
+    embedding: ["embedding_forward", "embedding_backward"],
+    elementwise: ["add", "add_into", "fill"],
+    dropout: ["dropout_forward", "dropout_backward"],
+    crossentropy: ["crossentropy_forward", "crossentropy_backward"],
+    adamw: ["grad_norm", "adamw_update"],
+}
+
+
+class Backend:
+    def __init__(self, name, dtype):
+        self.name = name
+        self.dtype = np.dtype(dtype)
+        suffix = "" if name == "cuda" else "_numpy"
+        for module, names in OPS.items():
+            for op in names:
+                setattr(self, op, getattr(module, op + suffix))
+
+    def __repr__(self):
+        return f"Backend({self.name!r}, {self.dtype.name})"
+
+    # --- memory ------------------------------------------------------------------------
+    def empty(self, shape, dtype=None):
+        dtype = np.dtype(dtype or self.dtype)
+        if self.name == "cuda":
+            from numba import cuda
+            return cuda.device_array(shape, dtype=dtype, stream=_stream())
+        return np.empty(shape, dtype=dtype)
+
+    def zeros(self, shape, dtype=None):
+        array = self.empty(shape, dtype)
+        if self.name == "cuda" and array.dtype == np.float32 and array.size:
+            self.fill(array, 0.0)
+        elif self.name == "cuda":
+            array.copy_to_device(np.zeros(shape, dtype=array.dtype), stream=_stream())
+        else:
+            array[...] = 0
+        return array
+
+    def to_device(self, host_array, dtype=None):
+        """A copy of a host array on this backend (as `dtype`, default: its own dtype)."""
+        host_array = np.ascontiguousarray(host_array, dtype=dtype or np.asarray(host_array).dtype)
+        if self.name == "cuda":
+            from numba import cuda
+            return cuda.to_device(host_array, stream=_stream())
+        return host_array.copy()
+
+    def copy_from_host(self, array, host_array):
+        """Overwrite `array` (on this backend) with the contents of a host array."""
+        if self.name == "cuda":
+            array.copy_to_device(np.ascontiguousarray(host_array, dtype=array.dtype),
+                                 stream=_stream())
+        else:
+            array[...] = host_array
+
+    def to_host(self, array):
+        if self.name == "cuda":
+            return array.copy_to_host(stream=_stream())
+        return np.array(array)
+
+    def synchronize(self):
+        if self.name == "cuda":
+            from numba import cuda
+            cuda.synchronize()
+
+
+def _stream():
+    from .kernels.launch import current_stream
+    return current_stream()
+
+
+_backends = {}
+
+
+def get_backend(name="auto", dtype=None):
+    """'cuda', 'numpy' (alias 'cpu') or 'auto' (CUDA when a GPU is usable, else NumPy).
+
+    Under the CUDA simulator 'cuda' works too (the kernels run as Python threads on the CPU).
+    """
+    if name == "cpu":
+        name = "numpy"
+    if name == "auto":
+        name = "cuda" if gpu_available() else "numpy"
+    if name not in ("cuda", "numpy"):
+        raise ValueError(f"unknown backend {name!r}: use 'cuda', 'numpy' or 'auto'")
+    if name == "cuda" and not (gpu_available() or SIMULATOR):
+        raise RuntimeError("no usable CUDA GPU (and the CUDA simulator is off)")
+    dtype = np.dtype(dtype or np.float32)
+    if name == "cuda" and dtype != np.float32:
+        raise ValueError("the CUDA kernels are float32")
+    key = (name, dtype)
+    if key not in _backends:
+        _backends[key] = Backend(name, dtype)
+    return _backends[key]

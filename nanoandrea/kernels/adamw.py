@@ -1,0 +1,121 @@
+"""AdamW over the flat parameter buffer, with global gradient-norm clipping, as kernels.
+
+    params, grads, m, v : [P]   one flat buffer each (named views into them are the model's
+                                parameters); the first n_decay entries are the 2-D weight
+                                matrices, which get weight decay, the rest (biases, layernorms,
+                                position embeddings) do not.
+    norm                : [1]   the global L2 norm of grads (written by grad_norm)
+    partials            : [NORM_BLOCKS] scratch of grad_norm
+    hyper               : float32 [8] = lr, beta1, beta2, eps, weight_decay, grad_clip,
+                                bias_correction1, bias_correction2  (see adamw_hyperparameters)
+Everything a step changes (lr, the bias corrections) lives in `hyper` on the device and the clip
+factor is computed on the device from `norm`, so a step needs no host sync and can be replayed
+as a CUDA graph.
+
+    g     = grads * min(1, grad_clip / (norm + 1e-6))      (no clipping when grad_clip <= 0)
+    m     = beta1 m + (1 - beta1) g
+    v     = beta2 v + (1 - beta2) g^2
+    param -= lr * ( (m / bc1) / (sqrt(v / bc2) + eps) + weight_decay * param )   (decay if i < n_decay)
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .launch import SIMULATOR, check, check_float32, launch
+from .reduce import MAX_THREADS, block_sum
+
+THREADS = 32 if SIMULATOR else 256
+NORM_BLOCKS = 4 if SIMULATOR else 256
+
+
+@cuda.jit
+def squares_partial_kernel(partials, x):
+    # partials[block] = sum of x^2 over a grid-stride slice of x[P]
+    scratch = cuda.shared.array(MAX_THREADS, float32)
+    total = float32(0.0)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        total += x[i] * x[i]
+    total = block_sum(total, scratch)
+    if cuda.threadIdx.x == 0:
+        partials[cuda.blockIdx.x] = total
+
+
+@cuda.jit
+def norm_from_partials_kernel(norm, partials):
+    # norm[0] = sqrt(sum of partials); one block
+    scratch = cuda.shared.array(MAX_THREADS, float32)
+    total = float32(0.0)
+    for i in range(cuda.threadIdx.x, partials.size, cuda.blockDim.x):
+        total += partials[i]
+    total = block_sum(total, scratch)
+    if cuda.threadIdx.x == 0:
+        norm[0] = math.sqrt(total)
+
+
+@cuda.jit
+def adamw_kernel(params, grads, m, v, hyper, norm, n_decay):
+    # one thread per parameter, grid-stride
+    lr = hyper[0]
+    beta1 = hyper[1]
+    beta2 = hyper[2]
+    eps = hyper[3]
+    weight_decay = hyper[4]
+    grad_clip = hyper[5]
+    bias_correction1 = hyper[6]
+    bias_correction2 = hyper[7]
+    clip = float32(1.0)
+    if grad_clip > 0:
+        clip = min(float32(1.0), grad_clip / (norm[0] + float32(1e-6)))
+    for i in range(cuda.grid(1), params.size, cuda.gridsize(1)):
+        g = grads[i] * clip
+        m_i = beta1 * m[i] + (float32(1.0) - beta1) * g
+        v_i = beta2 * v[i] + (float32(1.0) - beta2) * g * g
+        m[i] = m_i
+        v[i] = v_i
+        update = (m_i / bias_correction1) / (math.sqrt(v_i / bias_correction2) + eps)
+        if i < n_decay:
+            update += weight_decay * params[i]
+        params[i] -= lr * update
+
+
+def adamw_hyperparameters(lr, beta1, beta2, eps, weight_decay, grad_clip, step):
+    """The `hyper` vector for optimizer step number `step` (1-based)."""
+    return np.array([lr, beta1, beta2, eps, weight_decay, grad_clip,
+                     1.0 - beta1 ** step, 1.0 - beta2 ** step], dtype=np.float32)
+
+
+def _check(*flat_buffers):
+    check(all(len(b.shape) == 1 and b.shape == flat_buffers[0].shape for b in flat_buffers),
+          "adamw: params, grads, m, v must be flat buffers of one size")
+
+
+def grad_norm(norm, grads, partials):
+    """norm[0] = ||grads||_2 (two deterministic reductions; partials: [NORM_BLOCKS] scratch)."""
+    check_float32(norm=norm, grads=grads, partials=partials)
+    check(partials.shape == (NORM_BLOCKS,), f"grad_norm: partials must be [{NORM_BLOCKS}]")
+    launch(squares_partial_kernel, NORM_BLOCKS, THREADS, partials, grads)
+    launch(norm_from_partials_kernel, 1, THREADS, norm, partials)
+
+
+def adamw_update(params, grads, m, v, hyper, norm, n_decay):
+    check_float32(params=params, grads=grads, m=m, v=v, hyper=hyper, norm=norm)
+    _check(params, grads, m, v)
+    launch(adamw_kernel, min(4096, max(1, (params.size + THREADS - 1) // THREADS)), THREADS,
+           params, grads, m, v, hyper, norm, np.int64(n_decay))
+
+
+def grad_norm_numpy(norm, grads, partials=None):
+    norm[0] = np.sqrt(np.sum(grads.astype(np.float64) ** 2))
+
+
+def adamw_update_numpy(params, grads, m, v, hyper, norm, n_decay):
+    _check(params, grads, m, v)
+    lr, beta1, beta2, eps, weight_decay, grad_clip, bc1, bc2 = [float(h) for h in hyper]
+    clip = min(1.0, grad_clip / (float(norm[0]) + 1e-6)) if grad_clip > 0 else 1.0
+    g = grads * clip
+    m[...] = beta1 * m + (1.0 - beta1) * g
+    v[...] = beta2 * v + (1.0 - beta2) * g * g
+    update = (m / bc1) / (np.sqrt(v / bc2) + eps)
+    update[:n_decay] += weight_decay * params[:n_decay]
+    params -= lr * update

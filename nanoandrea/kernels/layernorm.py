@@ -1,0 +1,131 @@
+"""Layer normalisation over the last axis, with a learned weight and bias (eps 1e-5, as GPT-2).
+
+    x, out      : [N, C]     (activations [B,T,C] viewed as N = B*T rows)
+    mean, rstd  : [N]        saved by forward for backward: rstd = 1/sqrt(var + eps)
+    weight, bias: [C]
+
+    xhat = (x - mean) * rstd,   out = xhat * weight + bias
+Backward, with g = dout * weight:
+    dx      = rstd * (g - mean(g) - xhat * mean(g * xhat))          (means over the row)
+    dweight += sum over rows of dout * xhat,   dbias += sum over rows of dout
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .launch import SIMULATOR, blocks, check_float32, check_shape, launch
+from .matmul import sum_rows
+from .reduce import COLUMNS, MAX_THREADS, ROW_GROUPS, block_sum, column_partials_sum
+
+EPS = 1e-5
+THREADS = 8 if SIMULATOR else 128        # threads per row
+
+
+@cuda.jit
+def layernorm_forward_kernel(out, mean, rstd, x, weight, bias, eps):
+    # out[N,C], mean[N], rstd[N] from x[N,C]; one block per row, threads stride over C
+    scratch = cuda.shared.array(MAX_THREADS, float32)
+    row = cuda.blockIdx.x
+    C = x.shape[1]
+    total = float32(0.0)
+    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        total += x[row, c]
+    row_mean = block_sum(total, scratch) / C
+    total = float32(0.0)
+    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        centered = x[row, c] - row_mean
+        total += centered * centered
+    row_rstd = float32(1.0) / math.sqrt(block_sum(total, scratch) / C + eps)
+    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        out[row, c] = (x[row, c] - row_mean) * row_rstd * weight[c] + bias[c]
+    if cuda.threadIdx.x == 0:
+        mean[row] = row_mean
+        rstd[row] = row_rstd
+
+
+@cuda.jit
+def layernorm_backward_kernel(dx, dout, x, weight, mean, rstd, accumulate):
+    # dx[N,C] (+)= the input gradient; one block per row
+    scratch = cuda.shared.array(MAX_THREADS, float32)
+    row = cuda.blockIdx.x
+    C = x.shape[1]
+    row_mean = mean[row]
+    row_rstd = rstd[row]
+    sum_g = float32(0.0)
+    sum_g_xhat = float32(0.0)
+    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        g = dout[row, c] * weight[c]
+        sum_g += g
+        sum_g_xhat += g * (x[row, c] - row_mean) * row_rstd
+    mean_g = block_sum(sum_g, scratch) / C
+    mean_g_xhat = block_sum(sum_g_xhat, scratch) / C
+    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        xhat = (x[row, c] - row_mean) * row_rstd
+        value = row_rstd * (dout[row, c] * weight[c] - mean_g - xhat * mean_g_xhat)
+        if accumulate:
+            value += dx[row, c]
+        dx[row, c] = value
+
+
+@cuda.jit
+def layernorm_weight_grad_kernel(dweight, dout, x, mean, rstd):
+    # dweight[C] += sum over rows of dout * xhat; grid C/32, block (32, 16), as sum_rows_kernel
+    partial = cuda.shared.array((ROW_GROUPS, COLUMNS), float32)
+    N, C = x.shape
+    col = cuda.blockIdx.x * COLUMNS + cuda.threadIdx.x
+    total = float32(0.0)
+    if col < C:
+        for row in range(cuda.threadIdx.y, N, ROW_GROUPS):
+            total += dout[row, col] * (x[row, col] - mean[row]) * rstd[row]
+    total = column_partials_sum(total, partial)
+    if cuda.threadIdx.y == 0 and col < C:
+        dweight[col] += total
+
+
+def _check(x, weight, **rows):
+    check_shape("layernorm x", x, (None, None))
+    N, C = x.shape
+    check_shape("layernorm weight", weight, (C,))
+    for name, array in rows.items():
+        check_shape(f"layernorm {name}", array, (N,) if name in ("mean", "rstd") else (N, C))
+
+
+def layernorm_forward(out, mean, rstd, x, weight, bias):
+    """out = layernorm(x) * weight + bias, row by row; mean and rstd saved for backward."""
+    check_float32(out=out, mean=mean, rstd=rstd, x=x, weight=weight, bias=bias)
+    _check(x, weight, out=out, mean=mean, rstd=rstd)
+    launch(layernorm_forward_kernel, x.shape[0], THREADS, out, mean, rstd, x, weight, bias,
+           np.float32(EPS))
+
+
+def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False):
+    """dx (+)= input gradient; dweight, dbias += parameter gradients (always accumulated)."""
+    check_float32(dx=dx, dweight=dweight, dbias=dbias, dout=dout, x=x, weight=weight)
+    _check(x, weight, dx=dx, dout=dout, mean=mean, rstd=rstd)
+    launch(layernorm_backward_kernel, x.shape[0], THREADS, dx, dout, x, weight, mean, rstd,
+           accumulate)
+    launch(layernorm_weight_grad_kernel, blocks(x.shape[1], COLUMNS), (COLUMNS, ROW_GROUPS),
+           dweight, dout, x, mean, rstd)
+    sum_rows(dbias, dout, accumulate=True)
+
+
+def layernorm_forward_numpy(out, mean, rstd, x, weight, bias):
+    _check(x, weight, out=out, mean=mean, rstd=rstd)
+    mean[...] = x.mean(axis=1)
+    rstd[...] = 1.0 / np.sqrt(((x - mean[:, None]) ** 2).mean(axis=1) + EPS)
+    out[...] = (x - mean[:, None]) * rstd[:, None] * weight + bias
+
+
+def layernorm_backward_numpy(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False):
+    _check(x, weight, dx=dx, dout=dout, mean=mean, rstd=rstd)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    g = dout * weight
+    value = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
+                             - xhat * (g * xhat).mean(axis=1, keepdims=True))
+    if accumulate:
+        dx += value
+    else:
+        dx[...] = value
+    dweight += (dout * xhat).sum(axis=0)
+    dbias += dout.sum(axis=0)

@@ -1,0 +1,80 @@
+"""The ANDREA model: GPT-2's architecture, written as the brief's five attention steps.
+
+    idx [B,T] -> token + position embedding -> n_layer blocks -> final layernorm -> LM head
+    block:      x = x + attention(layernorm(x))     x = x + mlp(layernorm(x))     (pre-LN)
+    attention:  1. Q, K, V = X.W_Q, X.W_K, X.W_V     three matmuls, each [C,C] holding all heads
+                2. split heads                       [B,T,C] -> [B,H,T,D]
+                3. attention                         one kernel, every (batch, head) pair
+                4. merge heads                       [B,H,T,D] -> [B,T,C], the concat
+                5. output projection                 Y.W_O mixes the heads
+    mlp:        gelu(x.W_fc + b) . W_proj + b        width 4C
+The LM head is tied to the token embedding: logits = x . wte^T.
+"""
+import numpy as np
+
+from . import ops
+from .autograd import no_grad
+from .backend import get_backend
+from .config import GPTConfig
+from .params import ParameterStore
+
+
+class GPT:
+    def __init__(self, config: GPTConfig, backend=None, seed=1337):
+        self.config = config.validate()
+        self.backend = backend or get_backend()
+        self.params = ParameterStore(self.config, self.backend)
+        self.params.initialize(seed)
+        self.dropout_seed = self.backend.to_device(np.zeros(1, dtype=np.int64))
+
+    def __getitem__(self, name):
+        return self.params[name]
+
+    def set_dropout_seed(self, seed):
+        """Dropout masks are a hash of (seed, site, element): set a new seed every step."""
+        self.backend.copy_from_host(self.dropout_seed, np.array([seed], dtype=np.int64))
+
+    def forward(self, idx, targets=None, train=False):
+        """idx, targets: int arrays [B,T] on the host. Returns (logits [B,T,V], loss [1] or None)."""
+        B, T = np.shape(idx)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds the block size {self.config.block_size}")
+        p = self.config.dropout if train else 0.0
+        x = ops.embedding(idx, self["wte"], self["wpe"])                      # [B,T,C]
+        x = ops.dropout(x, p, self.dropout_seed, site=0)
+        for layer in range(self.config.n_layer):
+            x = self.block(x, layer, p)
+        x = ops.layernorm(x, self["ln_f.weight"], self["ln_f.bias"])
+        logits = ops.linear(x, self["wte"], transpose_weight=True)            # [B,T,V]
+        loss = None if targets is None else ops.cross_entropy(logits, targets)
+        return logits, loss
+
+    def block(self, x, layer, p):
+        h = f"h.{layer}."
+        a = self.attention(ops.layernorm(x, self[h + "ln_1.weight"], self[h + "ln_1.bias"]), layer)
+        x = ops.add(x, ops.dropout(a, p, self.dropout_seed, site=1 + 2 * layer))
+        m = self.mlp(ops.layernorm(x, self[h + "ln_2.weight"], self[h + "ln_2.bias"]), layer)
+        return ops.add(x, ops.dropout(m, p, self.dropout_seed, site=2 + 2 * layer))
+
+    def attention(self, x, layer):
+        a = f"h.{layer}.attn."
+        H = self.config.n_head
+        q = ops.linear(x, self[a + "w_q"], self[a + "b_q"])                   # 1. [B,T,C] each,
+        k = ops.linear(x, self[a + "w_k"], self[a + "b_k"])                   #    all heads at once
+        v = ops.linear(x, self[a + "w_v"], self[a + "b_v"])
+        q, k, v = ops.split_heads(q, H), ops.split_heads(k, H), ops.split_heads(v, H)  # 2. [B,H,T,D]
+        y = ops.attention(q, k, v)                                            # 3. [B,H,T,D]
+        y = ops.merge_heads(y)                                                # 4. [B,T,C]
+        return ops.linear(y, self[a + "w_o"], self[a + "b_o"])                # 5. mix the heads
+
+    def mlp(self, x, layer):
+        m = f"h.{layer}.mlp."
+        x = ops.linear(x, self[m + "c_fc.weight"], self[m + "c_fc.bias"])     # [B,T,4C]
+        x = ops.gelu(x)
+        return ops.linear(x, self[m + "c_proj.weight"], self[m + "c_proj.bias"])
+
+    def loss(self, idx, targets):
+        """The mean cross-entropy as a float, without gradients (evaluation)."""
+        with no_grad():
+            _, loss = self.forward(idx, targets)
+            return loss.item()

@@ -1,0 +1,188 @@
+"""Differentiable ops: each runs its forward on the tensors' backend and records its backward.
+
+Every function here has the same shape: allocate the output, call the backend's forward,
+then `record(output, inputs, backward)` with a closure that calls the backend's backward
+kernels. `grad_slot(t)` says where t's gradient goes and whether to add to it.
+Shapes: B batch, T time, C width, H heads, D = C/H head size, V vocabulary, N = B*T.
+"""
+import numpy as np
+
+from .autograd import Tensor, grad_enabled, grad_slot, record, summed_grad
+from .kernels.embedding import group_positions_by_token
+
+
+def _new(like, shape, dtype=None):
+    return Tensor(like.backend.empty(shape, dtype), like.backend)
+
+
+def linear(x, weight, bias=None, transpose_weight=False):
+    """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight)."""
+    backend = x.backend
+    K = x.shape[-1]
+    N = weight.shape[0] if transpose_weight else weight.shape[1]
+    rows = x.data.reshape(-1, K)                                   # [N_rows, K]
+    out = _new(x, x.shape[:-1] + (N,))
+    backend.matmul(out.data.reshape(-1, N), rows, weight.data,
+                   None if bias is None else bias.data, transpose_b=transpose_weight)
+
+    def backward():
+        dy = out.grad.reshape(-1, N)
+        if x.requires_grad:                                         # dX = dY . W^T
+            dx, accumulate = grad_slot(x)
+            backend.matmul(dx.reshape(-1, K), dy, weight.data,
+                           transpose_b=not transpose_weight, accumulate=accumulate)
+        if weight.requires_grad:
+            dw, accumulate = grad_slot(weight)
+            if transpose_weight:                                    # dW[N,K] = dY^T . X
+                backend.matmul(dw, dy, rows, transpose_a=True, accumulate=accumulate)
+            else:                                                   # dW[K,N] = X^T . dY
+                backend.matmul(dw, rows, dy, transpose_a=True, accumulate=accumulate)
+        if bias is not None and bias.requires_grad:                 # db = sum of dY's rows
+            db, accumulate = grad_slot(bias)
+            backend.sum_rows(db, dy, accumulate=accumulate)
+
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    return record(out, inputs, backward)
+
+
+def split_heads(x, n_head):
+    """[B,T,C] -> [B,H,T,D]: each head's T x D slice contiguous."""
+    B, T, C = x.shape
+    out = _new(x, (B, n_head, T, C // n_head))
+    x.backend.split_heads(out.data, x.data)
+
+    def backward():
+        dx, accumulate = grad_slot(x)
+        x.backend.merge_heads(dx, out.grad, accumulate=accumulate)
+
+    return record(out, [x], backward)
+
+
+def merge_heads(x):
+    """[B,H,T,D] -> [B,T,C]: the heads side by side (their concatenation)."""
+    B, H, T, D = x.shape
+    out = _new(x, (B, T, H * D))
+    x.backend.merge_heads(out.data, x.data)
+
+    def backward():
+        dx, accumulate = grad_slot(x)
+        x.backend.split_heads(dx, out.grad, accumulate=accumulate)
+
+    return record(out, [x], backward)
+
+
+def attention(q, k, v):
+    """Causal softmax attention, all (batch, head) pairs in one launch. q, k, v: [B,H,T,D]."""
+    backend = q.backend
+    B, H, T, D = q.shape
+    out = _new(q, q.shape)
+    lse = backend.empty((B, H, T))
+    backend.attention_forward(out.data, lse, q.data, k.data, v.data)
+
+    def backward():
+        (dq, acc_q), (dk, acc_k), (dv, acc_v) = grad_slot(q), grad_slot(k), grad_slot(v)
+        if not (acc_q == acc_k == acc_v):
+            raise NotImplementedError("attention backward: q, k, v gradients must all be new")
+        delta = backend.empty((B, H, T))
+        backend.attention_backward(dq, dk, dv, delta, out.grad, q.data, k.data, v.data,
+                                   out.data, lse, accumulate=acc_q)
+
+    return record(out, [q, k, v], backward)
+
+
+def layernorm(x, weight, bias):
+    """Layer norm over the last axis of x[..., C]."""
+    backend = x.backend
+    C = x.shape[-1]
+    rows = x.data.reshape(-1, C)
+    out = _new(x, x.shape)
+    mean = backend.empty((rows.shape[0],))
+    rstd = backend.empty((rows.shape[0],))
+    backend.layernorm_forward(out.data.reshape(-1, C), mean, rstd, rows, weight.data, bias.data)
+
+    def backward():
+        dx, accumulate = grad_slot(x)
+        backend.layernorm_backward(dx.reshape(-1, C), summed_grad(weight), summed_grad(bias),
+                                   out.grad.reshape(-1, C),
+                                   rows, weight.data, mean, rstd, accumulate=accumulate)
+
+    return record(out, [x, weight, bias], backward)
+
+
+def gelu(x):
+    out = _new(x, x.shape)
+    x.backend.gelu_forward(out.data, x.data)
+
+    def backward():
+        dx, accumulate = grad_slot(x)
+        x.backend.gelu_backward(dx, out.grad, x.data, accumulate=accumulate)
+
+    return record(out, [x], backward)
+
+
+def add(a, b):
+    """The residual add: a + b (same shapes)."""
+    out = _new(a, a.shape)
+    a.backend.add(out.data, a.data, b.data)
+
+    def backward():
+        for t in (a, b):
+            if t.requires_grad:
+                dt, accumulate = grad_slot(t)
+                t.backend.add_into(dt, out.grad, accumulate=accumulate)
+
+    return record(out, [a, b], backward)
+
+
+def dropout(x, p, seed, site):
+    """Zero each element with probability p, scale the rest by 1/(1-p). seed: int64[1] on the
+    backend (changed every step); site: this dropout's number in the model."""
+    if p == 0.0:
+        return x
+    out = _new(x, x.shape)
+    x.backend.dropout_forward(out.data, x.data, p, seed, site)
+
+    def backward():
+        dx, accumulate = grad_slot(x)
+        x.backend.dropout_backward(dx, out.grad, p, seed, site, accumulate=accumulate)
+
+    return record(out, [x], backward)
+
+
+def embedding(idx, wte, wpe):
+    """Token + position embedding. idx: int array [B,T] on the host; wte [V,C], wpe [block,C]."""
+    backend = wte.backend
+    idx = np.asarray(idx, dtype=np.int32)
+    B, T = idx.shape
+    idx_device = backend.to_device(idx)
+    out = _new(wte, (B, T, wte.shape[1]))
+    backend.embedding_forward(out.data, idx_device, wte.data, wpe.data)
+    if not (grad_enabled() and (wte.requires_grad or wpe.requires_grad)):
+        return out
+    order, starts = (backend.to_device(a) for a in group_positions_by_token(idx))
+
+    def backward():
+        backend.embedding_backward(summed_grad(wte), summed_grad(wpe), out.grad, idx_device,
+                                   order, starts)
+
+    return record(out, [wte, wpe], backward)
+
+
+def cross_entropy(logits, targets):
+    """Mean softmax cross-entropy of logits[..., V] against int targets [...] (a host array)."""
+    backend = logits.backend
+    V = logits.shape[-1]
+    rows = logits.data.reshape(-1, V)                                 # [N, V]
+    N = rows.shape[0]
+    targets_device = backend.to_device(np.asarray(targets, dtype=np.int32).reshape(N))
+    loss = _new(logits, (1,))
+    losses = backend.empty((N,))
+    lse = backend.empty((N,))
+    backend.crossentropy_forward(loss.data, losses, lse, rows, targets_device)
+
+    def backward():
+        dlogits, accumulate = grad_slot(logits)
+        backend.crossentropy_backward(dlogits.reshape(-1, V), loss.grad, rows, lse,
+                                      targets_device, accumulate=accumulate)
+
+    return record(loss, [logits], backward)

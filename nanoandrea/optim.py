@@ -1,0 +1,58 @@
+"""AdamW over the model's flat buffers, and the learning-rate schedule.
+
+One optimizer step is three kernels whatever the model size: the global gradient norm (two
+deterministic reductions) and one AdamW kernel over all P parameters. The step's lr and bias
+corrections travel to the device as one 8-float vector, and clipping reads the norm on the
+device, so nothing waits for the host.
+"""
+import math
+
+import numpy as np
+
+from .kernels.adamw import NORM_BLOCKS, adamw_hyperparameters
+
+
+class AdamW:
+    def __init__(self, store, lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1,
+                 grad_clip=1.0):
+        self.store = store
+        self.backend = store.backend
+        self.lr = lr
+        self.betas = betas
+        self.eps = eps
+        self.weight_decay = weight_decay
+        self.grad_clip = grad_clip
+        self.step_count = 0
+        self.hyper = self.backend.zeros((8,), np.float32)
+        self.norm = self.backend.zeros((1,), np.float32)
+        self.partials = self.backend.zeros((NORM_BLOCKS,), np.float32)
+
+    def zero_grad(self):
+        self.store.zero_grads()
+
+    def step(self, lr=None):
+        """One AdamW update from the gradients in the store (lr: this step's learning rate)."""
+        self.step_count += 1
+        hyper = adamw_hyperparameters(self.lr if lr is None else lr, self.betas[0],
+                                      self.betas[1], self.eps, self.weight_decay,
+                                      self.grad_clip, self.step_count)
+        self.backend.copy_from_host(self.hyper, hyper)
+        self.backend.grad_norm(self.norm, self.store.grads, self.partials)
+        self.backend.adamw_update(self.store.params, self.store.grads, self.store.m,
+                                  self.store.v, self.hyper, self.norm, self.store.n_decay)
+
+    def grad_norm(self):
+        """The global gradient norm of the last step (before clipping); waits for the device."""
+        return float(self.backend.to_host(self.norm)[0])
+
+
+def learning_rate(step, max_lr, min_lr, warmup_steps, max_steps):
+    """Linear warmup from 0 to max_lr over warmup_steps, then cosine decay to min_lr at max_steps.
+
+    step is 0-based (the step about to run)."""
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps:
+        return min_lr
+    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)

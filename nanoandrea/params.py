@@ -1,0 +1,127 @@
+"""Parameters, gradients and AdamW state in ONE flat buffer, with named views into it.
+
+    buffer[0] params   buffer[1] grads   buffer[2] m   buffer[3] v        buffer: [4, P]
+
+Each parameter is a Tensor whose data is a view params[offset:offset+n].reshape(shape) and whose
+grad is the same view of grads. So zeroing every gradient is one fill, AdamW is one kernel over
+P numbers, and a checkpoint is one array. The 2-D weight matrices come first (the first
+n_decay entries): they are the ones AdamW decays.
+
+Names follow GPT-2 where GPT-2 has the same tensor (wte, wpe, h.{i}.ln_1, h.{i}.mlp.c_fc, ...).
+Attention keeps the brief's four matrices: h.{i}.attn.w_q, w_k, w_v, w_o (each [C, C], all heads
+side by side) with biases b_q, b_k, b_v, b_o; GPT-2's c_attn is [w_q | w_k | w_v].
+"""
+from dataclasses import dataclass
+import math
+
+import numpy as np
+
+from .autograd import Tensor
+
+
+@dataclass
+class ParamSpec:
+    name: str
+    shape: tuple
+    decay: bool          # AdamW weight decay applies
+    init: str            # "normal", "residual" (scaled normal), "zeros", "ones"
+
+
+def parameter_layout(config):
+    """Every parameter of the model, matrices (decayed) first."""
+    C, L = config.n_embd, config.n_layer
+    matrices = [ParamSpec("wte", (config.vocab_size, C), True, "normal")]
+    others = [ParamSpec("wpe", (config.block_size, C), False, "normal")]
+    for i in range(L):
+        h = f"h.{i}."
+        for w in ("w_q", "w_k", "w_v"):
+            matrices.append(ParamSpec(h + "attn." + w, (C, C), True, "normal"))
+        matrices.append(ParamSpec(h + "attn.w_o", (C, C), True, "residual"))
+        matrices.append(ParamSpec(h + "mlp.c_fc.weight", (C, 4 * C), True, "normal"))
+        matrices.append(ParamSpec(h + "mlp.c_proj.weight", (4 * C, C), True, "residual"))
+        others += [ParamSpec(h + "ln_1.weight", (C,), False, "ones"),
+                   ParamSpec(h + "ln_1.bias", (C,), False, "zeros")]
+        others += [ParamSpec(h + "attn." + b, (C,), False, "zeros")
+                   for b in ("b_q", "b_k", "b_v", "b_o")]
+        others += [ParamSpec(h + "ln_2.weight", (C,), False, "ones"),
+                   ParamSpec(h + "ln_2.bias", (C,), False, "zeros"),
+                   ParamSpec(h + "mlp.c_fc.bias", (4 * C,), False, "zeros"),
+                   ParamSpec(h + "mlp.c_proj.bias", (C,), False, "zeros")]
+    others += [ParamSpec("ln_f.weight", (C,), False, "ones"),
+               ParamSpec("ln_f.bias", (C,), False, "zeros")]
+    return matrices + others
+
+
+class ParameterStore:
+    def __init__(self, config, backend):
+        self.config = config
+        self.backend = backend
+        self.layout = parameter_layout(config)
+        self.offsets = {}
+        offset = 0
+        for spec in self.layout:
+            self.offsets[spec.name] = offset
+            offset += math.prod(spec.shape)
+        self.size = offset
+        self.n_decay = sum(math.prod(s.shape) for s in self.layout if s.decay)
+        self.buffer = backend.zeros((4, self.size))
+        self.params, self.grads, self.m, self.v = (self.buffer[i] for i in range(4))
+        self.tensors = {spec.name: Tensor(self._view(self.params, spec), backend,
+                                          requires_grad=True, grad=self._view(self.grads, spec),
+                                          name=spec.name)
+                        for spec in self.layout}
+
+    def _view(self, flat, spec):
+        start = self.offsets[spec.name]
+        return flat[start:start + math.prod(spec.shape)].reshape(spec.shape)
+
+    def __getitem__(self, name):
+        return self.tensors[name]
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def initial_values(self, seed):
+        """GPT-2's initialisation as one host array: N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) for
+        the two projections that write into the residual stream, zero biases, unit layernorms."""
+        rng = np.random.default_rng(seed)
+        values = np.empty(self.size, dtype=np.float32)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for spec in self.layout:
+            n = math.prod(spec.shape)
+            start = self.offsets[spec.name]
+            if spec.init in ("normal", "residual"):
+                std = 0.02 if spec.init == "normal" else residual_std
+                values[start:start + n] = rng.standard_normal(n, dtype=np.float32) * std
+            else:
+                values[start:start + n] = 0.0 if spec.init == "zeros" else 1.0
+        return values
+
+    def initialize(self, seed):
+        self.load_flat(self.initial_values(seed))
+
+    def load_flat(self, values):
+        self.backend.copy_from_host(self.params, values)
+
+    def zero_grads(self):
+        self.backend.fill(self.grads, 0.0)
+
+    def state_dict(self):
+        """{name: host array} of the parameters."""
+        flat = self.backend.to_host(self.params)
+        return {spec.name: flat[self.offsets[spec.name]:
+                                self.offsets[spec.name] + math.prod(spec.shape)].reshape(spec.shape)
+                for spec in self.layout}
+
+    def load_state_dict(self, arrays):
+        missing = [s.name for s in self.layout if s.name not in arrays]
+        if missing:
+            raise ValueError(f"missing parameters: {', '.join(missing[:5])}")
+        flat = np.empty(self.size, dtype=self.backend.dtype)
+        for spec in self.layout:
+            value = np.asarray(arrays[spec.name])
+            if tuple(value.shape) != tuple(spec.shape):
+                raise ValueError(f"{spec.name}: expected shape {spec.shape}, got {value.shape}")
+            start = self.offsets[spec.name]
+            flat[start:start + value.size] = value.reshape(-1)
+        self.load_flat(flat)

@@ -1,0 +1,284 @@
+"""Every CUDA kernel against its NumPy twin, forward and backward, on fresh random inputs.
+
+Sizes are never multiples of a tile (T=7, C=24, V=37, ...). In the simulator they stay tiny; on
+a GPU the same tests run at andrea-12m shapes. Outputs are poisoned with NaN before a kernel
+writes them (every element must be written), and each gradient kernel is checked in both modes:
+overwrite (=) and accumulate (+=) onto a random prior value.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from conftest import GPU, relative_error
+from nanoandrea.kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding,
+                                gelu, heads, layernorm, matmul)
+
+TOLERANCE = 2e-5 if not GPU else 1e-4      # float32 kernels against a float64 reference
+
+
+def device(array, dtype=np.float32):
+    return cuda.to_device(np.ascontiguousarray(array, dtype=dtype))
+
+
+def poisoned(shape):
+    return device(np.full(shape, np.nan))
+
+
+def output_and_prior(rng, shape, accumulate):
+    """(device output buffer, its prior value on the host): NaN-poisoned or random."""
+    prior = rng.standard_normal(shape).astype(np.float32) if accumulate else np.zeros(shape)
+    return (device(prior) if accumulate else poisoned(shape)), prior
+
+
+# --- matmul ----------------------------------------------------------------------------------
+
+MATMUL_SIZES = [(14, 24, 37), (33, 20, 9)] if not GPU else [(1024, 1536, 384), (1000, 389, 771)]
+
+
+@pytest.mark.parametrize("kernel", ["tiled", "blocked"])
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
+def test_matmul(rng, kernel, transpose_a, transpose_b):
+    for (M, N, K), with_bias, accumulate in zip(MATMUL_SIZES, (True, False), (False, True)):
+        if kernel == "blocked" and not GPU and (M, N, K) != MATMUL_SIZES[0]:
+            continue            # one size of the 256-thread kernel is enough for the simulator
+        a = rng.standard_normal((K, M) if transpose_a else (M, K))
+        b = rng.standard_normal((N, K) if transpose_b else (K, N))
+        bias = rng.standard_normal(N) if with_bias else None
+        out, prior = output_and_prior(rng, (M, N), accumulate)
+        matmul.matmul(out, device(a), device(b), None if bias is None else device(bias),
+                      transpose_a, transpose_b, accumulate, kernel=kernel)
+        want = prior.astype(np.float64)
+        matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b, accumulate)
+        assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
+def test_matmul_rejects_bad_shapes():
+    a, b = device(np.zeros((3, 4))), device(np.zeros((5, 6)))
+    with pytest.raises(ValueError, match="matmul b: expected shape"):
+        matmul.matmul(device(np.zeros((3, 6))), a, b)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_sum_rows(rng, accumulate):
+    x = rng.standard_normal((37, 45) if not GPU else (16384, 1536))
+    out, prior = output_and_prior(rng, x.shape[1], accumulate)
+    matmul.sum_rows(out, device(x), accumulate)
+    want = prior.astype(np.float64)
+    matmul.sum_rows_numpy(want, x, accumulate)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
+# --- split / merge heads ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_split_and_merge_heads(rng, accumulate):
+    B, T, H, D = (2, 7, 3, 8) if not GPU else (64, 256, 12, 32)
+    x = rng.standard_normal((B, T, H * D))
+    out, prior = output_and_prior(rng, (B, H, T, D), accumulate)
+    heads.split_heads(out, device(x), accumulate)
+    want = prior.copy()
+    heads.split_heads_numpy(want, x, accumulate)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+    y = rng.standard_normal((B, H, T, D))
+    out, prior = output_and_prior(rng, (B, T, H * D), accumulate)
+    heads.merge_heads(out, device(y), accumulate)
+    want = prior.copy()
+    heads.merge_heads_numpy(want, y, accumulate)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
+def test_merge_inverts_split(rng):
+    x = rng.standard_normal((2, 5, 12)).astype(np.float32)
+    split, merged = poisoned((2, 3, 5, 4)), poisoned((2, 5, 12))
+    heads.split_heads(split, device(x))
+    heads.merge_heads(merged, split)
+    assert np.array_equal(merged.copy_to_host(), x)
+
+
+# --- attention -------------------------------------------------------------------------------------
+
+def attention_cases():
+    cases = []
+    for D in (8, 32, 64, 72):
+        for kernel in ("reference", "fast"):
+            if kernel == "fast" and D not in attention.FAST_HEAD_SIZES:
+                continue
+            for rows_per_block in ((None,) if kernel == "reference" else (None, 3)):
+                cases.append((D, kernel, rows_per_block))
+    return cases
+
+
+@pytest.mark.parametrize("D,kernel,rows_per_block", attention_cases())
+def test_attention(rng, D, kernel, rows_per_block):
+    B, H, T = (2, 2, 7) if not GPU else (4, 12, 256)
+    if GPU and rows_per_block:
+        rows_per_block = 64
+    q, k, v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(4))
+    out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
+    dq_q, dk_q, dv_q = (device(x) for x in (q, k, v))
+    attention.attention_forward(out, lse, dq_q, dk_q, dv_q, kernel=kernel,
+                                rows_per_block=rows_per_block)
+    want_out, want_lse = np.empty((B, H, T, D)), np.empty((B, H, T))
+    attention.attention_forward_numpy(want_out, want_lse, q, k, v)
+    assert relative_error(out.copy_to_host(), want_out) < TOLERANCE
+    assert relative_error(lse.copy_to_host(), want_lse) < TOLERANCE
+
+    for accumulate in (False, True):
+        grads = [output_and_prior(rng, (B, H, T, D), accumulate) for _ in range(3)]
+        delta = poisoned((B, H, T))
+        attention.attention_backward(*[g for g, _ in grads], delta, device(dout), dq_q, dk_q,
+                                     dv_q, out, lse, accumulate, kernel=kernel,
+                                     rows_per_block=rows_per_block)
+        want = [prior.copy() for _, prior in grads]
+        attention.attention_backward_numpy(*want, np.empty((B, H, T)), dout, q, k, v, want_out,
+                                           want_lse, accumulate)
+        for (got, _), expected, name in zip(grads, want, ("dq", "dk", "dv")):
+            assert relative_error(got.copy_to_host(), expected) < TOLERANCE, name
+
+
+def test_attention_fast_kernel_refuses_other_head_sizes():
+    x = device(np.zeros((1, 1, 3, 72)))
+    with pytest.raises(ValueError, match="fast kernels take D in"):
+        attention.attention_forward(x, device(np.zeros((1, 1, 3))), x, x, x, kernel="fast")
+
+
+# --- layernorm, gelu, elementwise, dropout ----------------------------------------------------------
+
+ROWS, WIDTH = (7, 24) if not GPU else (16384, 384)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_layernorm(rng, accumulate):
+    x = 3.0 + 2.0 * rng.standard_normal((ROWS, WIDTH))
+    weight, bias = 1 + 0.2 * rng.standard_normal(WIDTH), rng.standard_normal(WIDTH)
+    out, mean, rstd = poisoned((ROWS, WIDTH)), poisoned(ROWS), poisoned(ROWS)
+    layernorm.layernorm_forward(out, mean, rstd, device(x), device(weight), device(bias))
+    want = [np.empty((ROWS, WIDTH)), np.empty(ROWS), np.empty(ROWS)]
+    layernorm.layernorm_forward_numpy(*want, x, weight, bias)
+    for got, expected in zip((out, mean, rstd), want):
+        assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+    dout = rng.standard_normal((ROWS, WIDTH))
+    dx, prior = output_and_prior(rng, (ROWS, WIDTH), accumulate)
+    dweight_prior, dbias_prior = rng.standard_normal(WIDTH), rng.standard_normal(WIDTH)
+    dweight, dbias = device(dweight_prior), device(dbias_prior)
+    layernorm.layernorm_backward(dx, dweight, dbias, device(dout), device(x), device(weight),
+                                 mean, rstd, accumulate)
+    want_dx, want_dw, want_db = prior.copy(), dweight_prior.copy(), dbias_prior.copy()
+    layernorm.layernorm_backward_numpy(want_dx, want_dw, want_db, dout, x, weight, want[1],
+                                       want[2], accumulate)
+    for got, expected in ((dx, want_dx), (dweight, want_dw), (dbias, want_db)):
+        assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gelu(rng, accumulate):
+    x = 3 * rng.standard_normal((ROWS, 4 * WIDTH))
+    out = poisoned(x.shape)
+    gelu.gelu_forward(out, device(x))
+    want = np.empty(x.shape)
+    gelu.gelu_forward_numpy(want, x)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+    dout = rng.standard_normal(x.shape)
+    dx, prior = output_and_prior(rng, x.shape, accumulate)
+    gelu.gelu_backward(dx, device(dout), device(x), accumulate)
+    want = prior.copy()
+    gelu.gelu_backward_numpy(want, dout, x, accumulate)
+    assert relative_error(dx.copy_to_host(), want) < TOLERANCE
+
+
+def test_elementwise(rng):
+    a, b = rng.standard_normal((5, 9)), rng.standard_normal((5, 9))
+    out = poisoned(a.shape)
+    elementwise.add(out, device(a), device(b))
+    assert relative_error(out.copy_to_host(), a + b) < TOLERANCE
+    elementwise.add_into(out, device(a), accumulate=True)
+    assert relative_error(out.copy_to_host(), 2 * a + b) < TOLERANCE
+    elementwise.add_into(out, device(b), accumulate=False)
+    assert relative_error(out.copy_to_host(), b) < TOLERANCE
+    elementwise.fill(out, 0.25)
+    assert np.all(out.copy_to_host() == 0.25)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_dropout_matches_numpy_bit_for_bit(rng, accumulate):
+    x = rng.standard_normal((ROWS, WIDTH)).astype(np.float32)
+    seed = np.array([987654321], dtype=np.int64)
+    out = poisoned(x.shape)
+    dropout.dropout_forward(out, device(x), 0.25, device(seed, np.int64), 3)
+    want = np.empty(x.shape, dtype=np.float32)
+    dropout.dropout_forward_numpy(want, x, 0.25, seed, 3)
+    got = out.copy_to_host()
+    assert np.array_equal(got, want)
+    dropped = np.mean(got == 0)
+    assert 0.15 < dropped < 0.35, f"dropped fraction {dropped}"
+    dout = rng.standard_normal(x.shape).astype(np.float32)
+    dx, prior = output_and_prior(rng, x.shape, accumulate)
+    dropout.dropout_backward(dx, device(dout), 0.25, device(seed, np.int64), 3, accumulate)
+    want_dx = prior.astype(np.float32)
+    dropout.dropout_backward_numpy(want_dx, dout, 0.25, seed, 3, accumulate)
+    assert relative_error(dx.copy_to_host(), want_dx) < 1e-6
+    other_site = np.empty(x.shape, dtype=np.float32)
+    dropout.dropout_forward_numpy(other_site, x, 0.25, seed, 4)
+    assert not np.array_equal(other_site, want), "two sites must draw different masks"
+
+
+# --- embedding, cross-entropy, AdamW -------------------------------------------------------------
+
+def test_embedding(rng):
+    B, T, C, V = (2, 7, 24, 11) if not GPU else (64, 256, 384, 65)
+    idx = rng.integers(0, V, size=(B, T)).astype(np.int32)
+    idx[0, :3] = idx[1, 2]                                   # repeated ids must sum
+    wte, wpe = rng.standard_normal((V, C)), rng.standard_normal((T + 3, C))
+    out = poisoned((B, T, C))
+    embedding.embedding_forward(out, device(idx, np.int32), device(wte), device(wpe))
+    want = np.empty((B, T, C))
+    embedding.embedding_forward_numpy(want, idx, wte, wpe)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+    dout = rng.standard_normal((B, T, C))
+    dwte_prior, dwpe_prior = rng.standard_normal(wte.shape), rng.standard_normal(wpe.shape)
+    dwte, dwpe = device(dwte_prior), device(dwpe_prior)
+    order, starts = embedding.group_positions_by_token(idx)
+    embedding.embedding_backward(dwte, dwpe, device(dout), device(idx, np.int32),
+                                 device(order, np.int32), device(starts, np.int32))
+    want_dwte, want_dwpe = dwte_prior.copy(), dwpe_prior.copy()
+    embedding.embedding_backward_numpy(want_dwte, want_dwpe, dout, idx)
+    assert relative_error(dwte.copy_to_host(), want_dwte) < TOLERANCE
+    assert relative_error(dwpe.copy_to_host(), want_dwpe) < TOLERANCE
+
+
+@pytest.mark.parametrize("scale", [1.0, 100.0])
+def test_crossentropy(rng, scale):
+    N, V = (7, 37) if not GPU else (16384, 4096)
+    logits = scale * rng.standard_normal((N, V))
+    targets = rng.integers(0, V, size=N).astype(np.int32)
+    loss, losses, lse = poisoned(1), poisoned(N), poisoned(N)
+    crossentropy.crossentropy_forward(loss, losses, lse, device(logits), device(targets, np.int32))
+    want = [np.empty(1), np.empty(N), np.empty(N)]
+    crossentropy.crossentropy_forward_numpy(*want, logits, targets)
+    for got, expected in zip((loss, losses, lse), want):
+        assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+    dloss = np.array([0.7])
+    for accumulate in (False, True):
+        dlogits, prior = output_and_prior(rng, (N, V), accumulate)
+        crossentropy.crossentropy_backward(dlogits, device(dloss), device(logits), lse,
+                                           device(targets, np.int32), accumulate)
+        want_d = prior.copy()
+        crossentropy.crossentropy_backward_numpy(want_d, dloss, logits, want[2], targets,
+                                                 accumulate)
+        assert relative_error(dlogits.copy_to_host(), want_d) < TOLERANCE
+
+
+def test_adamw_and_grad_norm(rng):
+    P, n_decay = (1000, 600) if not GPU else (10_770_816, 10_000_000)
+    params, grads = rng.standard_normal(P), rng.standard_normal(P)
+    m, v = 0.1 * rng.standard_normal(P), rng.random(P)
+    hyper = adamw.adamw_hyperparameters(3e-3, 0.9, 0.99, 1e-8, 0.1, 1.0, 7)
+    arrays = [device(a) for a in (params, grads, m, v)]
+    norm, partials = poisoned(1), poisoned(adamw.NORM_BLOCKS)
+    adamw.grad_norm(norm, arrays[1], partials)
+    assert relative_error(norm.copy_to_host(), [np.linalg.norm(grads)]) < TOLERANCE
+    adamw.adamw_update(*arrays, device(hyper), norm, n_decay)
+    want_norm = np.array([np.linalg.norm(grads)])
+    adamw.adamw_update_numpy(params, grads, m, v, hyper, want_norm, n_decay)
+    for got, expected in zip(arrays, (params, grads, m, v)):
+        assert relative_error(got.copy_to_host(), expected) < TOLERANCE
