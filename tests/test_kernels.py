@@ -32,21 +32,25 @@ def output_and_prior(rng, shape, accumulate):
 
 # --- matmul ----------------------------------------------------------------------------------
 
-MATMUL_SIZES = [(14, 24, 37), (33, 20, 9)] if not GPU else [(1024, 1536, 384), (1000, 389, 771)]
+# (M, N, K, with bias, accumulate)
+MATMUL_CASES = ([(14, 24, 37, True, False), (33, 20, 9, False, True)] if not GPU else
+                [(1024, 1536, 384, True, False), (1000, 389, 771, False, True)])
 
 
-@pytest.mark.parametrize("kernel", ["tiled", "blocked"])
+@pytest.mark.parametrize("kernel,k_splits", [("tiled", None), ("blocked", None), ("blocked", 3)])
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
-def test_matmul(rng, kernel, transpose_a, transpose_b):
-    for (M, N, K), with_bias, accumulate in zip(MATMUL_SIZES, (True, False), (False, True)):
-        if kernel == "blocked" and not GPU and (M, N, K) != MATMUL_SIZES[0]:
-            continue            # one size of the 256-thread kernel is enough for the simulator
+def test_matmul(rng, kernel, k_splits, transpose_a, transpose_b):
+    """k_splits=3: split-K, three slices of K computed apart, then summed in a fixed order."""
+    cases = MATMUL_CASES
+    if kernel == "blocked" and not GPU:     # the 256-thread kernel is slow to simulate: one case
+        cases = [(14, 24, 37, True, True)]
+    for M, N, K, with_bias, accumulate in cases:
         a = rng.standard_normal((K, M) if transpose_a else (M, K))
         b = rng.standard_normal((N, K) if transpose_b else (K, N))
         bias = rng.standard_normal(N) if with_bias else None
         out, prior = output_and_prior(rng, (M, N), accumulate)
         matmul.matmul(out, device(a), device(b), None if bias is None else device(bias),
-                      transpose_a, transpose_b, accumulate, kernel=kernel)
+                      transpose_a, transpose_b, accumulate, kernel=kernel, k_splits=k_splits)
         want = prior.astype(np.float64)
         matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b, accumulate)
         assert relative_error(out.copy_to_host(), want) < TOLERANCE
@@ -103,16 +107,17 @@ def attention_cases():
         for kernel in ("reference", "fast"):
             if kernel == "fast" and D not in attention.FAST_HEAD_SIZES:
                 continue
-            for rows_per_block in ((None,) if kernel == "reference" else (None, 3)):
+            # fast: the default query tile, one block per (batch, head), and a tile of 3 rows
+            for rows_per_block in ((None,) if kernel == "reference" else (None, "T", 3)):
                 cases.append((D, kernel, rows_per_block))
     return cases
 
 
 @pytest.mark.parametrize("D,kernel,rows_per_block", attention_cases())
-def test_attention(rng, D, kernel, rows_per_block):
-    B, H, T = (2, 2, 7) if not GPU else (4, 12, 256)
-    if GPU and rows_per_block:
-        rows_per_block = 64
+@pytest.mark.parametrize("B,H,T", [(2, 2, 7)] if not GPU else [(4, 12, 256), (1, 2, 1024)])
+def test_attention(rng, D, kernel, rows_per_block, B, H, T):
+    if rows_per_block == "T":
+        rows_per_block = T
     q, k, v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(4))
     out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
     dq_q, dk_q, dv_q = (device(x) for x in (q, k, v))

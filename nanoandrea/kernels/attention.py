@@ -309,14 +309,17 @@ def attention_delta_kernel(delta, dout, out):
 
 # --- launchers ---------------------------------------------------------------------------------
 
-THREADS = 32 if SIMULATOR else 128
+THREADS = 32 if SIMULATOR else 128      # the reference kernels' block; the fast ones' largest
+ROWS_PER_BLOCK = 64                      # the fast kernels' default query (or key) tile
 _fast_kernels = {}
 
 
-def _fast(D):
-    if D not in _fast_kernels:
-        _fast_kernels[D] = make_attention_kernels(D, THREADS)
-    return _fast_kernels[D]
+def _fast(D, rows):
+    """The fast kernels for head size D, with a block of threads sized for `rows` rows."""
+    threads = min(THREADS, blocks(rows, 32) * 32)
+    if (D, threads) not in _fast_kernels:
+        _fast_kernels[D, threads] = make_attention_kernels(D, threads)
+    return threads, _fast_kernels[D, threads]
 
 
 def _check_attention(q, k, v, **others):
@@ -343,7 +346,8 @@ def _pick(D, kernel):
 def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None):
     """out = causal softmax(q k^T / sqrt(D)) v for every (batch, head); lse saved for backward.
 
-    rows_per_block (fast kernels): query rows per thread block; None = T, one block per head.
+    rows_per_block (fast kernels): query rows per thread block, default ROWS_PER_BLOCK, so that
+    B*H*T/64 blocks fill the GPU; rows_per_block=T gives one block per (batch, head).
     """
     check_float32(out=out, lse=lse, q=q, k=k, v=v)
     B, H, T, D = _check_attention(q, k, v, out=out, lse=lse)
@@ -351,9 +355,9 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None):
     if _pick(D, kernel) == "reference":
         launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale)
         return
-    rows = rows_per_block or T
-    forward, _, _ = _fast(D)
-    launch(forward, (B * H, blocks(T, rows)), THREADS, out, lse, q, k, v, scale, rows)
+    rows = min(T, rows_per_block or ROWS_PER_BLOCK)
+    threads, (forward, _, _) = _fast(D, rows)
+    launch(forward, (B * H, blocks(T, rows)), threads, out, lse, q, k, v, scale, rows)
 
 
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
@@ -367,12 +371,12 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         launch(attention_backward_reference_kernel, B * H, THREADS,
                dq, dk, dv, delta, dout, q, k, v, out, lse, scale, accumulate)
         return
-    rows = rows_per_block or T
-    _, dq_kernel, dkdv_kernel = _fast(D)
+    rows = min(T, rows_per_block or ROWS_PER_BLOCK)
+    threads, (_, dq_kernel, dkdv_kernel) = _fast(D, rows)
     launch(attention_delta_kernel, blocks(B * H * T, THREADS), THREADS, delta, dout, out)
     grid = (B * H, blocks(T, rows))
-    launch(dq_kernel, grid, THREADS, dq, dout, q, k, v, lse, delta, scale, rows, accumulate)
-    launch(dkdv_kernel, grid, THREADS, dk, dv, dout, q, k, v, lse, delta, scale, rows,
+    launch(dq_kernel, grid, threads, dq, dout, q, k, v, lse, delta, scale, rows, accumulate)
+    launch(dkdv_kernel, grid, threads, dk, dv, dout, q, k, v, lse, delta, scale, rows,
            accumulate)
 
 

@@ -13,6 +13,7 @@ Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) kernels run as Python threads 
 `SIMULATOR` lets launchers choose small blocks there.
 """
 import os
+from contextlib import contextmanager
 
 import numpy as np
 from numba import config, cuda
@@ -21,13 +22,37 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 _stream = 0          # the stream every launch goes to; 0 is the default stream
 launch_count = 0     # launches since import (read by tools/bench.py)
+_profile = None      # while profiling: {kernel name: [launches, milliseconds]}
 
 
 def launch(kernel, grid, block, *args):
     """Launch `kernel` on the current stream. grid and block are ints or tuples."""
     global launch_count
     launch_count += 1
+    if _profile is None:
+        kernel[grid, block, _stream](*args)
+        return
+    start, end = cuda.event(), cuda.event()
+    start.record(_stream)
     kernel[grid, block, _stream](*args)
+    end.record(_stream)
+    end.synchronize()
+    name = getattr(getattr(kernel, "py_func", kernel), "__name__", str(kernel))
+    entry = _profile.setdefault(name, [0, 0.0])
+    entry[0] += 1
+    entry[1] += cuda.event_elapsed_time(start, end)
+
+
+@contextmanager
+def profile():
+    """Time every launch inside the block with CUDA events (each launch waits for the last):
+    yields {kernel name: [launches, milliseconds]}. For finding where a step's time goes."""
+    global _profile
+    _profile = {}
+    try:
+        yield _profile
+    finally:
+        _profile = None
 
 
 def current_stream():
@@ -108,6 +133,9 @@ def _use_cupy_memory_pool():
     class CuPyMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         """Device memory from CuPy's pool; host memory as Numba does it."""
         live = {}    # device address -> CuPy's pointer object; dropping it returns the block
+
+        def initialize(self):
+            pass     # CuPy's pool needs no setup
 
         def memalloc(self, size):
             block = cupy.cuda.alloc(size)

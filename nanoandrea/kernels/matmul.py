@@ -24,15 +24,18 @@ Both are correct for any M, N, K (edges are zero-filled), and both pass the same
 """
 from numba import cuda, float32
 
-from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
+import numpy as np
+
+from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
+                     elementwise_grid, launch)
 from .reduce import COLUMNS, ROW_GROUPS, column_partials_sum
 
 TILE = 16
 
 
 @cuda.jit
-def matmul_tiled_kernel(out, a, b, bias, transpose_a, transpose_b, accumulate):
-    # out[M,N] (+)= op(a)[M,K] . op(b)[K,N] (+ bias[N]);  grid (N/16, M/16), block (16, 16)
+def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate):
+    # out[M,N] (+)= op(a)[M,K] . op(b)[K,N] (+ bias[N] if has_bias);  grid (N/16, M/16), block (16, 16)
     a_tile = cuda.shared.array((TILE, TILE), float32)      # a_tile[i, k] = op(a)[row0+i, k0+k]
     b_tile = cuda.shared.array((TILE, TILE), float32)      # b_tile[k, j] = op(b)[k0+k, col0+j]
     M, N = out.shape
@@ -58,7 +61,7 @@ def matmul_tiled_kernel(out, a, b, bias, transpose_a, transpose_b, accumulate):
             total += a_tile[ty, kk] * b_tile[kk, tx]
         cuda.syncthreads()
     if row < M and col < N:
-        if bias is not None:
+        if has_bias:
             total += bias[col]
         if accumulate:
             total += out[row, col]
@@ -110,8 +113,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, BM=128, BN=128, BK=8, T
         return float32(0.0)
 
     @cuda.jit
-    def blocked_matmul_kernel(out, a, b, bias, accumulate):
-        # out[M,N] (+)= op(a)[M,K] . op(b)[K,N] (+ bias[N]);  grid (N/BN, M/BM), block THREADS
+    def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split):
+        # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), where Kz is
+        # the z-th slice of k_per_split columns of K (split-K; S = 1 when K is not split).
+        # grid (N/BN, M/BM, S), block THREADS
         a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # two buffers of op(a) slices, k-major
         b_tiles = cuda.shared.array((2, BK, B_PAD), float32)
         acc = cuda.local.array((TM, TN), float32)
@@ -119,8 +124,11 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, BM=128, BN=128, BK=8, T
         b_frag = cuda.local.array(TN, float32)
         a_next = cuda.local.array(A_PER_THREAD, float32)
         b_next = cuda.local.array(B_PER_THREAD, float32)
-        M, N = out.shape
+        M, N = out.shape[1], out.shape[2]
         K = a.shape[0] if transpose_a else a.shape[1]
+        z = cuda.blockIdx.z
+        k_start = z * k_per_split
+        k_end = min(K, k_start + k_per_split)
         tid = cuda.threadIdx.x
         ty = tid // THREADS_N
         tx = tid % THREADS_N
@@ -133,22 +141,22 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, BM=128, BN=128, BK=8, T
         # the first K-slice goes straight to buffer 0
         for r in range(A_PER_THREAD):
             k, m = a_slot(tid + r * THREADS)
-            a_tiles[0, k, m] = read_a(a, M, K, m0 + m, k)
+            a_tiles[0, k, m] = read_a(a, M, k_end, m0 + m, k_start + k)
         for r in range(B_PER_THREAD):
             k, n = b_slot(tid + r * THREADS)
-            b_tiles[0, k, n] = read_b(b, N, K, k, n0 + n)
+            b_tiles[0, k, n] = read_b(b, N, k_end, k_start + k, n0 + n)
         cuda.syncthreads()
 
         buffer = 0
-        for k0 in range(0, K, BK):
-            more = k0 + BK < K
+        for k0 in range(k_start, k_end, BK):
+            more = k0 + BK < k_end
             if more:                        # issue the next slice's global loads now ...
                 for r in range(A_PER_THREAD):
                     k, m = a_slot(tid + r * THREADS)
-                    a_next[r] = read_a(a, M, K, m0 + m, k0 + BK + k)
+                    a_next[r] = read_a(a, M, k_end, m0 + m, k0 + BK + k)
                 for r in range(B_PER_THREAD):
                     k, n = b_slot(tid + r * THREADS)
-                    b_next[r] = read_b(b, N, K, k0 + BK + k, n0 + n)
+                    b_next[r] = read_b(b, N, k_end, k0 + BK + k, n0 + n)
             for kk in range(BK):            # ... and multiply the current one meanwhile
                 for i in range(TM):
                     a_frag[i] = a_tiles[buffer, kk, ty + i * THREADS_M]
@@ -167,22 +175,48 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, BM=128, BN=128, BK=8, T
             cuda.syncthreads()
             buffer = 1 - buffer
 
+        for j in range(TN):                 # the bias of this thread's columns, or zeros
+            col = n0 + tx + j * THREADS_N
+            b_frag[j] = bias[col] if has_bias and col < N else float32(0.0)
         for i in range(TM):
             row = m0 + ty + i * THREADS_M
-            if row < M:
-                for j in range(TN):
-                    col = n0 + tx + j * THREADS_N
-                    if col < N:
-                        value = acc[i, j]
-                        if bias is not None:
-                            value += bias[col]
-                        if accumulate:
-                            value += out[row, col]
-                        out[row, col] = value
+            for j in range(TN):
+                col = n0 + tx + j * THREADS_N
+                if row < M and col < N:
+                    value = acc[i, j] + b_frag[j]
+                    if accumulate:
+                        value += out[z, row, col]
+                    out[z, row, col] = value
 
     blocked_matmul_kernel.threads = THREADS
-    blocked_matmul_kernel.tile = (BM, BN)
+    blocked_matmul_kernel.tile = (BM, BN, BK)
     return blocked_matmul_kernel
+
+
+@cuda.jit
+def sum_splits_kernel(out, partials, bias, has_bias, accumulate):
+    # out[M,N] (+)= sum over z of partials[z, M, N] (+ bias[N]), in order z = 0, 1, ...
+    M, N = out.shape
+    for i in range(cuda.grid(1), M * N, cuda.gridsize(1)):
+        row = i // N
+        col = i % N
+        total = bias[col] if has_bias else float32(0.0)
+        for z in range(partials.shape[0]):
+            total += partials[z, row, col]
+        if accumulate:
+            total += out[row, col]
+        out[row, col] = total
+
+
+def split_count(M, N, K, tile, target_blocks=2 * 132):
+    """How many slices of K to compute in parallel: only when the M x N grid alone leaves the
+    GPU's 132 multiprocessors idle (the weight gradients: M x N = C x C, K = B*T), and never
+    slices thinner than 256."""
+    BM, BN, BK = tile
+    output_blocks = blocks(M, BM) * blocks(N, BN)
+    if output_blocks >= target_blocks:
+        return 1
+    return max(1, min(blocks(target_blocks, output_blocks), K // 256))
 
 
 _blocked_kernels = {}
@@ -208,25 +242,41 @@ def _check_matmul(out, a, b, bias, transpose_a, transpose_b):
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-           kernel="auto"):
-    """out[M,N] (+)= op(a) . op(b) (+ bias). kernel: "auto", "blocked" or "tiled" (the reference)."""
+           kernel="auto", k_splits=None):
+    """out[M,N] (+)= op(a) . op(b) (+ bias). kernel: "auto", "blocked" or "tiled" (the reference).
+
+    k_splits (blocked kernel): slices of K computed in parallel; None chooses (split_count)."""
     check_float32(out=out, a=a, b=b, bias=bias)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b)
     if kernel == "auto":
         kernel = "tiled" if SIMULATOR else "blocked"
+    has_bias = bias is not None
+    if not has_bias:            # kernels take arrays, not None: a placeholder the kernel never reads
+        bias = out.reshape(out.size)[:1]
     if kernel == "tiled":
         launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE),
-               out, a, b, bias, transpose_a, transpose_b, accumulate)
+               out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
     elif kernel == "blocked":
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b))
-        BM, BN = fast.tile
-        launch(fast, (blocks(N, BN), blocks(M, BM)), fast.threads, out, a, b, bias, accumulate)
+        BM, BN, BK = fast.tile
+        splits = k_splits or split_count(M, N, K, fast.tile)
+        k_per_split = blocks(blocks(K, splits), BK) * BK
+        splits = blocks(K, k_per_split)
+        grid = (blocks(N, BN), blocks(M, BM), splits)
+        if splits == 1:
+            launch(fast, grid, fast.threads, out.reshape(1, M, N), a, b, bias, has_bias,
+                   accumulate, k_per_split)
+        else:                   # partial products per K slice, then their sum in a fixed order
+            partials = cuda.device_array((splits, M, N), dtype=np.float32, stream=current_stream())
+            launch(fast, grid, fast.threads, partials, a, b, bias, False, False, k_per_split)
+            launch(sum_splits_kernel, *elementwise_grid(M * N), out, partials, bias, has_bias,
+                   accumulate)
     else:
         raise ValueError(f"matmul: unknown kernel {kernel!r}")
 
 
 def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-                 kernel="auto"):
+                 kernel="auto", k_splits=None):
     _check_matmul(out, a, b, bias, transpose_a, transpose_b)
     product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
     if bias is not None:

@@ -1,0 +1,338 @@
+"""Benchmark nanoandrea's kernels and training step against cuBLAS (CuPy) and PyTorch, on the GPU.
+
+    python tools/bench.py                       # everything, a table at the end
+    python tools/bench.py --only matmul,attention
+    python tools/bench.py --only train --train-steps 50
+
+Every timing is the median of repeated runs measured with CUDA events after warm-up, the
+competitors run in the same process on the same shapes, and every fast kernel's output is
+checked against the reference before it is timed: a mismatch stops the benchmark (exit 1).
+Sections:
+  matmul     the andrea-120m (B=16, T=1024) products, forward and both backward ones, against
+             cupy.matmul in float32 with TF32 off
+  attention  forward and forward+backward against torch's scaled_dot_product_attention (float32)
+  e2e        training tokens/s of a full step (forward, backward, AdamW) against a PyTorch GPT-2
+             of identical shape (fused AdamW, SDPA, float32, TF32 off)
+  train      andrea-12m on tiny Shakespeare for a few steps: the loss must fall
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUPY_TF32", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from nanoandrea.kernels import attention as attention_kernels  # noqa: E402
+from nanoandrea.kernels import matmul as matmul_kernels  # noqa: E402
+
+RESULTS = []          # rows of the final table
+
+
+class Mismatch(Exception):
+    pass
+
+
+def event_time_ms(fn, warmup=3, repeat=10):
+    """Median milliseconds of fn() between two CUDA events on the default stream."""
+    for _ in range(warmup):
+        fn()
+    cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def row(section, name, ms, work, unit, baseline_ms=None, baseline="", note=""):
+    rate = work / ms / 1e9 if work else None          # work per ms -> T{unit}/s
+    entry = dict(section=section, name=name, ms=ms, rate=rate, unit=unit,
+                 baseline=baseline, baseline_ms=baseline_ms,
+                 ratio=(baseline_ms / ms) if baseline_ms else None, note=note)
+    RESULTS.append(entry)
+    ratio = f"{entry['ratio']:.2f}x {baseline}" if entry["ratio"] else ""
+    rate_text = f"{rate:8.2f} {unit}" if rate else ""
+    print(f"  {name:44s} {ms:9.3f} ms {rate_text:>16s}  {ratio} {note}", flush=True)
+
+
+def relative_error(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def require(error, limit, what):
+    if not (error < limit):
+        raise Mismatch(f"{what}: relative error {error:.2e} exceeds {limit:.0e}")
+
+
+# --- matmul ---------------------------------------------------------------------------------
+
+def bench_matmul(args):
+    import cupy
+    print("matmul: andrea-120m products at B=16, T=1024 (float32; cuBLAS with TF32 off)")
+    M = 16 * 1024
+    shapes = [("qkv/W_O  [16384x768]x[768x768]", M, 768, 768),
+              ("mlp up   [16384x768]x[768x3072]", M, 3072, 768),
+              ("mlp down [16384x3072]x[3072x768]", M, 768, 3072),
+              ("lm head  [16384x768]x[768x50257]", M, 50257, 768)]
+    rng = cupy.random.default_rng(0)
+    for label, m, n, k in shapes:
+        if args.quick and n == 50257:
+            continue
+        x = rng.standard_normal((m, k), dtype=cupy.float32)
+        w = rng.standard_normal((k, n), dtype=cupy.float32)
+        dy = rng.standard_normal((m, n), dtype=cupy.float32)
+        # (name, our call, cupy call, flops); operands as Numba views of CuPy's memory
+        X, W, DY = (cuda.as_cuda_array(a) for a in (x, w, dy))
+        out_y = cuda.device_array((m, n), np.float32)
+        out_dx = cuda.device_array((m, k), np.float32)
+        out_dw = cuda.device_array((k, n), np.float32)
+        cases = [
+            ("fwd  Y=X.W", lambda: matmul_kernels.matmul(out_y, X, W), lambda: x @ w, out_y),
+            ("bwd dX=dY.W^T", lambda: matmul_kernels.matmul(out_dx, DY, W, transpose_b=True),
+             lambda: dy @ w.T, out_dx),
+            ("bwd dW=X^T.dY", lambda: matmul_kernels.matmul(out_dw, X, DY, transpose_a=True),
+             lambda: x.T @ dy, out_dw),
+        ]
+        for name, ours, theirs, out in cases:
+            ours()
+            want = theirs()
+            cuda.synchronize()
+            error = relative_error(cupy.asarray(out).get(), want.get())
+            require(error, 1e-5, f"matmul {label} {name}")
+            flops = 2.0 * m * n * k
+            theirs_ms = event_time_ms(theirs, repeat=args.repeat)
+            ours_ms = event_time_ms(ours, repeat=args.repeat)
+            row("matmul", f"{label.split()[0]:8s} {name}", ours_ms, flops, "TFLOP/s", theirs_ms,
+                "cuBLAS", f"(cuBLAS {flops / theirs_ms / 1e9:.1f} TFLOP/s, err {error:.1e})")
+
+
+# --- attention ------------------------------------------------------------------------------
+
+def bench_attention(args):
+    import torch
+    import torch.nn.functional as F
+    print("attention: causal, float32, against torch scaled_dot_product_attention")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    for B, H, T, D in [(16, 12, 1024, 64), (64, 12, 256, 32), (16, 12, 1024, 72)]:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", generator=gen) for _ in range(4))
+        qs, ks, vs = (t.clone().requires_grad_(True) for t in (q, k, v))
+        Q, K, V, DOUT = (cuda.as_cuda_array(t) for t in (q, k, v, dout))
+        out, lse, delta = (cuda.device_array(s, np.float32) for s in
+                           ((B, H, T, D), (B, H, T), (B, H, T)))
+        dq, dk, dv = (cuda.device_array((B, H, T, D), np.float32) for _ in range(3))
+        label = f"[{B},{H},{T},{D}]"
+        for kernel, rows in attention_variants(D, T):
+            def forward():
+                attention_kernels.attention_forward(out, lse, Q, K, V, kernel=kernel,
+                                                    rows_per_block=rows)
+
+            def backward():
+                attention_kernels.attention_backward(dq, dk, dv, delta, DOUT, Q, K, V, out, lse,
+                                                     kernel=kernel, rows_per_block=rows)
+            forward()
+            backward()
+            ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+            ref.backward(dout)
+            cuda.synchronize()
+            require(relative_error(torch.as_tensor(out, device="cuda").cpu(), ref.detach().cpu()),
+                    1e-4, f"attention {label} {kernel} forward")
+            for got, want, name in ((dq, qs.grad, "dq"), (dk, ks.grad, "dk"), (dv, vs.grad, "dv")):
+                require(relative_error(torch.as_tensor(got, device="cuda").cpu(), want.cpu()),
+                        1e-4, f"attention {label} {kernel} {name}")
+            qs.grad = ks.grad = vs.grad = None
+
+            def torch_forward():
+                with torch.no_grad():
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            def torch_both():
+                y = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+                y.backward(dout)
+
+            flops_fwd = 4.0 * B * H * T * T * D / 2           # causal: half the score matrix
+            name = f"{label} {kernel}{'' if rows is None else f' rows={rows}'}"
+            row("attention", name + " fwd", event_time_ms(forward, repeat=args.repeat), flops_fwd,
+                "TFLOP/s", event_time_ms(torch_forward, repeat=args.repeat), "SDPA")
+            row("attention", name + " fwd+bwd",
+                event_time_ms(lambda: (forward(), backward()), repeat=args.repeat),
+                flops_fwd * 3.5, "TFLOP/s", event_time_ms(torch_both, repeat=args.repeat), "SDPA")
+
+
+def attention_variants(D, T):
+    """(kernel, rows_per_block): the reference where it is not too slow to wait for, the fast
+    kernels with their default query tile and with one block per (batch, head)."""
+    variants = [("reference", None)] if D == 72 or T <= 256 else []
+    if D in attention_kernels.FAST_HEAD_SIZES:
+        variants += [("fast", None), ("fast", T)]
+    return variants
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+def flops_per_token(config):
+    """Training FLOPs per token: 6 per parameter-token (matmuls, fwd+bwd) + attention."""
+    from nanoandrea.config import parameter_breakdown
+    n_params = parameter_breakdown(config)[-1][1]
+    L, C, T = config.n_layer, config.n_embd, config.block_size
+    return 6.0 * n_params + 6.0 * L * C * T      # 12 L C T / 2 for the causal half
+
+
+def bench_e2e(args):
+    import torch
+    from nanoandrea.backend import get_backend
+    from nanoandrea.config import get_preset
+    from nanoandrea.model import GPT
+    from nanoandrea.optim import AdamW
+    from nanoandrea.torch_gpt import TorchGPT
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    print("end to end: a training step (forward, backward, AdamW), float32")
+    cases = [("andrea-12m", 64, 256, 4096), ("andrea-120m", 16, 1024, 50257)]
+    for preset, B, T, V in cases:
+        if args.quick and preset == "andrea-120m":
+            continue
+        config = get_preset(preset, vocab_size=V, block_size=T)
+        rng = np.random.default_rng(0)
+        idx = rng.integers(0, V, size=(B, T)).astype(np.int32)
+        targets = rng.integers(0, V, size=(B, T)).astype(np.int32)
+        tokens = B * T
+        # ours
+        model = GPT(config, get_backend("cuda"), seed=0)
+        optimizer = AdamW(model.params, lr=1e-4)
+
+        def our_step():
+            optimizer.zero_grad()
+            _, loss = model.forward(idx, targets, train=False)
+            loss.backward()
+            optimizer.step()
+        ours_ms = event_time_ms(our_step, warmup=2, repeat=args.e2e_repeat)
+        # PyTorch
+        reference = TorchGPT(config, device="cuda")
+        torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-4, fused=True)
+        tidx, ttargets = (torch.as_tensor(a, device="cuda").long() for a in (idx, targets))
+
+        def torch_step():
+            torch_optimizer.zero_grad(set_to_none=True)
+            _, loss = reference(tidx, ttargets)
+            loss.backward()
+            torch_optimizer.step()
+        torch_ms = event_time_ms(torch_step, warmup=2, repeat=args.e2e_repeat)
+        fpt = flops_per_token(config)
+        row("e2e", f"{preset} B={B} T={T} step", ours_ms, fpt * tokens, "TFLOP/s", torch_ms,
+            "PyTorch", f"ours {tokens / ours_ms * 1e3:,.0f} tok/s, "
+                       f"PyTorch {tokens / torch_ms * 1e3:,.0f} tok/s")
+
+
+def bench_train(args):
+    """andrea-12m on tiny Shakespeare (char tokenizer): the loss must fall."""
+    from nanoandrea.backend import get_backend
+    from nanoandrea.config import get_preset
+    from nanoandrea.data import BatchSampler, Dataset, resolve_data
+    from nanoandrea.model import GPT
+    from nanoandrea.optim import AdamW, learning_rate
+    print(f"train: andrea-12m, tiny Shakespeare, B=64, T=256, {args.train_steps} steps")
+    data = Dataset(resolve_data(None, "char", cache_dir=args.cache))
+    config = get_preset("andrea-12m", vocab_size=data.vocab_size, dropout=0.0)
+    model = GPT(config, get_backend("cuda"), seed=0)
+    optimizer = AdamW(model.params, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    batches = BatchSampler(data.splits["train"], 64, 256, seed=0)
+    losses, times = [], []
+    for step in range(args.train_steps):
+        cuda.synchronize()
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        x, y = batches.next()
+        _, loss = model.forward(x, y, train=True)
+        loss.backward()
+        optimizer.step(learning_rate(step, 1e-3, 1e-4, 10, args.train_steps))
+        losses.append(loss.item())          # synchronizes
+        times.append(time.perf_counter() - start)
+    print("  losses:", " ".join(f"{l:.3f}" for l in losses[::max(1, len(losses) // 10)]),
+          f"... {losses[-1]:.3f}")
+    ms = statistics.median(times[2:]) * 1e3
+    first, last = np.mean(losses[:5]), np.mean(losses[-5:])
+    row("train", "andrea-12m step (wall, synced)", ms, 64 * 256 * flops_per_token(config),
+        "TFLOP/s", note=f"loss {first:.3f} -> {last:.3f}")
+    if not last < first - 0.5:
+        raise Mismatch(f"the training loss did not fall: {first:.3f} -> {last:.3f}")
+
+
+def bench_profile(args):
+    """Where a training step's GPU time goes, kernel by kernel (andrea-12m, B=64, T=256)."""
+    from nanoandrea.backend import get_backend
+    from nanoandrea.config import get_preset
+    from nanoandrea.kernels.launch import profile
+    from nanoandrea.model import GPT
+    from nanoandrea.optim import AdamW
+    print("profile: one andrea-12m training step, each launch timed alone")
+    config = get_preset("andrea-12m", vocab_size=65)
+    model = GPT(config, get_backend("cuda"), seed=0)
+    optimizer = AdamW(model.params)
+    rng = np.random.default_rng(0)
+    idx, targets = (rng.integers(0, 65, size=(64, 256)).astype(np.int32) for _ in range(2))
+
+    def step():
+        optimizer.zero_grad()
+        _, loss = model.forward(idx, targets, train=True)
+        loss.backward()
+        optimizer.step()
+    step()
+    cuda.synchronize()
+    with profile() as times:
+        step()
+    total = sum(ms for _, ms in times.values())
+    for name, (count, ms) in sorted(times.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {name:40s} {count:4d} launches {ms:9.3f} ms {100 * ms / total:5.1f}%")
+    print(f"  {'total':40s} {sum(c for c, _ in times.values()):4d} launches {total:9.3f} ms")
+
+
+SECTIONS = {"profile": bench_profile, "matmul": bench_matmul, "attention": bench_attention, "e2e": bench_e2e,
+            "train": bench_train}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default=",".join(SECTIONS))
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--e2e-repeat", type=int, default=5)
+    parser.add_argument("--train-steps", type=int, default=50)
+    parser.add_argument("--quick", action="store_true", help="skip the largest shapes")
+    parser.add_argument("--cache", default=None, help="folder for prepared data")
+    parser.add_argument("--json", default=None, help="write the rows here")
+    args = parser.parse_args()
+    device = cuda.get_current_device()
+    print(f"device: {device.name.decode() if isinstance(device.name, bytes) else device.name}, "
+          f"date {time.strftime('%Y-%m-%d')}")
+    status = 0
+    for name in args.only.split(","):
+        try:
+            SECTIONS[name](args)
+        except Mismatch as error:
+            print(f"MISMATCH: {error}", flush=True)
+            status = 1
+    if args.json:
+        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
+    print("\nsummary")
+    for r in RESULTS:
+        ratio = f"{r['ratio']:.2f}x {r['baseline']}" if r["ratio"] else ""
+        rate = f"{r['rate']:.2f} {r['unit']}" if r["rate"] else ""
+        print(f"{r['section']:9s} {r['name']:46s} {r['ms']:9.3f} ms {rate:>16s} {ratio}")
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
