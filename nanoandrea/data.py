@@ -109,7 +109,8 @@ def resolve_data(data, tokenizer_kind="char", vocab_size=None, cache_dir=None, r
     if not data.exists():
         raise DataError(f"data not found: {data}")
     key = _fingerprint(data, tokenizer_kind, vocab_size)
-    cache = Path(cache_dir or Path.home() / ".cache" / "nanoandrea") / f"{data.stem}-{tokenizer_kind}-{key}"
+    cache_dir = cache_dir or os.environ.get("NANOANDREA_CACHE") or Path.home() / ".cache" / "nanoandrea"
+    cache = Path(cache_dir) / f"{data.stem}-{tokenizer_kind}-{key}"
     if is_prepared(cache):
         return cache
     return prepare(data, cache, tokenizer_kind, vocab_size, report)

@@ -1,0 +1,166 @@
+"""The command line: `nanoandrea train | sample | prepare | info`.
+
+Errors a user can fix (bad data, an unknown preset, a missing checkpoint, a NaN loss, too little
+memory) end in one line and a non-zero exit, never a traceback.
+"""
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from . import __version__
+
+
+def _run(action):
+    """Run action(); a user error becomes `Error: <one line>` and exit status 1."""
+    from .train import USER_ERRORS
+    try:
+        return action()
+    except USER_ERRORS as error:
+        raise click.ClickException(str(error)) from None
+    except KeyboardInterrupt:
+        raise click.ClickException("interrupted; the last checkpoint is intact") from None
+
+
+def _echo(message):
+    click.echo(message, err=message.startswith("warning"))
+
+
+@click.group()
+@click.version_option(__version__, prog_name="nanoandrea")
+def main():
+    """nanoandrea: train and sample GPTs whose every GPU kernel is a Numba @cuda.jit kernel."""
+
+
+def _train_options(f):
+    options = [
+        click.option("--preset", help="model preset: tiny, andrea-mini, andrea-12m, andrea-120m "
+                     "[andrea-12m on a GPU, andrea-mini on the CPU]"),
+        click.option("--data", help="a text file, a folder of .txt files, or a prepared folder "
+                     "[the embedded tiny Shakespeare]"),
+        click.option("--tokenizer", type=click.Choice(["char", "bpe"]), help="[char]"),
+        click.option("--vocab-size", type=int, help="BPE vocabulary size"),
+        click.option("--n-layer", type=int, help="override the preset's depth"),
+        click.option("--n-head", type=int, help="override the preset's heads"),
+        click.option("--n-embd", type=int, help="override the preset's width"),
+        click.option("--batch-size", type=int, help="sequences per micro-batch [64]"),
+        click.option("--block-size", type=int, help="tokens per sequence [256]"),
+        click.option("--grad-accum", type=int, help="micro-batches per step [1]"),
+        click.option("--max-steps", type=int, help="length of the schedule [5000]"),
+        click.option("--lr", type=float, help="peak learning rate [1e-3]"),
+        click.option("--min-lr", type=float, help="final learning rate [1e-4]"),
+        click.option("--warmup-steps", type=int, help="linear warmup [100]"),
+        click.option("--weight-decay", type=float, help="on the weight matrices only [0.1]"),
+        click.option("--beta1", type=float, help="[0.9]"),
+        click.option("--beta2", type=float, help="[0.99]"),
+        click.option("--grad-clip", type=float, help="global gradient-norm clip, 0 = off [1.0]"),
+        click.option("--dropout", type=float, help="[0.2]"),
+        click.option("--eval-interval", type=int, help="steps between evaluations [250]"),
+        click.option("--eval-iters", type=int, help="batches per evaluation [100]"),
+        click.option("--log-interval", type=int, help="steps between log lines [10]"),
+        click.option("--seed", type=int, help="[1337]"),
+        click.option("--out", type=click.Path(file_okay=False), help="output folder [out]"),
+        click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="[auto]"),
+        click.option("--stop-at", type=int, help="stop after this step, with a checkpoint "
+                     "(continue later with --resume)"),
+        click.option("--resume", is_flag=True, help="continue from OUT/ckpt"),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@click.command("train")
+@_train_options
+def train_command(resume, **given):
+    """Train a model (default: andrea-12m on tiny Shakespeare)."""
+    from .train import resolve_options, train
+    given = {k: v for k, v in given.items() if v is not None}
+
+    def action():
+        options = resolve_options(given, resume=resume, report=_echo)
+        for name in ("batch_size", "block_size", "grad_accum", "max_steps", "log_interval",
+                     "eval_interval", "eval_iters"):
+            if getattr(options, name) < 1:
+                raise click.BadParameter(f"must be at least 1, got {getattr(options, name)}",
+                                         param_hint="--" + name.replace("_", "-"))
+        result = train(options, resume=resume, report=_echo)
+        _echo(f"done: {result['step']} steps, best val loss {result['best_val']:.4f} at step "
+              f"{result['best_step']}; checkpoints in {options.out}/ckpt and {options.out}/best")
+    _run(action)
+
+
+@click.command("sample")
+@click.option("--checkpoint", default="out/ckpt", show_default=True,
+              type=click.Path(file_okay=False), help="a checkpoint folder (OUT/ckpt or OUT/best)")
+@click.option("--prompt", default="", help="text to continue")
+@click.option("--prompt-file", type=click.Path(dir_okay=False), help="read the prompt from a file")
+@click.option("--max-new-tokens", default=500, show_default=True, type=click.IntRange(min=0))
+@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0))
+@click.option("--top-k", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option("--num-samples", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=1337, show_default=True, type=int)
+@click.option("--device", default="auto", type=click.Choice(["auto", "cuda", "cpu"]))
+def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature, top_k,
+                   num_samples, seed, device):
+    """Continue a prompt with a trained model."""
+    from .sample import encode_prompt, generate, load_model
+
+    def action():
+        text = prompt
+        if prompt_file:
+            text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
+        model, tokenizer = load_model(checkpoint, device)
+        ids = encode_prompt(tokenizer, text, model.config.block_size,
+                            report=lambda m: click.echo(m, err=True))
+        batch = np.repeat(ids[None, :], num_samples, axis=0)
+        with click.progressbar(length=max_new_tokens, label="sampling", file=sys.stderr) as bar:
+            out = generate(model, batch, max_new_tokens, temperature, top_k,
+                           np.random.default_rng(seed), progress=bar.update)
+        for i, row in enumerate(out):
+            if num_samples > 1:
+                click.echo(f"--- sample {i + 1} ---")
+            click.echo(tokenizer.decode(row))
+    _run(action)
+
+
+@click.command("prepare")
+@click.argument("source", type=click.Path())
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="folder for train.bin, val.bin, tokenizer.json, meta.json")
+@click.option("--tokenizer", default="char", show_default=True, type=click.Choice(["char", "bpe"]))
+@click.option("--vocab-size", type=int, help="BPE vocabulary size")
+def prepare_command(source, out_dir, tokenizer, vocab_size):
+    """Tokenize a text file or a folder of .txt files into train/val token files."""
+    from .data import prepare
+    _run(lambda: prepare(source, out_dir, tokenizer, vocab_size, report=_echo))
+
+
+@click.command("info")
+@click.option("--preset", help="a preset name")
+@click.option("--checkpoint", type=click.Path(file_okay=False), help="a checkpoint folder")
+@click.option("--vocab-size", type=int, help="override the preset's vocabulary")
+def info_command(preset, checkpoint, vocab_size):
+    """A configuration and its parameter breakdown."""
+    from .checkpoint import read_checkpoint
+    from .config import format_breakdown, get_preset
+
+    def action():
+        if checkpoint:
+            saved = read_checkpoint(checkpoint)
+            config = saved["config"]
+            click.echo(f"checkpoint {checkpoint}: step {saved['state']['step']}, best val loss "
+                       f"{saved['state']['best_val']:.4f}")
+        else:
+            config = get_preset(preset or "andrea-12m", vocab_size=vocab_size)
+            click.echo(f"preset {preset or 'andrea-12m'}")
+        for key, value in config.to_dict().items():
+            click.echo(f"  {key:12s} {value}")
+        click.echo(f"  {'head_size':12s} {config.head_size}")
+        click.echo(format_breakdown(config))
+    _run(action)
+
+
+for command in (train_command, sample_command, prepare_command, info_command):
+    main.add_command(command)

@@ -1,0 +1,78 @@
+"""Sampling: `python -m nanoandrea.sample` (the same as `nanoandrea sample`).
+
+    prompt ids -> forward -> logits of the last position / temperature -> keep the top k ->
+    softmax -> draw the next id -> append -> repeat
+
+The context is the last block_size tokens (no KV cache yet: each new token runs the whole
+window through the model).
+"""
+from pathlib import Path
+
+import numpy as np
+
+from .autograd import no_grad
+from .backend import get_backend
+from .checkpoint import CheckpointError, read_checkpoint
+from .model import GPT
+
+
+def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, progress=None):
+    """ids: int array [B, T0] -> [B, T0 + max_new_tokens]. temperature 0 means greedy."""
+    rng = rng or np.random.default_rng()
+    ids = np.array(ids, dtype=np.int64)
+    block = model.config.block_size
+    with no_grad():
+        for _ in range(max_new_tokens):
+            context = ids[:, -block:]
+            logits, _ = model.forward(context)
+            last = np.stack([model.backend.to_host(logits.data[b, -1])           # [B, V]
+                             for b in range(ids.shape[0])]).astype(np.float64)
+            if temperature <= 0:
+                next_ids = last.argmax(axis=-1)
+            else:
+                last = last / temperature
+                if top_k is not None and top_k < last.shape[-1]:
+                    kth = np.partition(last, -top_k, axis=-1)[:, -top_k][:, None]
+                    last = np.where(last < kth, -np.inf, last)
+                probs = np.exp(last - last.max(axis=-1, keepdims=True))
+                probs /= probs.sum(axis=-1, keepdims=True)
+                next_ids = np.array([rng.choice(len(p), p=p) for p in probs])
+            ids = np.concatenate([ids, next_ids[:, None]], axis=1)
+            if progress:
+                progress(1)
+    return ids
+
+
+def load_model(checkpoint, device="auto"):
+    """(model, tokenizer) from a checkpoint folder."""
+    saved = read_checkpoint(Path(checkpoint))
+    backend = get_backend("cuda" if device == "cuda" else "numpy" if device == "cpu" else "auto")
+    model = GPT(saved["config"], backend)
+    model.params.load_state_dict(saved["params"])
+    return model, saved["tokenizer"]
+
+
+def encode_prompt(tokenizer, text, block_size, report=print):
+    ids = tokenizer.encode(text) if text else np.zeros(0, dtype=np.int64)
+    if ids.size == 0:                               # start from a newline, as a text would
+        try:
+            ids = tokenizer.encode("\n")
+        except ValueError:
+            ids = np.zeros(1, dtype=np.int64)
+    if ids.size > block_size:
+        report(f"the prompt has {ids.size} tokens, more than the block size {block_size}: "
+               f"keeping its last {block_size}")
+        ids = ids[-block_size:]
+    return ids
+
+
+def main():
+    from .cli import sample_command
+    sample_command(prog_name="python -m nanoandrea.sample")
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["generate", "load_model", "encode_prompt", "CheckpointError"]

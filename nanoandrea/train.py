@@ -1,0 +1,399 @@
+"""Training: `python -m nanoandrea.train` (the same as `nanoandrea train`).
+
+    data -> batches -> forward -> loss.backward() -> AdamW -> (log, evaluate, sample, checkpoint)
+
+With no arguments it trains andrea-12m on the embedded tiny Shakespeare with the char tokenizer,
+on the GPU; without a usable GPU it says so and trains the small andrea-mini on the CPU with the
+NumPy backend. The recipe (lr 1e-3 with 100 warmup steps and cosine decay to 1e-4 over 5000
+steps, AdamW betas (0.9, 0.99), weight decay 0.1 on the weight matrices, dropout 0.2, B=64,
+T=256) is nanoGPT's for this corpus.
+
+What a run leaves in OUT (default out/): metrics.jsonl (one JSON object per logged step and per
+evaluation), loss.png, samples.txt (a sample at every evaluation), ckpt and best (checkpoints,
+see nanoandrea.checkpoint). `--resume` continues from OUT/ckpt; the resumed run's losses equal,
+step by step, those of a run never interrupted: the batches, the dropout masks and the
+evaluation batches all come from random states saved in the checkpoint or derived from the step.
+"""
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+
+from .backend import get_backend
+from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from .config import ConfigError, get_preset, parameter_breakdown
+from .data import BatchSampler, DataError, Dataset, resolve_data
+from .kernels.dropout import mix32
+from .kernels.launch import gpu_available
+from .model import GPT
+from .optim import AdamW, learning_rate
+from .tokenizer import TokenizerError
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (a NaN loss, no memory); the message says why and what to do."""
+
+
+@dataclass
+class TrainOptions:
+    preset: str = "andrea-12m"
+    data: str = None                 # a text file, a folder of .txt files or a prepared folder
+    tokenizer: str = "char"
+    vocab_size: int = None           # bpe only
+    n_layer: int = None              # override the preset's shape
+    n_head: int = None
+    n_embd: int = None
+    batch_size: int = 64
+    block_size: int = 256
+    grad_accum: int = 1
+    max_steps: int = 5000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    dropout: float = 0.2
+    eval_interval: int = 250
+    eval_iters: int = 100
+    log_interval: int = 10
+    seed: int = 1337
+    out: str = "out"
+    device: str = "auto"             # auto | cuda | cpu
+    stop_at: int = None              # stop after this step (a checkpoint is written), as if killed
+    sample_tokens: int = 200         # length of the sample written at each evaluation
+
+
+# What `train` uses on the CPU when the user did not choose: a run that finishes in minutes.
+CPU_DEFAULTS = dict(preset="andrea-mini", batch_size=16, block_size=64, max_steps=2000,
+                    eval_interval=200, eval_iters=20, warmup_steps=50)
+# Options that define the model and its data: a resumed run must keep them.
+SHAPE_OPTIONS = ("preset", "data", "tokenizer", "vocab_size", "n_layer", "n_head", "n_embd",
+                 "block_size")
+
+PEAK_FLOPS = {"H200": 67e12, "H100": 67e12, "A100": 19.5e12}    # float32 without tensor cores
+
+
+def resolve_options(given, resume=False, report=print):
+    """TrainOptions from the options the user gave (a dict without the Nones): the device
+    decides the defaults, and with --resume the checkpoint's own options fill the rest."""
+    device = given.get("device", "auto")
+    if device == "auto":
+        device = "cuda" if gpu_available() else "cpu"
+        if device == "cpu":
+            report("no usable GPU: training on the CPU with the NumPy backend"
+                   + ("" if "preset" in given else " and the small andrea-mini preset"))
+    elif device == "cuda" and not gpu_available():
+        raise TrainingError("--device cuda: no usable CUDA GPU here (try --device cpu)")
+    values = dict(CPU_DEFAULTS) if device == "cpu" else {}
+    if resume:
+        saved = _saved_options(Path(given.get("out", TrainOptions.out)))
+        changed = [k for k in SHAPE_OPTIONS if k in given and given[k] != saved.get(k)]
+        if changed:
+            raise CheckpointError("--resume: the checkpoint is from another config ("
+                                  + ", ".join(f"{k}={saved.get(k)!r}, asked {given[k]!r}"
+                                              for k in changed) + ")")
+        values.update({k: v for k, v in saved.items() if k not in ("device", "stop_at")})
+    values.update(given)
+    values["device"] = device
+    fields = {f.name for f in dataclasses.fields(TrainOptions)}
+    return TrainOptions(**{k: v for k, v in values.items() if k in fields})
+
+
+def _saved_options(out):
+    folder = out / "ckpt"
+    if not folder.exists():
+        raise CheckpointError(f"--resume: no checkpoint in {out} (expected {folder})")
+    config = folder / "config.json"
+    if not config.is_file():
+        raise CheckpointError(f"--resume: {folder} is not a checkpoint folder")
+    return json.loads(config.read_text()).get("train", {})
+
+
+def model_config(options, vocab_size):
+    shape = {k: getattr(options, k) for k in ("n_layer", "n_head", "n_embd")}
+    return get_preset(options.preset, vocab_size=vocab_size, block_size=options.block_size,
+                      dropout=options.dropout, **shape)
+
+
+def dropout_seed(seed, step, micro):
+    """The dropout masks of (step, micro-batch): a hash, so a resumed run draws the same ones."""
+    return mix32(mix32(seed) ^ mix32(step * 64 + micro + 1))
+
+
+def flops_per_token(config):
+    """Training FLOPs per token: 6 per parameter (matmuls forward and backward) + attention."""
+    n = parameter_breakdown(config)[-1][1]
+    return 6.0 * n + 6.0 * config.n_layer * config.n_embd * config.block_size
+
+
+def estimate_step_bytes(config, batch_size):
+    """A generous estimate of the memory a training step needs (activations and their gradients
+    kept for backward, logits twice, the flat [4, P] parameter buffer)."""
+    C, V, L = config.n_embd, config.vocab_size, config.n_layer
+    tokens = batch_size * config.block_size
+    per_token = L * (40 * C) + 4 * V + 8 * C
+    return 4 * (tokens * per_token * 2 + 4 * parameter_breakdown(config)[-1][1])
+
+
+def _available_bytes(backend):
+    if backend.name == "cuda":
+        from numba import cuda
+        free, _ = cuda.current_context().get_memory_info()
+        return free
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class Trainer:
+    def __init__(self, options: TrainOptions, report=print):
+        self.options = o = options
+        self.report = report
+        self.out = Path(o.out)
+        self.backend = get_backend("cuda" if o.device == "cuda" else "numpy")
+        self.dataset = Dataset(resolve_data(o.data, o.tokenizer, o.vocab_size, report=report))
+        self.config = model_config(o, self.dataset.vocab_size)
+        self.dataset.check_block_size(self.config.block_size)
+        self._check_memory()
+        self.model = GPT(self.config, self.backend, seed=o.seed)
+        self.optimizer = AdamW(self.model.params, lr=o.lr, betas=(o.beta1, o.beta2),
+                               weight_decay=o.weight_decay, grad_clip=o.grad_clip)
+        self.batches = BatchSampler(self.dataset.splits["train"], o.batch_size,
+                                    self.config.block_size, seed=o.seed)
+        self.step = 0
+        self.best_val = math.inf
+        self.best_step = None
+        self.window = self.backend.zeros((o.log_interval,))    # each step's loss, on the device
+        self.loss_grad = self.backend.zeros((1,))
+        self.backend.fill(self.loss_grad, 1.0 / o.grad_accum)  # d(mean over micro-batches)/d(loss)
+        self.history = {"step": [], "loss": [], "val_step": [], "val": []}
+        self.tokens_per_step = o.batch_size * self.config.block_size * o.grad_accum
+        self.peak = self._peak_flops()
+
+    def _check_memory(self):
+        need = estimate_step_bytes(self.config, self.options.batch_size)
+        have = _available_bytes(self.backend)
+        if have is not None and need > have:
+            where = "the GPU has" if self.backend.name == "cuda" else "the machine has"
+            raise TrainingError(
+                f"batch too large for memory: a step needs about {need / 2**30:.1f} GiB and "
+                f"{where} {have / 2**30:.1f} GiB free: lower --batch-size "
+                f"({self.options.batch_size}) or --block-size ({self.config.block_size}), "
+                f"and use --grad-accum to keep the tokens per step")
+
+    def _peak_flops(self):
+        if self.backend.name != "cuda":
+            return None
+        from numba import cuda
+        name = cuda.get_current_device().name
+        name = name.decode() if isinstance(name, bytes) else name
+        return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+
+    # --- resume -------------------------------------------------------------------------
+    def resume(self):
+        saved = read_checkpoint(self.out / "ckpt")
+        if saved["config"] != self.config:
+            raise CheckpointError(f"--resume: the checkpoint's model {saved['config']} differs "
+                                  f"from this run's {self.config}")
+        store = self.model.params
+        store.load_state_dict(saved["params"])
+        self.backend.copy_from_host(store.m, saved["m"])
+        self.backend.copy_from_host(store.v, saved["v"])
+        self.optimizer.step_count = saved["step_count"]
+        state = saved["state"]
+        self.step = state["step"]
+        self.best_val = state["best_val"]
+        self.best_step = state["best_step"]
+        self.batches.load_state(state["batches"])
+        self.history = state["history"]
+        self._truncate_metrics(self.step)
+        self.report(f"resumed from {self.out / 'ckpt'} at step {self.step}")
+
+    def _truncate_metrics(self, step):
+        """Drop the lines a crashed run logged after its checkpoint: they will be logged again."""
+        path = self.out / "metrics.jsonl"
+        if path.exists():
+            lines = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= step]
+            path.write_text("".join(l + "\n" for l in lines))
+
+    # --- the loop -------------------------------------------------------------------------
+    def train_step(self):
+        o = self.options
+        lr = learning_rate(self.step, o.lr, o.min_lr, o.warmup_steps, o.max_steps)
+        self.optimizer.zero_grad()
+        slot = self.window[self.step % o.log_interval:][:1]
+        for micro in range(o.grad_accum):
+            x, y = self.batches.next()
+            self.model.set_dropout_seed(dropout_seed(o.seed, self.step, micro))
+            _, loss = self.model.forward(x, y, train=True)
+            loss.backward(self.loss_grad)
+            self.backend.add_into(slot, loss.data, accumulate=micro > 0)
+        self.optimizer.step(lr)
+        self.step += 1
+        return lr
+
+    def run(self):
+        o = self.options
+        self.out.mkdir(parents=True, exist_ok=True)
+        total = parameter_breakdown(self.config)[-1][1]
+        self.report(f"{o.preset}: {total:,} parameters, {self.config}, backend {self.backend.name}")
+        self.report(f"{self.tokens_per_step:,} tokens per step ({o.batch_size} x "
+                    f"{self.config.block_size} x {o.grad_accum}), {o.max_steps} steps, out {self.out}")
+        last_stop = o.max_steps if o.stop_at is None else min(o.max_steps, o.stop_at)
+        if self.step == 0 and last_stop > 0:
+            self.evaluate(save=False)                 # the untrained model's loss, for the plot
+        clock, steps_since, paused = time.perf_counter(), 0, 0.0
+        while self.step < last_stop:
+            try:
+                lr = self.train_step()
+            except Exception as error:
+                raise _explain_memory_error(error, o) from error
+            steps_since += 1
+            if self.step % o.log_interval == 0 or self.step == last_stop:
+                elapsed = time.perf_counter() - clock - paused       # training time only
+                self.log(lr, elapsed / steps_since, steps_since)
+                clock, steps_since, paused = time.perf_counter(), 0, 0.0
+            if self.step % o.eval_interval == 0 or self.step == last_stop:
+                started = time.perf_counter()
+                self.evaluate(save=True)
+                paused += time.perf_counter() - started
+        self.plot()
+        return {"step": self.step, "best_val": self.best_val, "best_step": self.best_step}
+
+    def log(self, lr, seconds_per_step, steps):
+        o = self.options
+        first = self.step - steps                     # 0-based index of the window's first step
+        slots = [(first + i) % o.log_interval for i in range(steps)]
+        losses = self.backend.to_host(self.window)[slots] / o.grad_accum    # waits for the GPU
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if bad.size:
+            raise TrainingError(f"the loss is {losses[bad[0]]} at step {first + bad[0] + 1}: "
+                                f"stopped; the last good checkpoint is in {self.out / 'ckpt'} "
+                                f"(try a lower --lr)")
+        loss = float(losses.mean())
+        tokens_per_s = self.tokens_per_step / seconds_per_step
+        mfu = (flops_per_token(self.config) * tokens_per_s / self.peak) if self.peak else None
+        norm = self.optimizer.grad_norm()
+        self.history["step"].append(self.step)
+        self.history["loss"].append(loss)
+        line = (f"step {self.step:5d} | loss {loss:.4f} | lr {lr:.2e} | grad norm {norm:.3f} | "
+                f"{seconds_per_step * 1e3:7.1f} ms/step | {tokens_per_s:9,.0f} tok/s")
+        self.report(line + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""))
+        self._metrics(dict(step=self.step, loss=loss, lr=lr, grad_norm=norm,
+                           ms_per_step=seconds_per_step * 1e3, tokens_per_s=tokens_per_s,
+                           mfu=mfu))
+
+    def _metrics(self, record):
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # --- evaluation, samples, checkpoints --------------------------------------------------
+    def estimate_loss(self, split):
+        """Mean loss over eval_iters batches drawn from a generator seeded by the step, so the
+        training batches never depend on when evaluations happen."""
+        o = self.options
+        sampler = BatchSampler(self.dataset.splits[split], o.batch_size, self.config.block_size,
+                               seed=mix32(o.seed + 7919 * self.step + (split == "val")))
+        total = 0.0
+        with click.progressbar(range(o.eval_iters), label=f"eval {split}", file=sys.stderr,
+                               show_eta=False) as bar:
+            for _ in bar:
+                x, y = sampler.next()
+                total += self.model.loss(x, y)
+        return total / o.eval_iters
+
+    def evaluate(self, save):
+        o = self.options
+        train_loss, val_loss = self.estimate_loss("train"), self.estimate_loss("val")
+        if not (math.isfinite(val_loss) and math.isfinite(train_loss)):
+            raise TrainingError(f"the loss is {val_loss} at step {self.step}: stopped; the last "
+                                f"good checkpoint is in {self.out / 'ckpt'} (try a lower --lr)")
+        improved = val_loss < self.best_val
+        if improved:
+            self.best_val, self.best_step = val_loss, self.step
+        self.history["val_step"].append(self.step)
+        self.history["val"].append(val_loss)
+        self.report(f"step {self.step:5d} | eval: train {train_loss:.4f} | val {val_loss:.4f}"
+                    f"{' (best)' if improved else ''}")
+        self._metrics(dict(step=self.step, train_loss=train_loss, val_loss=val_loss))
+        self.write_sample()
+        if save:
+            state = dict(step=self.step, best_val=self.best_val, best_step=self.best_step,
+                         batches=self.batches.state(), history=self.history,
+                         val_loss=val_loss, seed=o.seed)
+            links = ["ckpt", "best"] if improved else ["ckpt"]
+            save_checkpoint(self.out, links, self.model, self.optimizer, self.dataset.tokenizer,
+                            dataclasses.asdict(o), state)
+        self.plot()
+
+    def write_sample(self):
+        from .sample import generate
+        tokenizer = self.dataset.tokenizer
+        prompt = np.asarray(self.dataset.splits["val"][:1], dtype=np.int64)
+        ids = generate(self.model, prompt[None, :], self.options.sample_tokens, temperature=0.8,
+                       top_k=200, rng=np.random.default_rng(self.step))
+        text = tokenizer.decode(ids[0])
+        with open(self.out / "samples.txt", "a", encoding="utf-8") as f:
+            f.write(f"=== step {self.step} ===\n{text}\n\n")
+
+    def plot(self):
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return
+        figure, axes = plt.subplots(figsize=(7, 4))
+        axes.plot(self.history["step"], self.history["loss"], label="train (logged steps)")
+        axes.plot(self.history["val_step"], self.history["val"], "o-", label="val")
+        axes.set_xlabel("step")
+        axes.set_ylabel("cross-entropy loss")
+        axes.set_title(f"{self.options.preset} on {Path(self.dataset.meta['source']).name}")
+        axes.grid(alpha=0.3)
+        axes.legend()
+        figure.tight_layout()
+        temporary = self.out / ".loss.png.tmp"
+        figure.savefig(temporary, format="png", dpi=100)
+        plt.close(figure)
+        temporary.replace(self.out / "loss.png")
+
+
+def _explain_memory_error(error, options):
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, MemoryError) or "OUT_OF_MEMORY" in text or "OutOfMemory" in text:
+        return TrainingError(f"out of memory during a training step: lower --batch-size "
+                             f"({options.batch_size}) or --block-size ({options.block_size}), "
+                             f"and use --grad-accum to keep the tokens per step")
+    return error
+
+
+def train(options: TrainOptions, resume=False, report=print):
+    trainer = Trainer(options, report)
+    if resume:
+        trainer.resume()
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # NaNs are caught
+        return trainer.run()                                               # and reported above
+
+
+USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingError, TokenizerError)
+
+
+def main():
+    from .cli import train_command
+    train_command(prog_name="python -m nanoandrea.train")
+
+
+if __name__ == "__main__":
+    main()

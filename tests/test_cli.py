@@ -1,0 +1,213 @@
+"""The product as a user meets it: `nanoandrea train | sample | prepare | info` through click's
+CliRunner, on the CPU backend (and on the GPU too when there is one), with tiny runs.
+
+Every bad input must end in one line starting with "Error:" and a non-zero exit status, with
+no traceback, and must never damage a checkpoint that was already there.
+"""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import GPU
+from nanoandrea.checkpoint import read_checkpoint, save_checkpoint
+from nanoandrea.cli import main
+
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 40
+TINY = ["--preset", "tiny", "--batch-size", "4", "--block-size", "8", "--eval-iters", "2",
+        "--log-interval", "3", "--warmup-steps", "2", "--lr", "3e-3"]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOANDREA_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def assert_user_error(result, text):
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and text in errors[0], result.output
+
+
+def metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(corpus, out, *extra, device="cpu"):
+    return run("train", "--data", corpus, "--out", out, "--device", device, *TINY, *extra)
+
+
+# --- training leaves what it promises -------------------------------------------------------------
+
+def test_train_writes_logs_plot_samples_and_checkpoints(corpus, tmp_path):
+    out = tmp_path / "run"
+    result = train(corpus, out, "--max-steps", "12", "--eval-interval", "6")
+    assert result.exit_code == 0, result.output
+    assert "ms/step" in result.output and "tok/s" in result.output and "grad norm" in result.output
+    records = metrics(out)
+    logged = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in logged] == [3, 6, 9, 12]
+    assert [r["step"] for r in evals] == [0, 6, 12]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]                   # it learned something
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "samples.txt").read_text().count("=== step") == 3
+    saved = read_checkpoint(out / "ckpt")
+    assert saved["state"]["step"] == 12 and saved["config"].n_layer == 2
+    assert (out / "best").is_symlink() and read_checkpoint(out / "best")["state"]["step"] <= 12
+    names = json.loads((out / "ckpt" / "model.safetensors").read_bytes()[8:].split(b"}}")[0]
+                       .decode(errors="ignore") + "}}")
+    assert "h.0.attn.c_attn.weight" in names and names["wte.weight"]["shape"][1] == 16
+
+
+def resume_matches_uninterrupted(corpus, tmp_path, device):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    common = ("--max-steps", "12", "--eval-interval", "6", "--dropout", "0.1")
+    assert train(corpus, whole, *common, device=device).exit_code == 0
+    first = train(corpus, parts, *common, "--stop-at", "6", device=device)
+    assert first.exit_code == 0 and read_checkpoint(parts / "ckpt")["state"]["step"] == 6
+    second = run("train", "--out", parts, "--resume", "--device", device)
+    assert second.exit_code == 0, second.output
+    assert "resumed from" in second.output
+
+    def losses(out):
+        return [(r["step"], r.get("loss"), r.get("val_loss"), r.get("grad_norm"))
+                for r in metrics(out)]
+    assert losses(parts) == losses(whole)                 # equal, step by step, to the last bit
+    assert np.array_equal(read_checkpoint(parts / "ckpt")["m"], read_checkpoint(whole / "ckpt")["m"])
+
+
+def test_resume_equals_the_uninterrupted_run_on_the_cpu(corpus, tmp_path):
+    resume_matches_uninterrupted(corpus, tmp_path, "cpu")
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU (the CUDA simulator is too slow for a training run)")
+def test_resume_equals_the_uninterrupted_run_on_the_gpu(corpus, tmp_path):
+    resume_matches_uninterrupted(corpus, tmp_path, "cuda")
+
+
+def test_sample_prepare_and_info(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert train(corpus, out, "--max-steps", "6", "--eval-interval", "6").exit_code == 0
+    args = ("sample", "--checkpoint", out / "ckpt", "--max-new-tokens", "20", "--seed", "3",
+            "--device", "cpu")
+    one = run(*args, "--prompt", "First")                   # stdout: the text; stderr: progress
+    assert one.exit_code == 0 and one.stdout.startswith("First") and len(one.stdout) >= 25
+    assert run(*args, "--prompt", "First").stdout == one.stdout               # seeded
+    long = run(*args, "--prompt", "Speak, " * 5, "--num-samples", "2")
+    assert "keeping its last 8" in long.stderr and long.stdout.count("--- sample") == 2
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("All:")
+    assert run(*args, "--prompt-file", prompt_file).stdout.startswith("All:")
+
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text(TEXT[:2000])
+    (folder / "b.txt").write_text(TEXT[2000:4000])
+    prepared = tmp_path / "prepared"
+    result = run("prepare", folder, "--out", prepared, "--tokenizer", "bpe", "--vocab-size", "300")
+    assert result.exit_code == 0, result.output
+    meta = json.loads((prepared / "meta.json").read_text())
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 300
+    tokens = np.fromfile(prepared / "train.bin", dtype=np.uint16)
+    assert tokens.size == meta["tokens"]["train"] and tokens.max() < 300
+    result = run("train", "--data", prepared, "--out", tmp_path / "bpe", "--device", "cpu",
+                 *TINY, "--max-steps", "3", "--eval-interval", "3")
+    assert result.exit_code == 0, result.output
+
+    info = run("info", "--preset", "andrea-120m")
+    assert "2,359,296" in info.output and "28,311,552" in info.output and "124,439,808" in info.output
+    assert "step 6" in run("info", "--checkpoint", out / "ckpt").output
+
+
+# --- bad input: one line, non-zero exit, checkpoints intact -------------------------------------------
+
+def test_bad_data(tmp_path, corpus):
+    out = tmp_path / "run"
+    assert_user_error(train(tmp_path / "missing.txt", out), "data not found")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    assert_user_error(train(empty, out), "the data is empty")
+    short = tmp_path / "short.txt"
+    short.write_text("To be, or not to be")
+    assert_user_error(train(short, out, "--block-size", "32"), "fewer than one block")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(TEXT.encode() + "caf\xe9 cr\xe8me\n".encode("latin-1"))
+    result = train(latin1, out, "--max-steps", "1", "--eval-interval", "1")
+    assert result.exit_code == 0 and "not UTF-8 were replaced" in result.output
+
+
+def test_bad_configuration(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert_user_error(train(corpus, out, "--preset", "andrea-7b"), "unknown preset")
+    assert_user_error(train(corpus, out, "--n-head", "3"), "does not divide the width")
+    assert_user_error(train(corpus, out, "--batch-size", "100000000"), "lower --batch-size")
+
+
+def test_bad_checkpoints(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert_user_error(run("train", "--out", out, "--resume", "--device", "cpu"), "no checkpoint")
+    assert train(corpus, out, "--max-steps", "3", "--eval-interval", "3").exit_code == 0
+    assert_user_error(run("train", "--out", out, "--resume", "--device", "cpu",
+                          "--preset", "andrea-mini"), "from another config")
+    not_one = tmp_path / "not-a-checkpoint"
+    not_one.mkdir()
+    assert_user_error(run("sample", "--checkpoint", not_one, "--device", "cpu"),
+                      "not a checkpoint folder")
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert train(corpus, out, "--max-steps", "3", "--eval-interval", "3").exit_code == 0
+    before = read_checkpoint(out / "ckpt")
+    result = run("train", "--out", out, "--resume", "--device", "cpu", "--lr", "1e30",
+                 "--max-steps", "60", "--grad-clip", "0", "--warmup-steps", "1")
+    assert_user_error(result, "the loss is")
+    assert "at step" in result.output
+    after = read_checkpoint(out / "ckpt")
+    assert after["state"]["step"] == 3
+    assert all(np.array_equal(after["params"][k], before["params"][k]) for k in before["params"])
+
+
+def test_a_kill_while_saving_leaves_the_previous_checkpoint(corpus, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert train(corpus, out, "--max-steps", "3", "--eval-interval", "3").exit_code == 0
+    from nanoandrea import checkpoint
+    from nanoandrea.sample import load_model
+    saved = read_checkpoint(out / "ckpt")
+    model, tokenizer = load_model(out / "ckpt", "cpu")
+
+    def killed(*args):
+        raise KeyboardInterrupt("killed while switching the link")
+    monkeypatch.setattr(checkpoint.os, "replace", killed)
+    from nanoandrea.optim import AdamW
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(out, ["ckpt"], model, AdamW(model.params), tokenizer, {},
+                        dict(saved["state"], step=99))
+    monkeypatch.undo()
+    assert read_checkpoint(out / "ckpt")["state"]["step"] == 3       # the link still points there
+    assert len(list(out.glob(".ckpt-*"))) == 2                       # and the half-made folder ...
+    save_checkpoint(out, ["ckpt"], model, AdamW(model.params), tokenizer, {},
+                    dict(saved["state"], step=100))
+    assert read_checkpoint(out / "ckpt")["state"]["step"] == 100
+    kept = {os.readlink(out / "ckpt"), os.readlink(out / "best")}
+    assert {p.name for p in out.glob(".ckpt-*")} == kept             # ... is cleared by the next
