@@ -9,6 +9,8 @@
                 5. output projection                 Y.W_O mixes the heads
     mlp:        gelu(x.W_fc + b) . W_proj + b        width 4C
 The LM head is tied to the token embedding: logits = x . wte^T.
+Dropout (training only, probability config.dropout) as GPT-2: after the embedding, on the
+attention probabilities, and on each residual branch before it is added.
 """
 import numpy as np
 
@@ -51,19 +53,21 @@ class GPT:
 
     def block(self, x, layer, p):
         h = f"h.{layer}."
-        a = self.attention(ops.layernorm(x, self[h + "ln_1.weight"], self[h + "ln_1.bias"]), layer)
-        x = ops.add(x, ops.dropout(a, p, self.dropout_seed, site=1 + 2 * layer))
+        site = 1 + 3 * layer            # this layer's dropout sites: site, site + 1, site + 2
+        a = self.attention(ops.layernorm(x, self[h + "ln_1.weight"], self[h + "ln_1.bias"]),
+                           layer, p, site)
+        x = ops.add(x, ops.dropout(a, p, self.dropout_seed, site=site + 1))
         m = self.mlp(ops.layernorm(x, self[h + "ln_2.weight"], self[h + "ln_2.bias"]), layer)
-        return ops.add(x, ops.dropout(m, p, self.dropout_seed, site=2 + 2 * layer))
+        return ops.add(x, ops.dropout(m, p, self.dropout_seed, site=site + 2))
 
-    def attention(self, x, layer):
+    def attention(self, x, layer, p=0.0, site=0):
         a = f"h.{layer}.attn."
         H = self.config.n_head
         q = ops.linear(x, self[a + "w_q"], self[a + "b_q"])                   # 1. [B,T,C] each,
         k = ops.linear(x, self[a + "w_k"], self[a + "b_k"])                   #    all heads at once
         v = ops.linear(x, self[a + "w_v"], self[a + "b_v"])
         q, k, v = ops.split_heads(q, H), ops.split_heads(k, H), ops.split_heads(v, H)  # 2. [B,H,T,D]
-        y = ops.attention(q, k, v)                                            # 3. [B,H,T,D]
+        y = ops.attention(q, k, v, p, self.dropout_seed, site)                # 3. [B,H,T,D]
         y = ops.merge_heads(y)                                                # 4. [B,T,C]
         return ops.linear(y, self[a + "w_o"], self[a + "b_o"])                # 5. mix the heads
 

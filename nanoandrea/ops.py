@@ -71,13 +71,15 @@ def merge_heads(x):
     return record(out, [x], backward)
 
 
-def attention(q, k, v):
-    """Causal softmax attention, all (batch, head) pairs in one launch. q, k, v: [B,H,T,D]."""
+def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
+    """Causal softmax attention, all (batch, head) pairs in one launch. q, k, v: [B,H,T,D].
+    dropout_p > 0 drops attention probabilities (masks from seed, an int64[1], and site)."""
     backend = q.backend
     B, H, T, D = q.shape
     out = _new(q, q.shape)
     lse = backend.empty((B, H, T))
-    backend.attention_forward(out.data, lse, q.data, k.data, v.data)
+    drop = dict(dropout_p=dropout_p, seed=seed, site=site)
+    backend.attention_forward(out.data, lse, q.data, k.data, v.data, **drop)
 
     def backward():
         (dq, acc_q), (dk, acc_k), (dv, acc_v) = grad_slot(q), grad_slot(k), grad_slot(v)
@@ -85,7 +87,7 @@ def attention(q, k, v):
             raise NotImplementedError("attention backward: q, k, v gradients must all be new")
         delta = backend.empty((B, H, T))
         backend.attention_backward(dq, dk, dv, delta, out.grad, q.data, k.data, v.data,
-                                   out.data, lse, accumulate=acc_q)
+                                   out.data, lse, accumulate=acc_q, **drop)
 
     return record(out, [q, k, v], backward)
 

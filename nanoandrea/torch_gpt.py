@@ -58,7 +58,8 @@ class TorchGPT(torch.nn.Module):
             y = F.layer_norm(x, (c.n_embd,), self.p(h + "ln_1.weight"), self.p(h + "ln_1.bias"), 1e-5)
             q, k, v = (y @ self.p(h + f"attn.w_{n}") + self.p(h + f"attn.b_{n}") for n in "qkv")
             q, k, v = (t.view(B, T, c.n_head, c.head_size).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=dropout if self.training else 0.0)
             y = y.transpose(1, 2).reshape(B, T, c.n_embd)
             y = y @ self.p(h + "attn.w_o") + self.p(h + "attn.b_o")
             x = x + F.dropout(y, dropout, self.training)

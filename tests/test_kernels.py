@@ -64,7 +64,7 @@ def test_matmul_rejects_bad_shapes():
 
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_sum_rows(rng, accumulate):
-    x = rng.standard_normal((37, 45) if not GPU else (16384, 1536))
+    x = rng.standard_normal((200, 45) if not GPU else (16384, 1536))     # several row chunks
     out, prior = output_and_prior(rng, x.shape[1], accumulate)
     matmul.sum_rows(out, device(x), accumulate)
     want = prior.astype(np.float64)
@@ -115,16 +115,20 @@ def attention_cases():
 
 @pytest.mark.parametrize("D,kernel,rows_per_block", attention_cases())
 @pytest.mark.parametrize("B,H,T", [(2, 2, 7)] if not GPU else [(4, 12, 256), (1, 2, 1024)])
-def test_attention(rng, D, kernel, rows_per_block, B, H, T):
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p):
     if rows_per_block == "T":
         rows_per_block = T
+    seed = np.array([424242], dtype=np.int64)
+    drop = dict(dropout_p=dropout_p, seed=device(seed, np.int64), site=5)
+    drop_numpy = dict(drop, seed=seed)
     q, k, v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(4))
     out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
     dq_q, dk_q, dv_q = (device(x) for x in (q, k, v))
     attention.attention_forward(out, lse, dq_q, dk_q, dv_q, kernel=kernel,
-                                rows_per_block=rows_per_block)
+                                rows_per_block=rows_per_block, **drop)
     want_out, want_lse = np.empty((B, H, T, D)), np.empty((B, H, T))
-    attention.attention_forward_numpy(want_out, want_lse, q, k, v)
+    attention.attention_forward_numpy(want_out, want_lse, q, k, v, **drop_numpy)
     assert relative_error(out.copy_to_host(), want_out) < TOLERANCE
     assert relative_error(lse.copy_to_host(), want_lse) < TOLERANCE
 
@@ -133,10 +137,10 @@ def test_attention(rng, D, kernel, rows_per_block, B, H, T):
         delta = poisoned((B, H, T))
         attention.attention_backward(*[g for g, _ in grads], delta, device(dout), dq_q, dk_q,
                                      dv_q, out, lse, accumulate, kernel=kernel,
-                                     rows_per_block=rows_per_block)
+                                     rows_per_block=rows_per_block, **drop)
         want = [prior.copy() for _, prior in grads]
         attention.attention_backward_numpy(*want, np.empty((B, H, T)), dout, q, k, v, want_out,
-                                           want_lse, accumulate)
+                                           want_lse, accumulate, **drop_numpy)
         for (got, _), expected, name in zip(grads, want, ("dq", "dk", "dv")):
             assert relative_error(got.copy_to_host(), expected) < TOLERANCE, name
 
@@ -154,6 +158,7 @@ ROWS, WIDTH = (7, 24) if not GPU else (16384, 384)
 
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_layernorm(rng, accumulate):
+    ROWS = 20 if not GPU else 16384          # enough rows for several chunks in dweight's sum
     x = 3.0 + 2.0 * rng.standard_normal((ROWS, WIDTH))
     weight, bias = 1 + 0.2 * rng.standard_normal(WIDTH), rng.standard_normal(WIDTH)
     out, mean, rstd = poisoned((ROWS, WIDTH)), poisoned(ROWS), poisoned(ROWS)

@@ -59,9 +59,12 @@ def test_split_and_merge_heads(rng):
 
 
 @pytest.mark.parametrize("D", [2, 3])
-def test_attention(rng, D):
+@pytest.mark.parametrize("dropout_p", [0.0, 0.4])
+def test_attention(rng, D, dropout_p):
     shape = (2, 2, 5, D)
-    check_gradients(ops.attention, {n: rng.standard_normal(shape) for n in "qkv"}, rng)
+    seed = np.array([77], dtype=np.int64)
+    check_gradients(lambda q, k, v: ops.attention(q, k, v, dropout_p, seed, site=1),
+                    {n: rng.standard_normal(shape) for n in "qkv"}, rng)
 
 
 def test_layernorm(rng):

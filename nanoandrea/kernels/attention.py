@@ -15,6 +15,13 @@ Backward (dout given), with delta_i = sum_j P_ij (dout_i . v_j) = dout_i . out_i
 
 Forward saves only lse (B*H*T floats), never the T x T matrix: backward recomputes P from it.
 
+Dropout on the attention probabilities (as GPT-2 trains): out_i = sum_j P_ij G_ij v_j with
+G_ij = 0 or 1/(1-p), a hash of (seed, site, ((b*H + h)*T + i)*T + j) - the counter-based
+generator of kernels/dropout.py, so backward recomputes G instead of storing it. Then
+    dv_j = sum_i P_ij G_ij dout_i,   dS_ij = P_ij (G_ij dout_i . v_j - delta_i),
+and delta_i = dout_i . out_i still holds. `drop` = (seed int64[1], site, threshold, keep) as made
+by dropout_arguments; threshold 0 means no dropout.
+
 The kernels do not know about heads: a thread block takes one (batch, head) pair, the launch
 grid supplies the parallelism over all B*H pairs, and the threads of the block share out the
 rows of the head's T x D tile (one query row per thread at a time).
@@ -33,6 +40,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
 
 NEG_INF = float32(-np.inf)
@@ -50,8 +58,16 @@ def row_dot(x, y, b, h, i, j, D):
     return total
 
 
+@cuda.jit(device=True, inline="always")
+def dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T):
+    # G_ij of (batch b, head h): 1 without dropout, else 0 or 1/(1-p)
+    if threshold == 0:
+        return float32(1.0)
+    return keep_scale(seed[0], site, ((b * H + h) * T + i) * T + j, threshold, keep)
+
+
 @cuda.jit
-def attention_forward_reference_kernel(out, lse, q, k, v, scale):
+def attention_forward_reference_kernel(out, lse, q, k, v, scale, seed, site, threshold, keep):
     # out[B,H,T,D], lse[B,H,T] from q, k, v [B,H,T,D]; grid B*H, block: threads share the rows
     B, H, T, D = q.shape
     b = cuda.blockIdx.x // H
@@ -72,13 +88,14 @@ def attention_forward_reference_kernel(out, lse, q, k, v, scale):
             out[b, h, i, d] = float32(0.0)
         for j in range(i + 1):
             p = math.exp(row_dot(q, k, b, h, i, j, D) * scale - row_lse)
+            p *= dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T)
             for d in range(D):
                 out[b, h, i, d] += p * v[b, h, j, d]
 
 
 @cuda.jit
 def attention_backward_reference_kernel(dq, dk, dv, delta, dout, q, k, v, out, lse, scale,
-                                        accumulate):
+                                        seed, site, threshold, keep, accumulate):
     # dq, dk, dv [B,H,T,D] (+)= gradients; delta[B,H,T] scratch; grid B*H.
     # The block owns its head, so the phases only need block-wide barriers between them.
     B, H, T, D = q.shape
@@ -97,15 +114,17 @@ def attention_backward_reference_kernel(dq, dk, dv, delta, dout, q, k, v, out, l
     for i in range(first, T, stride):                       # dq_i: a thread per query row
         for j in range(i + 1):
             p = math.exp(row_dot(q, k, b, h, i, j, D) * scale - lse[b, h, i])
-            ds = p * (row_dot(dout, v, b, h, i, j, D) - delta[b, h, i]) * scale
+            g = dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T)
+            ds = p * (g * row_dot(dout, v, b, h, i, j, D) - delta[b, h, i]) * scale
             for d in range(D):
                 dq[b, h, i, d] += ds * k[b, h, j, d]
     for j in range(first, T, stride):                       # dk_j, dv_j: a thread per key row
         for i in range(j, T):
             p = math.exp(row_dot(q, k, b, h, i, j, D) * scale - lse[b, h, i])
-            ds = p * (row_dot(dout, v, b, h, i, j, D) - delta[b, h, i]) * scale
+            g = dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T)
+            ds = p * (g * row_dot(dout, v, b, h, i, j, D) - delta[b, h, i]) * scale
             for d in range(D):
-                dv[b, h, j, d] += p * dout[b, h, i, d]
+                dv[b, h, j, d] += p * g * dout[b, h, i, d]
                 dk[b, h, j, d] += ds * q[b, h, i, d]
 
 
@@ -118,7 +137,8 @@ def make_attention_kernels(D, threads, tile=32):
     """
 
     @cuda.jit
-    def attention_forward_kernel(out, lse, q, k, v, scale, rows_per_block):
+    def attention_forward_kernel(out, lse, q, k, v, scale, seed, site, threshold, keep,
+                                 rows_per_block):
         # grid (B*H, T/rows_per_block); block `threads`: one query row per thread at a time
         k_tile = cuda.shared.array((tile, D), float32)
         v_tile = cuda.shared.array((tile, D), float32)
@@ -165,7 +185,10 @@ def make_attention_kernels(D, threads, tile=32):
                         acc[d] *= correction
                     for jj in range(tile):
                         p = math.exp(scores[jj] - m_new)       # exp(-inf) = 0 for masked keys
-                        l += p
+                        l += p                                 # the normaliser: before dropout
+                        if threshold != 0 and j0 + jj <= i:
+                            p *= dropout_factor(seed, site, threshold, keep, b, h, i, j0 + jj,
+                                                H, T)
                         for d in range(D):
                             acc[d] += p * v_tile[jj, d]
                     m = m_new
@@ -177,7 +200,8 @@ def make_attention_kernels(D, threads, tile=32):
                 lse[b, h, i] = m + math.log(l)
 
     @cuda.jit
-    def attention_dq_kernel(dq, dout, q, k, v, lse, delta, scale, rows_per_block, accumulate):
+    def attention_dq_kernel(dq, dout, q, k, v, lse, delta, scale, seed, site, threshold, keep,
+                            rows_per_block, accumulate):
         # dq[B,H,T,D] (+)= sum_j dS_ij k_j / sqrt(D); grid (B*H, T/rows_per_block)
         k_tile = cuda.shared.array((tile, D), float32)
         v_tile = cuda.shared.array((tile, D), float32)
@@ -218,7 +242,8 @@ def make_attention_kernels(D, threads, tile=32):
                             for d in range(D):
                                 s += q_row[d] * k_tile[jj, d]
                                 dp += dout_row[d] * v_tile[jj, d]
-                            ds = math.exp(s - row_lse) * (dp - row_delta)
+                            g = dropout_factor(seed, site, threshold, keep, b, h, i, j0 + jj, H, T)
+                            ds = math.exp(s - row_lse) * (g * dp - row_delta)
                             for d in range(D):
                                 dq_acc[d] += ds * k_tile[jj, d]
                 cuda.syncthreads()
@@ -230,8 +255,8 @@ def make_attention_kernels(D, threads, tile=32):
                     dq[b, h, i, d] = value
 
     @cuda.jit
-    def attention_dkdv_kernel(dk, dv, dout, q, k, v, lse, delta, scale, rows_per_block,
-                              accumulate):
+    def attention_dkdv_kernel(dk, dv, dout, q, k, v, lse, delta, scale, seed, site, threshold,
+                              keep, rows_per_block, accumulate):
         # dk, dv [B,H,T,D] (+)= gradients; grid (B*H, T/rows_per_block): one key row per thread
         q_tile = cuda.shared.array((tile, D), float32)
         dout_tile = cuda.shared.array((tile, D), float32)
@@ -277,7 +302,9 @@ def make_attention_kernels(D, threads, tile=32):
                                 s += q_tile[ii, d] * k_row[d]
                                 dp += dout_tile[ii, d] * v_row[d]
                             p = math.exp(s - lse_tile[ii])
-                            ds = p * (dp - delta_tile[ii])
+                            g = dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T)
+                            ds = p * (g * dp - delta_tile[ii])
+                            p *= g
                             for d in range(D):
                                 dv_acc[d] += p * dout_tile[ii, d]
                                 dk_acc[d] += ds * q_tile[ii, d]
@@ -343,8 +370,16 @@ def _pick(D, kernel):
     return kernel
 
 
-def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None):
+def dropout_arguments(p, seed, site):
+    """The kernels' `drop` arguments for dropout probability p (seed: int64[1] on the device)."""
+    threshold, keep = dropout_constants(p)
+    return seed, np.int64(site), threshold, keep
+
+
+def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dropout_p=0.0,
+                      seed=None, site=0):
     """out = causal softmax(q k^T / sqrt(D)) v for every (batch, head); lse saved for backward.
+    dropout_p > 0 drops attention probabilities (seed: int64[1] on the device, site: an int).
 
     rows_per_block (fast kernels): query rows per thread block, default ROWS_PER_BLOCK, so that
     B*H*T/64 blocks fill the GPU; rows_per_block=T gives one block per (batch, head).
@@ -352,32 +387,50 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None):
     check_float32(out=out, lse=lse, q=q, k=k, v=v)
     B, H, T, D = _check_attention(q, k, v, out=out, lse=lse)
     scale = np.float32(1.0 / math.sqrt(D))
+    drop = dropout_arguments(dropout_p, _seed(seed, lse), site)
     if _pick(D, kernel) == "reference":
-        launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale)
+        launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale,
+               *drop)
         return
     rows = min(T, rows_per_block or ROWS_PER_BLOCK)
     threads, (forward, _, _) = _fast(D, rows)
-    launch(forward, (B * H, blocks(T, rows)), threads, out, lse, q, k, v, scale, rows)
+    launch(forward, (B * H, blocks(T, rows)), threads, out, lse, q, k, v, scale, *drop, rows)
 
 
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
-                       kernel="auto", rows_per_block=None):
-    """dq, dk, dv (+)= the gradients of attention_forward; delta [B,H,T] is scratch."""
+                       kernel="auto", rows_per_block=None, dropout_p=0.0, seed=None, site=0):
+    """dq, dk, dv (+)= the gradients of attention_forward (same dropout arguments); delta
+    [B,H,T] is scratch."""
     check_float32(dq=dq, dk=dk, dv=dv, delta=delta, dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     B, H, T, D = _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
                                   delta=delta)
     scale = np.float32(1.0 / math.sqrt(D))
+    drop = dropout_arguments(dropout_p, _seed(seed, lse), site)
     if _pick(D, kernel) == "reference":
         launch(attention_backward_reference_kernel, B * H, THREADS,
-               dq, dk, dv, delta, dout, q, k, v, out, lse, scale, accumulate)
+               dq, dk, dv, delta, dout, q, k, v, out, lse, scale, *drop, accumulate)
         return
     rows = min(T, rows_per_block or ROWS_PER_BLOCK)
     threads, (_, dq_kernel, dkdv_kernel) = _fast(D, rows)
     launch(attention_delta_kernel, blocks(B * H * T, THREADS), THREADS, delta, dout, out)
     grid = (B * H, blocks(T, rows))
-    launch(dq_kernel, grid, threads, dq, dout, q, k, v, lse, delta, scale, rows, accumulate)
-    launch(dkdv_kernel, grid, threads, dk, dv, dout, q, k, v, lse, delta, scale, rows,
+    launch(dq_kernel, grid, threads, dq, dout, q, k, v, lse, delta, scale, *drop, rows,
            accumulate)
+    launch(dkdv_kernel, grid, threads, dk, dv, dout, q, k, v, lse, delta, scale, *drop, rows,
+           accumulate)
+
+
+_no_seeds = {}
+
+
+def _seed(seed, like):
+    """The seed array, or (no dropout) a placeholder on the same backend the kernels never read."""
+    if seed is not None:
+        return seed
+    if "device" not in _no_seeds:
+        from numba import cuda
+        _no_seeds["device"] = cuda.to_device(np.zeros(1, dtype=np.int64))
+    return _no_seeds["device"]
 
 
 # --- NumPy twins ---------------------------------------------------------------------------------
@@ -393,21 +446,31 @@ def _probabilities(q, k, lse=None):
     return np.exp(scores - lse[..., None]), lse
 
 
-def attention_forward_numpy(out, lse, q, k, v, kernel="auto", rows_per_block=None):
+def _dropout_factors(shape, dropout_p, seed, site):
+    """G [B,H,T,T]: the same hash of (seed, site, flat index) as the kernels; 1 without dropout."""
+    if dropout_p == 0.0:
+        return 1.0
+    return keep_scale_numpy(shape, dropout_p, seed, site)
+
+
+def attention_forward_numpy(out, lse, q, k, v, kernel="auto", rows_per_block=None,
+                            dropout_p=0.0, seed=None, site=0):
     _check_attention(q, k, v, out=out, lse=lse)
     p, lse[...] = _probabilities(q, k)
-    out[...] = p @ v
+    out[...] = (p * _dropout_factors(p.shape, dropout_p, seed, site)) @ v
 
 
 def attention_backward_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
-                             kernel="auto", rows_per_block=None):
+                             kernel="auto", rows_per_block=None, dropout_p=0.0, seed=None,
+                             site=0):
     _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse, delta=delta)
     D = q.shape[-1]
     p, _ = _probabilities(q, k, lse)
+    g = _dropout_factors(p.shape, dropout_p, seed, site)
     delta[...] = (dout * out).sum(axis=-1)
-    ds = p * (dout @ np.swapaxes(v, -1, -2) - delta[..., None]) / np.sqrt(D)
+    ds = p * (g * (dout @ np.swapaxes(v, -1, -2)) - delta[..., None]) / np.sqrt(D)
     for grad, value in ((dq, ds @ k), (dk, np.swapaxes(ds, -1, -2) @ q),
-                        (dv, np.swapaxes(p, -1, -2) @ dout)):
+                        (dv, np.swapaxes(p * g, -1, -2) @ dout)):
         if accumulate:
             grad += value
         else:

@@ -59,7 +59,8 @@ def dropout_backward_kernel(dx, dout, seed, site, threshold, scale, accumulate):
         dx[i] = value
 
 
-def _constants(p):
+def dropout_constants(p):
+    """(threshold, keep): element kept when its 32 random bits >= threshold, then scaled by keep."""
     check(0.0 <= p < 1.0, f"dropout: p must be in [0, 1), got {p}")
     return np.int64(round(p * 2.0 ** 32)), np.float32(1.0 / (1.0 - p))
 
@@ -67,7 +68,7 @@ def _constants(p):
 def dropout_forward(out, x, p, seed, site):
     check_float32(out=out, x=x)
     out, x = flat("dropout", out, x)
-    threshold, scale = _constants(p)
+    threshold, scale = dropout_constants(p)
     launch(dropout_forward_kernel, *elementwise_grid(x.size),
            out, x, seed, np.int64(site), threshold, scale)
 
@@ -75,14 +76,14 @@ def dropout_forward(out, x, p, seed, site):
 def dropout_backward(dx, dout, p, seed, site, accumulate=False):
     check_float32(dx=dx, dout=dout)
     dx, dout = flat("dropout backward", dx, dout)
-    threshold, scale = _constants(p)
+    threshold, scale = dropout_constants(p)
     launch(dropout_backward_kernel, *elementwise_grid(dout.size),
            dx, dout, seed, np.int64(site), threshold, scale, accumulate)
 
 
 def keep_scale_numpy(shape, p, seed, site):
     """The mask times 1/(1-p), as an array of `shape` (what the kernels compute element-wise)."""
-    threshold, scale = _constants(p)
+    threshold, scale = dropout_constants(p)
     n = np.arange(int(np.prod(shape)), dtype=np.int64)
     key = mix32(int(seed[0]) + mix32(int(site)))
     bits = mix32(((n * GOLDEN) & MASK32) ^ key)

@@ -17,8 +17,7 @@ each distinct token one block that adds its positions' rows in that fixed order.
 import numpy as np
 from numba import cuda, float32
 
-from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, elementwise_grid,
-                     launch)
+from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
 from .matmul import sum_rows
 
 THREADS = 32 if SIMULATOR else 128
@@ -26,12 +25,11 @@ THREADS = 32 if SIMULATOR else 128
 
 @cuda.jit
 def embedding_forward_kernel(out, idx, wte, wpe):
-    # out[B,T,C] = wte[idx] + wpe[t]; one thread per element of out
-    B, T, C = out.shape
-    for i in range(cuda.grid(1), B * T * C, cuda.gridsize(1)):
-        b = i // (T * C)
-        t = (i // C) % T
-        c = i % C
+    # out[B,T,C] = wte[idx] + wpe[t]; grid (C/threads, T, B), one thread per element of out
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    t = cuda.blockIdx.y
+    b = cuda.blockIdx.z
+    if c < out.shape[2]:
         out[b, t, c] = wte[idx[b, t], c] + wpe[t, c]
 
 
@@ -76,7 +74,8 @@ def embedding_forward(out, idx, wte, wpe):
     check_float32(out=out, wte=wte, wpe=wpe)
     check(idx.dtype == np.int32, f"embedding: idx must be int32, got {idx.dtype}")
     _check(out, idx, wte, wpe)
-    launch(embedding_forward_kernel, *elementwise_grid(out.size), out, idx, wte, wpe)
+    B, T, C = out.shape
+    launch(embedding_forward_kernel, (blocks(C, THREADS), T, B), THREADS, out, idx, wte, wpe)
 
 
 def embedding_backward(dwte, dwpe, dout, idx, token_order, segment_starts):

@@ -11,21 +11,22 @@ permutation. No arithmetic happens here, only data movement; one thread per elem
 """
 from numba import cuda
 
-from .launch import check, check_float32, check_shape, elementwise_grid, launch
+from .launch import ELEMENTWISE_THREADS, blocks, check, check_float32, check_shape, launch
 
 
 
 @cuda.jit
 def split_heads_kernel(out, x, accumulate):
-    # out[B,H,T,D] (+)= x[B,T,C] with C = H*D; one thread per element, indexed by x's layout so
-    # that consecutive threads read consecutive x.
+    # out[B,H,T,D] (+)= x[B,T,C] with C = H*D; grid (C/threads, T, B): a thread per element, the
+    # threads of a block along C, so reads of x and writes of each head's row are coalesced.
     B, H, T, D = out.shape
-    for i in range(cuda.grid(1), B * T * H * D, cuda.gridsize(1)):
-        b = i // (T * H * D)
-        t = (i // (H * D)) % T
-        h = (i // D) % H
-        d = i % D
-        value = x[b, t, h * D + d]
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    t = cuda.blockIdx.y
+    b = cuda.blockIdx.z
+    if c < H * D:
+        h = c // D
+        d = c - h * D
+        value = x[b, t, c]
         if accumulate:
             value += out[b, h, t, d]
         out[b, h, t, d] = value
@@ -33,17 +34,24 @@ def split_heads_kernel(out, x, accumulate):
 
 @cuda.jit
 def merge_heads_kernel(out, x, accumulate):
-    # out[B,T,C] (+)= x[B,H,T,D] concatenated over heads; one thread per element of out.
+    # out[B,T,C] (+)= x[B,H,T,D] concatenated over heads; grid (C/threads, T, B)
     B, H, T, D = x.shape
-    for i in range(cuda.grid(1), B * T * H * D, cuda.gridsize(1)):
-        b = i // (T * H * D)
-        t = (i // (H * D)) % T
-        h = (i // D) % H
-        d = i % D
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    t = cuda.blockIdx.y
+    b = cuda.blockIdx.z
+    if c < H * D:
+        h = c // D
+        d = c - h * D
         value = x[b, h, t, d]
         if accumulate:
-            value += out[b, t, h * D + d]
-        out[b, t, h * D + d] = value
+            value += out[b, t, c]
+        out[b, t, c] = value
+
+
+def _grid(B, T, C):
+    """(grid, block) of the head kernels: a block of threads along C, one per (t, b)."""
+    threads = min(ELEMENTWISE_THREADS, blocks(C, 32) * 32)
+    return (blocks(C, threads), T, B), threads
 
 
 def _check_heads(heads, fused):
@@ -57,14 +65,16 @@ def split_heads(out, x, accumulate=False):
     """out[B,H,T,D] (+)= x[B,T,C] split into H heads of D = C/H."""
     check_float32(out=out, x=x)
     _check_heads(out, x)
-    launch(split_heads_kernel, *elementwise_grid(out.size), out, x, accumulate)
+    B, H, T, D = out.shape
+    launch(split_heads_kernel, *_grid(B, T, H * D), out, x, accumulate)
 
 
 def merge_heads(out, x, accumulate=False):
     """out[B,T,C] (+)= the heads of x[B,H,T,D] side by side."""
     check_float32(out=out, x=x)
     _check_heads(x, out)
-    launch(merge_heads_kernel, *elementwise_grid(x.size), out, x, accumulate)
+    B, H, T, D = x.shape
+    launch(merge_heads_kernel, *_grid(B, T, H * D), out, x, accumulate)
 
 
 def split_heads_numpy(out, x, accumulate=False):

@@ -14,9 +14,11 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import SIMULATOR, blocks, check_float32, check_shape, launch
+from .launch import (SIMULATOR, blocks, check_float32, check_shape, current_stream,
+                     elementwise_grid, launch)
 from .matmul import sum_rows
-from .reduce import COLUMNS, MAX_THREADS, ROW_GROUPS, block_sum, column_partials_sum
+from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, block_sum, chunk_rows, column_partials_sum,
+                     finish_column_sums_kernel, row_chunks)
 
 EPS = 1e-5
 THREADS = 8 if SIMULATOR else 128        # threads per row
@@ -69,18 +71,20 @@ def layernorm_backward_kernel(dx, dout, x, weight, mean, rstd, accumulate):
 
 
 @cuda.jit
-def layernorm_weight_grad_kernel(dweight, dout, x, mean, rstd):
-    # dweight[C] += sum over rows of dout * xhat; grid C/32, block (32, 16), as sum_rows_kernel
+def layernorm_weight_grad_kernel(partials, dout, x, mean, rstd):
+    # partials[R, C]: the r-th chunk of rows' sum of dout * xhat (stage 1 of dweight, as
+    # sum_rows_kernel); grid (C/32, R), block (32, ROW_GROUPS)
     partial = cuda.shared.array((ROW_GROUPS, COLUMNS), float32)
     N, C = x.shape
+    first, end = chunk_rows(N)
     col = cuda.blockIdx.x * COLUMNS + cuda.threadIdx.x
     total = float32(0.0)
     if col < C:
-        for row in range(cuda.threadIdx.y, N, ROW_GROUPS):
+        for row in range(first + cuda.threadIdx.y, end, ROW_GROUPS):
             total += dout[row, col] * (x[row, col] - mean[row]) * rstd[row]
     total = column_partials_sum(total, partial)
     if cuda.threadIdx.y == 0 and col < C:
-        dweight[col] += total
+        partials[cuda.blockIdx.y, col] = total
 
 
 def _check(x, weight, **rows):
@@ -105,8 +109,11 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
     _check(x, weight, dx=dx, dout=dout, mean=mean, rstd=rstd)
     launch(layernorm_backward_kernel, x.shape[0], THREADS, dx, dout, x, weight, mean, rstd,
            accumulate)
-    launch(layernorm_weight_grad_kernel, blocks(x.shape[1], COLUMNS), (COLUMNS, ROW_GROUPS),
-           dweight, dout, x, mean, rstd)
+    N, C = x.shape
+    partials = cuda.device_array((row_chunks(N, C), C), np.float32, stream=current_stream())
+    launch(layernorm_weight_grad_kernel, (blocks(C, COLUMNS), partials.shape[0]),
+           (COLUMNS, ROW_GROUPS), partials, dout, x, mean, rstd)
+    launch(finish_column_sums_kernel, *elementwise_grid(C), dweight, partials, True)
     sum_rows(dbias, dout, accumulate=True)
 
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
                      elementwise_grid, launch)
-from .reduce import COLUMNS, ROW_GROUPS, column_partials_sum
+from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
+                     finish_column_sums_kernel, row_chunks)
 
 TILE = 16
 
@@ -68,8 +69,12 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
         out[row, col] = total
 
 
-def make_blocked_matmul_kernel(transpose_a, transpose_b, BM=128, BN=128, BK=8, TM=8, TN=8):
+def make_blocked_matmul_kernel(transpose_a, transpose_b, BM=128, BN=128, BK=8, TM=8, TN=8,
+                               blocks_per_sm=1):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
+
+    blocks_per_sm > 1 asks the compiler (launch bounds) to fit that many blocks on a
+    multiprocessor, which caps the registers per thread.
 
     Block tile BM x BN of the output, BM/TM x BN/TN threads, each owning TM x TN outputs at rows
     ty + i*(BM/TM) and columns tx + j*(BN/TN) (strided, so a warp reads consecutive shared-memory
@@ -112,7 +117,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, BM=128, BN=128, BK=8, T
             return b[n, k] if transpose_b else b[k, n]
         return float32(0.0)
 
-    @cuda.jit
+    bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if blocks_per_sm > 1 else {}
+
+    @cuda.jit(**bounds)
     def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), where Kz is
         # the z-th slice of k_per_split columns of K (split-K; S = 1 when K is not split).
@@ -222,10 +229,12 @@ def split_count(M, N, K, tile, target_blocks=2 * 132):
 _blocked_kernels = {}
 
 
-def _blocked_kernel(transpose_a, transpose_b):
-    key = (transpose_a, transpose_b)
+def _blocked_kernel(transpose_a, transpose_b, tiles=None):
+    """The blocked kernel for these transposes and tile parameters (make_blocked_matmul_kernel's
+    keyword arguments; None = the defaults)."""
+    key = (transpose_a, transpose_b, tuple(sorted((tiles or {}).items())))
     if key not in _blocked_kernels:
-        _blocked_kernels[key] = make_blocked_matmul_kernel(transpose_a, transpose_b)
+        _blocked_kernels[key] = make_blocked_matmul_kernel(transpose_a, transpose_b, **(tiles or {}))
     return _blocked_kernels[key]
 
 
@@ -242,10 +251,11 @@ def _check_matmul(out, a, b, bias, transpose_a, transpose_b):
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-           kernel="auto", k_splits=None):
+           kernel="auto", k_splits=None, tiles=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias). kernel: "auto", "blocked" or "tiled" (the reference).
 
-    k_splits (blocked kernel): slices of K computed in parallel; None chooses (split_count)."""
+    Blocked kernel only: k_splits, slices of K computed in parallel (None: split_count chooses);
+    tiles, a dict of make_blocked_matmul_kernel's tile parameters (None: the defaults)."""
     check_float32(out=out, a=a, b=b, bias=bias)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b)
     if kernel == "auto":
@@ -257,7 +267,7 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE),
                out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
     elif kernel == "blocked":
-        fast = _blocked_kernel(bool(transpose_a), bool(transpose_b))
+        fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), tiles)
         BM, BN, BK = fast.tile
         splits = k_splits or split_count(M, N, K, fast.tile)
         k_per_split = blocks(blocks(K, splits), BK) * BK
@@ -276,7 +286,7 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
 
 
 def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-                 kernel="auto", k_splits=None):
+                 kernel="auto", k_splits=None, tiles=None):
     _check_matmul(out, a, b, bias, transpose_a, transpose_b)
     product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
     if bias is not None:
@@ -290,21 +300,20 @@ def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
 # --- sum over rows: the bias gradient (and the position-embedding gradient) ----------------
 
 @cuda.jit
-def sum_rows_kernel(out, x, accumulate):
-    # out[N] (+)= sum_m x[M, N];  grid N/32, block (32, 16). Deterministic: a fixed order of
-    # additions per thread, then a fixed tree in shared memory (no atomics).
+def sum_rows_kernel(partials, x):
+    # partials[R, N]: partials[r] = sum of the r-th chunk of x[M, N]'s rows; grid (N/32, R),
+    # block (32, ROW_GROUPS). Stage 1 of two (reduce.py); no atomics, so the sum is reproducible.
     partial = cuda.shared.array((ROW_GROUPS, COLUMNS), float32)
     M, N = x.shape
+    first, end = chunk_rows(M)
     col = cuda.blockIdx.x * COLUMNS + cuda.threadIdx.x
     total = float32(0.0)
     if col < N:
-        for row in range(cuda.threadIdx.y, M, ROW_GROUPS):
+        for row in range(first + cuda.threadIdx.y, end, ROW_GROUPS):
             total += x[row, col]
     total = column_partials_sum(total, partial)
     if cuda.threadIdx.y == 0 and col < N:
-        if accumulate:
-            total += out[col]
-        out[col] = total
+        partials[cuda.blockIdx.y, col] = total
 
 
 def sum_rows(out, x, accumulate=False):
@@ -312,7 +321,11 @@ def sum_rows(out, x, accumulate=False):
     check_float32(out=out, x=x)
     check(len(x.shape) == 2, f"sum_rows: x must be 2-D, got {x.shape}")
     check_shape("sum_rows out", out, (x.shape[1],))
-    launch(sum_rows_kernel, blocks(x.shape[1], COLUMNS), (COLUMNS, ROW_GROUPS), out, x, accumulate)
+    M, N = x.shape
+    partials = cuda.device_array((row_chunks(M, N), N), np.float32, stream=current_stream())
+    launch(sum_rows_kernel, (blocks(N, COLUMNS), partials.shape[0]), (COLUMNS, ROW_GROUPS),
+           partials, x)
+    launch(finish_column_sums_kernel, *elementwise_grid(N), out, partials, accumulate)
 
 
 def sum_rows_numpy(out, x, accumulate=False):

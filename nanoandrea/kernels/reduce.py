@@ -4,7 +4,7 @@ A block of threads (a power of two, at most MAX_THREADS) each holds one partial 
 partials meet in shared memory and halve in a fixed tree. The fixed order makes every result
 bit-for-bit reproducible: no atomics anywhere in nanoandrea's training step.
 """
-from numba import cuda
+from numba import cuda, float32
 
 from .launch import SIMULATOR
 
@@ -47,11 +47,45 @@ def block_max(value, scratch):
 
 
 
-# Column sums of a [rows, columns] matrix: a block of (COLUMNS, ROW_GROUPS) threads takes 32
-# adjacent columns; thread (x, y) adds rows y, y+ROW_GROUPS, ... of column x (a warp reads 32
-# consecutive floats of a row), then the ROW_GROUPS partials of each column meet in a tree.
+# Column sums of a [rows, columns] matrix, in two deterministic stages:
+#  1. grid (columns/32, R chunks of rows): a block of (COLUMNS, ROW_GROUPS) threads takes 32
+#     adjacent columns of one chunk; thread (x, y) adds rows y, y+ROW_GROUPS, ... of column x
+#     (a warp reads 32 consecutive floats of a row), the ROW_GROUPS partials meet in a tree
+#     (column_partials_sum) and the block writes partials[chunk, column];
+#  2. finish_column_sums_kernel adds the R partials of each column in order.
+# R is chosen (row_chunks) so that a narrow matrix (C = 384 columns) still fills the GPU.
 COLUMNS = 32
 ROW_GROUPS = 2 if SIMULATOR else 16
+
+
+MIN_CHUNK_ROWS = 8 if SIMULATOR else 64
+
+
+def row_chunks(rows, columns):
+    """R: enough blocks for ~4 per multiprocessor, chunks of at least MIN_CHUNK_ROWS rows."""
+    column_blocks = (columns + COLUMNS - 1) // COLUMNS
+    wanted = (4 * 132 + column_blocks - 1) // column_blocks
+    return max(1, min(wanted, rows // MIN_CHUNK_ROWS))
+
+
+@cuda.jit(device=True, inline="always")
+def chunk_rows(rows):
+    # (first, end) rows of this block's chunk: blockIdx.y of gridDim.y chunks
+    size = (rows + cuda.gridDim.y - 1) // cuda.gridDim.y
+    first = cuda.blockIdx.y * size
+    return first, min(rows, first + size)
+
+
+@cuda.jit
+def finish_column_sums_kernel(out, partials, accumulate):
+    # out[N] (+)= sum over r of partials[R, N], r in order; one thread per column
+    for col in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        total = float32(0.0)
+        for r in range(partials.shape[0]):
+            total += partials[r, col]
+        if accumulate:
+            total += out[col]
+        out[col] = total
 
 
 @cuda.jit(device=True, inline="always")

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One device session on the H200 (see docs/gpu-runs.md): the quality run of issue 3, the test
+# suite on the GPU, and where a training step's time goes. Logs and results go to $OUT.
+#   usage: bash tools/h200_session.sh [train|tests|profile|bench ...]   (default: all but bench)
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit 1
+export NANOANDREA_CACHE=/tmp/nanoandrea-cache
+OUT=${OUT:-/tmp/out}
+steps=("${@:-train tests profile}")
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt
+for step in ${steps[@]}; do
+  case $step in
+    train)   # andrea-12m, char tokenizer, tiny Shakespeare, the default recipe; the best-val
+             # checkpoint is kept, so the run stops once overfitting has set in
+      timeout ${TRAIN_TIMEOUT:-420} python3 -m nanoandrea.train --out /tmp/shakespeare \
+          --stop-at ${STOP_AT:-1750} --eval-iters 40 --log-interval 50 2>&1 | tee $OUT/train.log
+      cp /tmp/shakespeare/metrics.jsonl /tmp/shakespeare/loss.png /tmp/shakespeare/samples.txt $OUT/ ;;
+    tests)
+      timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:warnings tests 2>&1 | tee $OUT/pytest.log | tail -15 ;;
+    profile)
+      timeout 120 python3 tools/bench.py --only profile 2>&1 | tee $OUT/profile.log | tail -30 ;;
+    bench)
+      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
+  esac
+done
