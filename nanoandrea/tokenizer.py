@@ -159,6 +159,23 @@ def _merge_in_piece(ids: list[int], pair: tuple[int, int], new_id: int
     return merged, changes
 
 
+SHORT_PIECE = 12  # pieces up to this many bytes take the plain loop, cheaper than the heap
+
+
+def _merge_by_rank_short(ids: list[int], rank) -> list[int]:
+    """GPT-2's merge loop for a short piece: merge the leftmost pair of lowest rank, repeat."""
+    while len(ids) > 1:
+        best, where = None, -1
+        for i in range(len(ids) - 1):
+            new_id = rank((ids[i], ids[i + 1]))
+            if new_id is not None and (best is None or new_id < best):
+                best, where = new_id, i
+        if best is None:
+            break
+        ids[where:where + 2] = [best]
+    return ids
+
+
 class BPETokenizer:
     """Byte-level BPE, as in GPT-2.
 
@@ -258,6 +275,8 @@ class BPETokenizer:
             raise TokenizerError(f"text is not valid unicode: {error.reason} at "
                                  f"{error.object[error.start:error.end]!r}") from None
         rank = self.id_of_pair.get  # (left, right) -> new id, None if the pair is not learned
+        if len(ids) <= SHORT_PIECE:
+            return _merge_by_rank_short(ids, rank)
         queue = [(new_id, i) for i, pair in enumerate(zip(ids, ids[1:])) if (new_id := rank(pair))]
         if not queue:
             return ids

@@ -71,9 +71,10 @@ class TrainOptions:
     sample_tokens: int = 200         # length of the sample written at each evaluation
 
 
-# What `train` uses on the CPU when the user did not choose: a run that finishes in minutes.
-CPU_DEFAULTS = dict(preset="andrea-mini", batch_size=16, block_size=64, max_steps=2000,
-                    eval_interval=200, eval_iters=20, warmup_steps=50)
+# What `train` uses on the CPU when the user did not choose: a run that finishes in minutes
+# (about 0.4 s a step on 2 cores, measured 2026-11-29).
+CPU_DEFAULTS = dict(preset="andrea-mini", batch_size=16, block_size=64, max_steps=1000,
+                    eval_interval=100, eval_iters=20, warmup_steps=50)
 # Options that define the model and its data: a resumed run must keep them.
 SHAPE_OPTIONS = ("preset", "data", "tokenizer", "vocab_size", "n_layer", "n_head", "n_embd",
                  "block_size")

@@ -136,6 +136,24 @@ def make_attention_kernels(D, threads, tile=32):
     tile: keys (or queries) staged in shared memory per step.
     """
 
+    @cuda.jit(device=True, inline="always")
+    def block_rows(H, T, rows_per_block):
+        # this block's (batch, head) and its rows [row_start, row_end): grid (B*H, T/rows)
+        row_start = cuda.blockIdx.y * rows_per_block
+        return (cuda.blockIdx.x // H, cuda.blockIdx.x % H, row_start,
+                min(T, row_start + rows_per_block))
+
+    @cuda.jit(device=True, inline="always")
+    def stage_tiles(first_tile, second_tile, first, second, b, h, row0, T):
+        # first_tile[r, :] = first[b, h, row0 + r, :], second_tile likewise, zeros past T;
+        # all threads of the block share the tile * D elements (consecutive threads, consecutive d)
+        for e in range(cuda.threadIdx.x, tile * D, threads):
+            r = e // D
+            d = e % D
+            inside = row0 + r < T
+            first_tile[r, d] = first[b, h, row0 + r, d] if inside else float32(0.0)
+            second_tile[r, d] = second[b, h, row0 + r, d] if inside else float32(0.0)
+
     @cuda.jit
     def attention_forward_kernel(out, lse, q, k, v, scale, seed, site, threshold, keep,
                                  rows_per_block):
@@ -146,10 +164,7 @@ def make_attention_kernels(D, threads, tile=32):
         acc = cuda.local.array(D, float32)
         scores = cuda.local.array(tile, float32)
         B, H, T, _ = q.shape
-        b = cuda.blockIdx.x // H
-        h = cuda.blockIdx.x % H
-        row_start = cuda.blockIdx.y * rows_per_block
-        row_end = min(T, row_start + rows_per_block)
+        b, h, row_start, row_end = block_rows(H, T, rows_per_block)
         for row_base in range(row_start, row_end, threads):
             i = row_base + cuda.threadIdx.x
             active = i < row_end
@@ -161,12 +176,7 @@ def make_attention_kernels(D, threads, tile=32):
             l = float32(0.0)
             keys_end = min(row_end, row_base + threads)       # the last row here sees keys < this
             for j0 in range(0, keys_end, tile):
-                for e in range(cuda.threadIdx.x, tile * D, threads):     # stage K and V tiles
-                    jj = e // D
-                    d = e % D
-                    inside = j0 + jj < T
-                    k_tile[jj, d] = k[b, h, j0 + jj, d] if inside else float32(0.0)
-                    v_tile[jj, d] = v[b, h, j0 + jj, d] if inside else float32(0.0)
+                stage_tiles(k_tile, v_tile, k, v, b, h, j0, T)
                 cuda.syncthreads()
                 if active and j0 <= i:
                     tile_max = NEG_INF
@@ -209,10 +219,7 @@ def make_attention_kernels(D, threads, tile=32):
         dout_row = cuda.local.array(D, float32)
         dq_acc = cuda.local.array(D, float32)
         B, H, T, _ = q.shape
-        b = cuda.blockIdx.x // H
-        h = cuda.blockIdx.x % H
-        row_start = cuda.blockIdx.y * rows_per_block
-        row_end = min(T, row_start + rows_per_block)
+        b, h, row_start, row_end = block_rows(H, T, rows_per_block)
         for row_base in range(row_start, row_end, threads):
             i = row_base + cuda.threadIdx.x
             active = i < row_end
@@ -227,12 +234,7 @@ def make_attention_kernels(D, threads, tile=32):
                 row_delta = delta[b, h, i]
             keys_end = min(row_end, row_base + threads)
             for j0 in range(0, keys_end, tile):
-                for e in range(cuda.threadIdx.x, tile * D, threads):
-                    jj = e // D
-                    d = e % D
-                    inside = j0 + jj < T
-                    k_tile[jj, d] = k[b, h, j0 + jj, d] if inside else float32(0.0)
-                    v_tile[jj, d] = v[b, h, j0 + jj, d] if inside else float32(0.0)
+                stage_tiles(k_tile, v_tile, k, v, b, h, j0, T)
                 cuda.syncthreads()
                 if active:
                     for jj in range(tile):
@@ -267,10 +269,7 @@ def make_attention_kernels(D, threads, tile=32):
         dk_acc = cuda.local.array(D, float32)
         dv_acc = cuda.local.array(D, float32)
         B, H, T, _ = q.shape
-        b = cuda.blockIdx.x // H
-        h = cuda.blockIdx.x % H
-        row_start = cuda.blockIdx.y * rows_per_block
-        row_end = min(T, row_start + rows_per_block)
+        b, h, row_start, row_end = block_rows(H, T, rows_per_block)
         for row_base in range(row_start, row_end, threads):
             j = row_base + cuda.threadIdx.x
             active = j < row_end
@@ -281,12 +280,7 @@ def make_attention_kernels(D, threads, tile=32):
                     dk_acc[d] = float32(0.0)
                     dv_acc[d] = float32(0.0)
             for i0 in range(row_base - row_base % tile, T, tile):     # queries i >= j only
-                for e in range(cuda.threadIdx.x, tile * D, threads):
-                    ii = e // D
-                    d = e % D
-                    inside = i0 + ii < T
-                    q_tile[ii, d] = q[b, h, i0 + ii, d] if inside else float32(0.0)
-                    dout_tile[ii, d] = dout[b, h, i0 + ii, d] if inside else float32(0.0)
+                stage_tiles(q_tile, dout_tile, q, dout, b, h, i0, T)
                 for ii in range(cuda.threadIdx.x, tile, threads):
                     inside = i0 + ii < T
                     lse_tile[ii] = lse[b, h, i0 + ii] if inside else float32(0.0)

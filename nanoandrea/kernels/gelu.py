@@ -54,13 +54,13 @@ def gelu_backward(dx, dout, x, accumulate=False):
 
 def gelu_forward_numpy(out, x):
     flat("gelu", out, x)
-    out[...] = 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    out[...] = 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x * x * x)))
 
 
 def gelu_backward_numpy(dx, dout, x, accumulate=False):
     flat("gelu backward", dx, dout, x)
-    t = np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3))
-    du = np.sqrt(2.0 / np.pi) * (1.0 + 3.0 * 0.044715 * x ** 2)
+    t = np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x * x * x))      # x*x*x: far faster
+    du = np.sqrt(2.0 / np.pi) * (1.0 + 3.0 * 0.044715 * x * x)           # than x**3 in float32
     grad = dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
     if accumulate:
         dx += grad
