@@ -12,7 +12,7 @@ import numpy as np
 
 from .autograd import no_grad
 from .backend import get_backend
-from .checkpoint import CheckpointError, read_checkpoint
+from .checkpoint import read_checkpoint
 from .model import GPT
 
 
@@ -74,5 +74,3 @@ def main():
 if __name__ == "__main__":
     main()
 
-
-__all__ = ["generate", "load_model", "encode_prompt", "CheckpointError"]

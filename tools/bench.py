@@ -31,6 +31,7 @@ from numba import cuda  # noqa: E402
 
 from nanoandrea.kernels import attention as attention_kernels  # noqa: E402
 from nanoandrea.kernels import matmul as matmul_kernels  # noqa: E402
+from nanoandrea.train import flops_per_token  # noqa: E402
 
 RESULTS = []          # rows of the final table
 
@@ -211,14 +212,6 @@ def attention_variants(D, T):
 
 
 # --- end to end -------------------------------------------------------------------------------
-
-def flops_per_token(config):
-    """Training FLOPs per token: 6 per parameter-token (matmuls, fwd+bwd) + attention."""
-    from nanoandrea.config import parameter_breakdown
-    n_params = parameter_breakdown(config)[-1][1]
-    L, C, T = config.n_layer, config.n_embd, config.block_size
-    return 6.0 * n_params + 6.0 * L * C * T      # 12 L C T / 2 for the causal half
-
 
 def bench_e2e(args):
     import torch
