@@ -131,10 +131,13 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
               help="folder for train.bin, val.bin, tokenizer.json, meta.json")
 @click.option("--tokenizer", default="char", show_default=True, type=click.Choice(["char", "bpe"]))
 @click.option("--vocab-size", type=int, help="BPE vocabulary size")
-def prepare_command(source, out_dir, tokenizer, vocab_size):
+@click.option("--gpt2-files", type=click.Path(file_okay=False),
+              help="a folder with GPT-2's vocab.json and merges.txt: use that BPE, do not train one")
+def prepare_command(source, out_dir, tokenizer, vocab_size, gpt2_files):
     """Tokenize a text file or a folder of .txt files into train/val token files."""
     from .data import prepare
-    _run(lambda: prepare(source, out_dir, tokenizer, vocab_size, report=_echo))
+    _run(lambda: prepare(source, out_dir, tokenizer, vocab_size, report=_echo,
+                         gpt2_files=gpt2_files))
 
 
 @click.command("info")

@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+from .tokenizer import BPETokenizer, load_tokenizer, save_tokenizer, train_tokenizer
 
 DEFAULT_CORPUS = Path(__file__).parent / "data" / "tinyshakespeare.txt"
 VAL_FRACTION = 0.1
@@ -64,15 +64,27 @@ def _fingerprint(source, tokenizer_kind, vocab_size):
     return digest.hexdigest()[:16]
 
 
-def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=print):
-    """Tokenize a text file or folder into out_dir (written to a temporary folder, then renamed)."""
+def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=print,
+            gpt2_files=None):
+    """Tokenize a text file or folder into out_dir (written to a temporary folder, then renamed).
+
+    The tokenizer is trained on the text, or, with gpt2_files (a folder holding GPT-2's
+    vocab.json and merges.txt), loaded from those files."""
     text = read_corpus(source, report)
     out_dir = Path(out_dir)
+    if gpt2_files is not None:
+        files = [Path(gpt2_files) / name for name in ("vocab.json", "merges.txt")]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise DataError(f"GPT-2 tokenizer files not found: {', '.join(missing)}")
+        tokenizer = BPETokenizer.from_gpt2_files(*files)
+        tokenizer_kind = f"bpe from {gpt2_files}"
     report(f"preparing {source} -> {out_dir} ({len(text):,} characters, {tokenizer_kind} tokenizer)")
-    with click.progressbar(length=100, label="training the tokenizer", file=sys.stderr) as bar:
-        tokenizer = train_tokenizer(tokenizer_kind, text, vocab_size,
-                                    progress=lambda done, total: bar.update(
-                                        int(100 * done / max(total, 1)) - bar.pos))
+    if gpt2_files is None:
+        with click.progressbar(length=100, label="training the tokenizer", file=sys.stderr) as bar:
+            tokenizer = train_tokenizer(tokenizer_kind, text, vocab_size,
+                                        progress=lambda done, total: bar.update(
+                                            int(100 * done / max(total, 1)) - bar.pos))
     dtype = np.uint16 if tokenizer.vocab_size <= 2 ** 16 else np.uint32
     split = int(len(text) * (1 - VAL_FRACTION))
     parts = {"train": text[:split], "val": text[split:]}

@@ -339,7 +339,9 @@ class BPETokenizer:
         return cls(d["merges"], d["pattern"])
 
     def to_gpt2_files(self, directory) -> tuple[str, str]:
-        """Write GPT-2's vocab.json and merges.txt into directory; returns their paths."""
+        """Write GPT-2's vocab.json and merges.txt into directory (made if missing); returns
+        their paths."""
+        os.makedirs(directory, exist_ok=True)
         token_strings = ["".join(BYTE_TO_UNICODE[b] for b in data) for data in self.token_bytes]
         if len(set(token_strings)) != len(token_strings):
             raise TokenizerError("two merges make the same bytes; GPT-2's vocab.json cannot "

@@ -133,6 +133,15 @@ def test_sample_prepare_and_info(corpus, tmp_path):
     result = run("train", "--data", prepared, "--out", tmp_path / "bpe", "--device", "cpu",
                  *TINY, "--max-steps", "3", "--eval-interval", "3")
     assert result.exit_code == 0, result.output
+    # the same BPE exported as GPT-2's vocab.json + merges.txt, then used to prepare: same ids
+    from nanoandrea.tokenizer import load_tokenizer
+    load_tokenizer(prepared / "tokenizer.json").to_gpt2_files(tmp_path / "gpt2")
+    again = tmp_path / "prepared-gpt2"
+    result = run("prepare", folder, "--out", again, "--gpt2-files", tmp_path / "gpt2")
+    assert result.exit_code == 0, result.output
+    assert np.array_equal(np.fromfile(again / "train.bin", dtype=np.uint16), tokens)
+    assert_user_error(run("prepare", folder, "--out", again, "--gpt2-files", tmp_path),
+                      "GPT-2 tokenizer files not found")
 
     info = run("info", "--preset", "andrea-120m")
     assert "2,359,296" in info.output and "28,311,552" in info.output and "124,439,808" in info.output
