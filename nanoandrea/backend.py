@@ -77,11 +77,6 @@ class Backend:
             return array.copy_to_host(stream=_stream())
         return np.array(array)
 
-    def synchronize(self):
-        if self.name == "cuda":
-            from numba import cuda
-            cuda.synchronize()
-
 
 def _stream():
     from .kernels.launch import current_stream

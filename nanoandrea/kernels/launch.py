@@ -2,12 +2,14 @@
 
 Every launcher in nanoandrea.kernels ends in `launch(kernel, grid, block, *args)`. Keeping that
 call in one function gives us one place to:
-  - pick the CUDA stream (the training step is captured into a CUDA graph on a CuPy stream),
-  - count launches (the benchmark reports launches per step),
+  - pick the CUDA stream (`set_stream`: the switch a CUDA-graph capture of the step on a CuPy
+    stream will need; not used yet),
+  - time every launch while profiling (`profile()`, used by tools/bench.py),
   - size grids (`blocks(n, per_block)`), and check shapes and dtypes (`check_*`) with one-line errors.
 
 It also wires CuPy's memory pool under Numba (Numba's external-memory-manager plugin), which
-turns a device allocation from ~160 us into ~11 us and lets freed activations be reused.
+turns a device allocation from ~160 us into ~11 us (measured on the H200, ../shared/GPU-FACTS.md)
+and lets freed activations be reused.
 
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) kernels run as Python threads on the CPU;
 `SIMULATOR` lets launchers choose small blocks there.
@@ -21,14 +23,11 @@ from numba import config, cuda
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 _stream = 0          # the stream every launch goes to; 0 is the default stream
-launch_count = 0     # launches since import (read by tools/bench.py)
 _profile = None      # while profiling: {kernel name: [launches, milliseconds]}
 
 
 def launch(kernel, grid, block, *args):
     """Launch `kernel` on the current stream. grid and block are ints or tuples."""
-    global launch_count
-    launch_count += 1
     if _profile is None:
         kernel[grid, block, _stream](*args)
         return
