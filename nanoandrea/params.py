@@ -2,6 +2,8 @@
 
     buffer[0] params   buffer[1] grads   buffer[2] m   buffer[3] v        buffer: [4, P]
 
+(P is the parameter count rounded up: every view starts on a 16-byte boundary.)
+
 Each parameter is a Tensor whose data is a view params[offset:offset+n].reshape(shape) and whose
 grad is the same view of grads. So zeroing every gradient is one fill, AdamW is one kernel over
 P numbers, and a checkpoint is one array. The 2-D weight matrices come first (the first
@@ -17,6 +19,13 @@ import math
 import numpy as np
 
 from .autograd import Tensor
+
+
+ALIGN = 4            # floats: 16 bytes, what a vector load (kernels/vector.py) needs
+
+
+def aligned(n):
+    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 @dataclass
@@ -59,11 +68,12 @@ class ParameterStore:
         self.layout = parameter_layout(config)
         self.offsets = {}
         offset = 0
-        for spec in self.layout:
-            self.offsets[spec.name] = offset
-            offset += math.prod(spec.shape)
-        self.size = offset
-        self.n_decay = sum(math.prod(s.shape) for s in self.layout if s.decay)
+        for spec in self.layout:          # each view starts on a 16-byte boundary (ALIGN floats),
+            self.offsets[spec.name] = offset    # so kernels may read it 16 bytes at a time
+            offset = aligned(offset + math.prod(spec.shape))
+            if spec.decay:
+                self.n_decay = offset      # the decayed matrices (and their padding) come first
+        self.size = offset                 # padding entries stay 0: no gradient ever moves them
         self.buffer = backend.zeros((4, self.size))
         self.params, self.grads, self.m, self.v = (self.buffer[i] for i in range(4))
         self.tensors = {spec.name: Tensor(self._view(self.params, spec), backend,
@@ -85,7 +95,7 @@ class ParameterStore:
         """GPT-2's initialisation as one host array: N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) for
         the two projections that write into the residual stream, zero biases, unit layernorms."""
         rng = np.random.default_rng(seed)
-        values = np.empty(self.size, dtype=np.float32)
+        values = np.zeros(self.size, dtype=np.float32)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for spec in self.layout:
             n = math.prod(spec.shape)
@@ -117,7 +127,7 @@ class ParameterStore:
         missing = [s.name for s in self.layout if s.name not in arrays]
         if missing:
             raise ValueError(f"missing parameters: {', '.join(missing[:5])}")
-        flat = np.empty(self.size, dtype=self.backend.dtype)
+        flat = np.zeros(self.size, dtype=self.backend.dtype)
         for spec in self.layout:
             value = np.asarray(arrays[spec.name])
             if tuple(value.shape) != tuple(spec.shape):

@@ -28,6 +28,7 @@ import numpy as np
 
 from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
                      elementwise_grid, launch)
+from .vector import aligned16, load4, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
 
@@ -69,68 +70,124 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
         out[row, col] = total
 
 
-def make_blocked_matmul_kernel(transpose_a, transpose_b, BM=128, BN=128, BK=8, TM=8, TN=8,
-                               blocks_per_sm=1):
+def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
+                               vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
-    blocks_per_sm > 1 asks the compiler (launch bounds) to fit that many blocks on a
-    multiprocessor, which caps the registers per thread.
+    Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
+    tile of it in registers: rows ty*4 + {0..3} and BM/2 + ty*4 + {0..3}, columns likewise,
+    so a thread's fragments are 4-wide runs that it reads from shared memory with one 16-byte
+    load (`load4`): 4 loads feed 64 fused multiply-adds per step of k. K advances in slices of
+    BK, double-buffered: slice s+1 is loaded from global memory into registers while slice s
+    is multiplied out of shared memory.
 
-    Block tile BM x BN of the output, BM/TM x BN/TN threads, each owning TM x TN outputs at rows
-    ty + i*(BM/TM) and columns tx + j*(BN/TN) (strided, so a warp reads consecutive shared-memory
-    words and writes consecutive output columns). K advances in slices of BK.
+    Shared memory holds both operands k-major, a_tiles[k, m] and b_tiles[k, n], whichever way
+    they are stored in global memory: an operand whose contiguous axis is k (a not transposed,
+    b transposed) is transposed on its way in (four 4-byte stores into a padded tile, free of
+    bank conflicts); the others go in with one 16-byte store.
+    vector_a, vector_b: read that operand from global memory 16 bytes at a time (its rows a
+    multiple of 4 floats, 16-byte aligned), else 4 bytes at a time. vector_out: the same for
+    the output (and the bias). blocks_per_sm > 1: launch bounds that cap the registers so that
+    many blocks fit on a multiprocessor (2: at most 128 registers a thread).
     """
-    THREADS_M = BM // TM
-    THREADS_N = BN // TN
+    THREADS_M = BM // 8
+    THREADS_N = BN // 8
     THREADS = THREADS_M * THREADS_N
-    A_PER_THREAD = BM * BK // THREADS       # elements of each A slice one thread loads
-    B_PER_THREAD = BK * BN // THREADS
-    A_PAD = BM + 4                          # padded rows: the transposing stores avoid bank conflicts
-    B_PAD = BN + 4
+    HALF_M, HALF_N = BM // 2, BN // 2
+    A_CHUNKS = BM * BK // 4 // THREADS      # 4-float chunks of each A slice one thread loads
+    B_CHUNKS = BK * BN // 4 // THREADS
+    A_STAGED, B_STAGED = 4 * A_CHUNKS, 4 * B_CHUNKS     # floats of them, held in registers
+    A_PAD = BM + 4                          # padded rows: the transposing stores avoid bank
+    B_PAD = BN + 4                          # conflicts, and rows stay 16-byte aligned
+    A_ALONG_K = not transpose_a             # a[M,K]: its 4-float chunks run along k
+    B_ALONG_K = transpose_b                 # b[N,K]: likewise
 
     @cuda.jit(device=True, inline="always")
-    def a_slot(e):
-        # where element e (of BM*BK) of an op(a) slice sits: (k, m). Consecutive threads take
-        # consecutive addresses of a in global memory, whichever way a is stored.
-        if transpose_a:                     # a is [K, M]
-            return e // BM, e % BM
-        return e % BK, e // BK              # a is [M, K]
+    def read_chunk(x, rows, cols, r, c, vector):
+        # x[r, c:c+4], zeros outside x[:rows, :cols]; 16 bytes at once when vector (then
+        # cols % 4 == 0, so a chunk is all in or all out)
+        if vector:
+            if r < rows and c < cols:
+                return load4(x, (r, c))
+            return float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+        x0 = x[r, c] if r < rows and c < cols else float32(0.0)
+        x1 = x[r, c + 1] if r < rows and c + 1 < cols else float32(0.0)
+        x2 = x[r, c + 2] if r < rows and c + 2 < cols else float32(0.0)
+        x3 = x[r, c + 3] if r < rows and c + 3 < cols else float32(0.0)
+        return x0, x1, x2, x3
 
     @cuda.jit(device=True, inline="always")
-    def b_slot(e):
-        # where element e (of BK*BN) of an op(b) slice sits: (k, n)
-        if transpose_b:                     # b is [N, K]
-            return e % BK, e // BK
-        return e // BN, e % BN              # b is [K, N]
+    def load_a_slice(staged, a, M, k_end, m0, k0, tid):
+        # the A slice op(a)[m0:m0+BM, k0:k0+BK] into registers, 4-float chunks
+        for r in range(A_CHUNKS):
+            chunk = tid + r * THREADS
+            if A_ALONG_K:                   # a[M,K]
+                m, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
+                x = read_chunk(a, M, k_end, m0 + m, k0 + k, vector_a)
+            else:                           # a[K,M]
+                k, m = chunk // (BM // 4), (chunk % (BM // 4)) * 4
+                x = read_chunk(a, k_end, M, k0 + k, m0 + m, vector_a)
+            for i in range(4):
+                staged[4 * r + i] = x[i]
 
     @cuda.jit(device=True, inline="always")
-    def read_a(a, M, K, m, k):
-        # op(a)[m, k], zero outside the matrix
-        if m < M and k < K:
-            return a[k, m] if transpose_a else a[m, k]
-        return float32(0.0)
+    def load_b_slice(staged, b, N, k_end, n0, k0, tid):
+        # the B slice op(b)[k0:k0+BK, n0:n0+BN] into registers, 4-float chunks
+        for r in range(B_CHUNKS):
+            chunk = tid + r * THREADS
+            if B_ALONG_K:                   # b[N,K]
+                n, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
+                x = read_chunk(b, N, k_end, n0 + n, k0 + k, vector_b)
+            else:                           # b[K,N]
+                k, n = chunk // (BN // 4), (chunk % (BN // 4)) * 4
+                x = read_chunk(b, k_end, N, k0 + k, n0 + n, vector_b)
+            for i in range(4):
+                staged[4 * r + i] = x[i]
 
     @cuda.jit(device=True, inline="always")
-    def read_b(b, N, K, k, n):
-        # op(b)[k, n], zero outside the matrix
-        if k < K and n < N:
-            return b[n, k] if transpose_b else b[k, n]
-        return float32(0.0)
+    def park(tiles, buffer, staged, chunks, along_k, width, tid):
+        # registers -> shared memory tiles[buffer, k, m]; chunks along k are transposed here
+        for r in range(chunks):
+            chunk = tid + r * THREADS
+            if along_k:
+                m, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
+                for i in range(4):
+                    tiles[buffer, k + i, m] = staged[4 * r + i]
+            else:
+                k, m = chunk // (width // 4), (chunk % (width // 4)) * 4
+                store4(tiles, (buffer, k, m), staged[4 * r], staged[4 * r + 1],
+                       staged[4 * r + 2], staged[4 * r + 3])
 
-    bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if blocks_per_sm > 1 else {}
+    @cuda.jit(device=True, inline="always")
+    def outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
+        # acc[8,8] += the thread's 8 values of op(a)[:, kk] times its 8 of op(b)[kk, :]: four
+        # 16-byte shared-memory loads feed 64 multiply-adds. (The k loop calls this twice per
+        # turn: a manual unroll by 2, so the next loads are issued during this step's FMAs.)
+        for half in range(2):
+            x = load4(a_tiles, (buffer, kk, half * HALF_M + ty * 4))
+            y = load4(b_tiles, (buffer, kk, half * HALF_N + tx * 4))
+            for i in range(4):
+                a_frag[half * 4 + i] = x[i]
+                b_frag[half * 4 + i] = y[i]
+        for i in range(8):
+            for j in range(8):
+                acc[i, j] += a_frag[i] * b_frag[j]
+
+    # (the simulator's cuda.jit takes no launch_bounds)
+    bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if blocks_per_sm > 1 and not SIMULATOR else {}
 
     @cuda.jit(**bounds)
     def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), where Kz is
         # the z-th slice of k_per_split columns of K (split-K; S = 1 when K is not split).
         # grid (N/BN, M/BM, S), block THREADS
-        a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # two buffers of op(a) slices, k-major
-        b_tiles = cuda.shared.array((2, BK, B_PAD), float32)
-        acc = cuda.local.array((TM, TN), float32)
-        a_frag = cuda.local.array(TM, float32)
-        b_frag = cuda.local.array(TN, float32)
-        a_next = cuda.local.array(A_PER_THREAD, float32)
-        b_next = cuda.local.array(B_PER_THREAD, float32)
+        a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
+        b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
+        acc = cuda.local.array((8, 8), float32)
+        a_frag = cuda.local.array(8, float32)
+        b_frag = cuda.local.array(8, float32)
+        a_next = cuda.local.array(A_STAGED, float32)
+        b_next = cuda.local.array(B_STAGED, float32)
         M, N = out.shape[1], out.shape[2]
         K = a.shape[0] if transpose_a else a.shape[1]
         z = cuda.blockIdx.z
@@ -141,61 +198,72 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, BM=128, BN=128, BK=8, T
         tx = tid % THREADS_N
         m0 = cuda.blockIdx.y * BM
         n0 = cuda.blockIdx.x * BN
-        for i in range(TM):
-            for j in range(TN):
+        for i in range(8):
+            for j in range(8):
                 acc[i, j] = float32(0.0)
 
-        # the first K-slice goes straight to buffer 0
-        for r in range(A_PER_THREAD):
-            k, m = a_slot(tid + r * THREADS)
-            a_tiles[0, k, m] = read_a(a, M, k_end, m0 + m, k_start + k)
-        for r in range(B_PER_THREAD):
-            k, n = b_slot(tid + r * THREADS)
-            b_tiles[0, k, n] = read_b(b, N, k_end, k_start + k, n0 + n)
+        load_a_slice(a_next, a, M, k_end, m0, k_start, tid)       # the first slice
+        load_b_slice(b_next, b, N, k_end, n0, k_start, tid)
+        park(a_tiles, 0, a_next, A_CHUNKS, A_ALONG_K, BM, tid)
+        park(b_tiles, 0, b_next, B_CHUNKS, B_ALONG_K, BN, tid)
         cuda.syncthreads()
 
         buffer = 0
         for k0 in range(k_start, k_end, BK):
             more = k0 + BK < k_end
             if more:                        # issue the next slice's global loads now ...
-                for r in range(A_PER_THREAD):
-                    k, m = a_slot(tid + r * THREADS)
-                    a_next[r] = read_a(a, M, k_end, m0 + m, k0 + BK + k)
-                for r in range(B_PER_THREAD):
-                    k, n = b_slot(tid + r * THREADS)
-                    b_next[r] = read_b(b, N, k_end, k0 + BK + k, n0 + n)
-            for kk in range(BK):            # ... and multiply the current one meanwhile
-                for i in range(TM):
-                    a_frag[i] = a_tiles[buffer, kk, ty + i * THREADS_M]
-                for j in range(TN):
-                    b_frag[j] = b_tiles[buffer, kk, tx + j * THREADS_N]
-                for i in range(TM):
-                    for j in range(TN):
-                        acc[i, j] += a_frag[i] * b_frag[j]
+                load_a_slice(a_next, a, M, k_end, m0, k0 + BK, tid)
+                load_b_slice(b_next, b, N, k_end, n0, k0 + BK, tid)
+            for kk in range(0, BK, 2):      # ... and multiply the current one meanwhile
+                outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx)
+                outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk + 1, ty, tx)
             if more:                        # park the next slice in the other buffer
-                for r in range(A_PER_THREAD):
-                    k, m = a_slot(tid + r * THREADS)
-                    a_tiles[1 - buffer, k, m] = a_next[r]
-                for r in range(B_PER_THREAD):
-                    k, n = b_slot(tid + r * THREADS)
-                    b_tiles[1 - buffer, k, n] = b_next[r]
+                park(a_tiles, 1 - buffer, a_next, A_CHUNKS, A_ALONG_K, BM, tid)
+                park(b_tiles, 1 - buffer, b_next, B_CHUNKS, B_ALONG_K, BN, tid)
             cuda.syncthreads()
             buffer = 1 - buffer
 
-        for j in range(TN):                 # the bias of this thread's columns, or zeros
-            col = n0 + tx + j * THREADS_N
-            b_frag[j] = bias[col] if has_bias and col < N else float32(0.0)
-        for i in range(TM):
-            row = m0 + ty + i * THREADS_M
-            for j in range(TN):
-                col = n0 + tx + j * THREADS_N
-                if row < M and col < N:
-                    value = acc[i, j] + b_frag[j]
-                    if accumulate:
-                        value += out[z, row, col]
-                    out[z, row, col] = value
+        for half_n in range(2):             # the bias of this thread's columns, or zeros
+            col = n0 + half_n * HALF_N + tx * 4
+            for j in range(4):
+                b_frag[half_n * 4 + j] = float32(0.0)
+            if has_bias and vector_out and col < N:
+                y = load4(bias, (col,))
+                for j in range(4):
+                    b_frag[half_n * 4 + j] = y[j]
+            elif has_bias:
+                for j in range(4):
+                    if col + j < N:
+                        b_frag[half_n * 4 + j] = bias[col + j]
+        for i in range(8):
+            row = m0 + (i // 4) * HALF_M + ty * 4 + i % 4
+            if vector_out:                  # 16 bytes at a time: out[row, col:col+4]
+                for half_n in range(2):
+                    col = n0 + half_n * HALF_N + tx * 4
+                    j = half_n * 4
+                    if row < M and col < N:
+                        v0 = acc[i, j] + b_frag[j]
+                        v1 = acc[i, j + 1] + b_frag[j + 1]
+                        v2 = acc[i, j + 2] + b_frag[j + 2]
+                        v3 = acc[i, j + 3] + b_frag[j + 3]
+                        if accumulate:
+                            o = load4(out, (z, row, col))
+                            v0 += o[0]
+                            v1 += o[1]
+                            v2 += o[2]
+                            v3 += o[3]
+                        store4(out, (z, row, col), v0, v1, v2, v3)
+            else:                           # 4 bytes at a time
+                for j in range(8):
+                    col = n0 + (j // 4) * HALF_N + tx * 4 + j % 4
+                    if row < M and col < N:
+                        value = acc[i, j] + b_frag[j]
+                        if accumulate:
+                            value += out[z, row, col]
+                        out[z, row, col] = value
 
     blocked_matmul_kernel.threads = THREADS
+    blocked_matmul_kernel.launch_bounds = bounds.get("launch_bounds")
     blocked_matmul_kernel.tile = (BM, BN, BK)
     return blocked_matmul_kernel
 
@@ -215,26 +283,44 @@ def sum_splits_kernel(out, partials, bias, has_bias, accumulate):
         out[row, col] = total
 
 
-def split_count(M, N, K, tile, target_blocks=2 * 132):
-    """How many slices of K to compute in parallel: only when the M x N grid alone leaves the
-    GPU's 132 multiprocessors idle (the weight gradients: M x N = C x C, K = B*T), and never
-    slices thinner than 256."""
+RESIDENT_BLOCKS = 2 * 132      # blocks of the kernel the H200 runs at once: 2 per multiprocessor
+
+
+def split_count(M, N, K, tile, slots=RESIDENT_BLOCKS):
+    """How many slices of K to compute in parallel (split-K). Only when the M x N grid alone
+    leaves multiprocessors idle (the weight gradients: M x N = C x C or C x 4C, K = B*T), and
+    never slices thinner than 256. A grid runs in waves of `slots` blocks, so 288 blocks take
+    as long as 528: the count chosen is the smallest whose last wave is at least 90% full
+    (else the one that fills its waves best)."""
     BM, BN, BK = tile
     output_blocks = blocks(M, BM) * blocks(N, BN)
-    if output_blocks >= target_blocks:
+    if output_blocks >= slots:
         return 1
-    return max(1, min(blocks(target_blocks, output_blocks), K // 256))
+
+    def fill(splits):                   # busy fraction of the waves the grid needs
+        total = output_blocks * splits
+        return total / (blocks(total, slots) * slots)
+
+    candidates = range(1, max(1, min(K // 256, 4 * slots // output_blocks)) + 1)
+    good = [s for s in candidates if fill(s) >= 0.9]
+    return good[0] if good else max(candidates, key=fill)
 
 
 _blocked_kernels = {}
 
 
-def _blocked_kernel(transpose_a, transpose_b, tiles=None):
-    """The blocked kernel for these transposes and tile parameters (make_blocked_matmul_kernel's
-    keyword arguments; None = the defaults)."""
-    key = (transpose_a, transpose_b, tuple(sorted((tiles or {}).items())))
+def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None):
+    """The blocked kernel for these transposes, these (vector_a, vector_b, vector_out) and tile
+    parameters (make_blocked_matmul_kernel's keyword arguments; None = the defaults)."""
+    # The 16-byte-output kernels fit 2 blocks per multiprocessor on their own (~126 registers)
+    # and run 15-20% faster without launch bounds; the 4-byte-output ones need ~140 and run
+    # faster capped at 128 (H200, 2026-11-29: docs/perf.md, v3).
+    tiles = dict(tiles or {})
+    tiles.setdefault("blocks_per_sm", 1 if vectors[2] else 2)
+    key = (transpose_a, transpose_b, vectors, tuple(sorted(tiles.items())))
     if key not in _blocked_kernels:
-        _blocked_kernels[key] = make_blocked_matmul_kernel(transpose_a, transpose_b, **(tiles or {}))
+        _blocked_kernels[key] = make_blocked_matmul_kernel(transpose_a, transpose_b, *vectors,
+                                                           **tiles)
     return _blocked_kernels[key]
 
 
@@ -267,7 +353,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE),
                out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
     elif kernel == "blocked":
-        fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), tiles)
+        vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias)))
+        fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
         splits = k_splits or split_count(M, N, K, fast.tile)
         k_per_split = blocks(blocks(K, splits), BK) * BK

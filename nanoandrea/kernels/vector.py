@@ -1,0 +1,97 @@
+"""16-byte loads and stores of four float32s: `load4` and `store4`, for use inside kernels.
+
+    x0, x1, x2, x3 = load4(array, (i, j))      array[i, j], array[i, j+1], array[i, j+2], array[i, j+3]
+    store4(array, (i, j), x0, x1, x2, x3)
+
+One 16-byte instruction (ld.global.v4.f32, ld.shared.v4.f32, st.shared.v4.f32, ...) instead of
+four 4-byte ones: a quarter of the load/store instructions, which is what a register-blocked
+matmul is short of. Numba has no float4 type, so these are Numba intrinsics that emit LLVM IR
+directly: a pointer to the first element, bitcast to <4 x float>*, one aligned load or store.
+NVVM then picks the address space (global or shared) from where the array lives.
+
+The caller guarantees what the hardware needs: the last index is the contiguous axis, the four
+elements are in bounds, and the first one's address is a multiple of 16 bytes (row lengths a
+multiple of 4 and 16-byte aligned base pointers; `aligned16` checks a device array).
+
+Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) there is no LLVM: the same names are plain
+Python functions that index the array four times, so kernels using them run there unchanged.
+"""
+from .launch import SIMULATOR
+
+
+def aligned16(array):
+    """True when a device array's first element sits at a multiple of 16 bytes and its rows
+    (last axis) hold a multiple of 4 float32s: then every load4 at a column j % 4 == 0 is legal."""
+    if SIMULATOR:
+        return array.shape[len(array.shape) - 1] % 4 == 0
+    address = array.__cuda_array_interface__["data"][0]
+    return address % 16 == 0 and array.shape[len(array.shape) - 1] % 4 == 0
+
+
+if SIMULATOR:
+    def load4(array, index):
+        *outer, j = index
+        outer = tuple(outer)
+        return (array[outer + (j,)], array[outer + (j + 1,)], array[outer + (j + 2,)],
+                array[outer + (j + 3,)])
+
+    def store4(array, index, x0, x1, x2, x3):
+        *outer, j = index
+        outer = tuple(outer)
+        array[outer + (j,)] = x0
+        array[outer + (j + 1,)] = x1
+        array[outer + (j + 2,)] = x2
+        array[outer + (j + 3,)] = x3
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.cuda.extending import intrinsic
+
+    FLOAT4 = ir.VectorType(ir.FloatType(), 4)
+
+    def _element_pointer(context, builder, array_type, array, index_type, index):
+        """LLVM pointer to array[index] (index: a tuple of integers), as <4 x float>*."""
+        array = context.make_array(array_type)(context, builder, array)
+        indices = [context.cast(builder, value, kind, types.intp) for value, kind in
+                   zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]
+        pointer = cgutils.get_item_pointer(context, builder, array_type, array, indices,
+                                           wraparound=False)
+        return builder.bitcast(pointer, ir.PointerType(FLOAT4))
+
+    def _check(array, index):
+        if not (isinstance(array, types.Array) and array.dtype == types.float32):
+            raise TypeError(f"load4/store4 need a float32 array, got {array}")
+        if not (isinstance(index, types.BaseTuple) and len(index) == array.ndim):
+            raise TypeError(f"load4/store4 need a tuple of {array.ndim} indices, got {index}")
+
+    @intrinsic
+    def load4(typingctx, array, index):
+        _check(array, index)
+        result = types.UniTuple(types.float32, 4)
+
+        def codegen(context, builder, signature, args):
+            pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                       signature.args[1], args[1])
+            vector = builder.load(pointer, align=16)
+            values = [builder.extract_element(vector, ir.Constant(ir.IntType(32), i))
+                      for i in range(4)]
+            return context.make_tuple(builder, result, values)
+
+        return result(array, index), codegen
+
+    @intrinsic
+    def store4(typingctx, array, index, x0, x1, x2, x3):
+        _check(array, index)
+
+        def codegen(context, builder, signature, args):
+            pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                       signature.args[1], args[1])
+            vector = ir.Constant(FLOAT4, ir.Undefined)
+            for i, (value, kind) in enumerate(zip(args[2:], signature.args[2:])):
+                value = context.cast(builder, value, kind, types.float32)
+                vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
+            builder.store(vector, pointer, align=16)
+
+        return types.void(array, index, x0, x1, x2, x3), codegen
