@@ -16,7 +16,7 @@ OPS = {
     matmul: ["matmul", "sum_rows"],
     heads: ["split_heads", "merge_heads"],
     attention: ["attention_forward", "attention_backward"],
-    layernorm: ["layernorm_forward", "layernorm_backward"],
+    layernorm: ["layernorm_forward", "layernorm_backward", "residual_layernorm_forward"],
     gelu: ["gelu_forward", "gelu_backward"],
     embedding: ["embedding_forward", "embedding_backward"],
     elementwise: ["add", "add_into", "fill"],
@@ -73,8 +73,13 @@ class Backend:
             array[...] = host_array
 
     def to_host(self, array):
+        """A host copy of `array`; on the GPU this waits for the work queued before it."""
         if self.name == "cuda":
-            return array.copy_to_host(stream=_stream())
+            stream = _stream()
+            host = array.copy_to_host(stream=stream)
+            if stream != 0:
+                stream.synchronize()        # a copy on a stream is asynchronous
+            return host
         return np.array(array)
 
 

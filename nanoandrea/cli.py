@@ -62,6 +62,9 @@ def _train_options(f):
         click.option("--seed", type=int, help="[1337]"),
         click.option("--out", type=click.Path(file_okay=False), help="output folder [out]"),
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="[auto]"),
+        click.option("--cuda-graph/--no-cuda-graph", default=None,
+                     help="GPU: capture the training step as a CUDA graph after the first "
+                     "step and replay it [on]"),
         click.option("--stop-at", type=int, help="stop after this step, with a checkpoint "
                      "(continue later with --resume)"),
         click.option("--resume", is_flag=True, help="continue from OUT/ckpt"),

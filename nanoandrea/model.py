@@ -2,6 +2,7 @@
 
     idx [B,T] -> token + position embedding -> n_layer blocks -> final layernorm -> LM head
     block:      x = x + attention(layernorm(x))     x = x + mlp(layernorm(x))     (pre-LN)
+                (each residual add runs fused with the layer norm after it: ops.add_layernorm)
     attention:  1. Q, K, V = X.W_Q, X.W_K, X.W_V     three matmuls, each [C,C] holding all heads
                 2. split heads                       [B,T,C] -> [B,H,T,D]
                 3. attention                         one kernel, every (batch, head) pair
@@ -17,6 +18,7 @@ import numpy as np
 from . import ops
 from .autograd import no_grad
 from .backend import get_backend
+from .batch import TokenBatch
 from .config import GPTConfig
 from .params import ParameterStore
 
@@ -37,28 +39,42 @@ class GPT:
         self.backend.copy_from_host(self.dropout_seed, np.array([seed], dtype=np.int64))
 
     def forward(self, idx, targets=None, train=False):
-        """idx, targets: int arrays [B,T] on the host. Returns (logits [B,T,V], loss [1] or None)."""
-        B, T = np.shape(idx)
+        """idx: a TokenBatch (nanoandrea.batch; its targets, if it has them, give the loss), or
+        int arrays [B,T] on the host, idx and targets. Returns (logits [B,T,V], loss [1] or None)."""
+        if isinstance(idx, TokenBatch):
+            batch = idx
+        else:
+            batch = TokenBatch.from_host(self.backend, idx, targets, self.config.vocab_size)
+        B, T = batch.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds the block size {self.config.block_size}")
         p = self.config.dropout if train else 0.0
-        x = ops.embedding(idx, self["wte"], self["wpe"])                      # [B,T,C]
+        x = ops.embedding(batch, self["wte"], self["wpe"])                    # [B,T,C]
         x = ops.dropout(x, p, self.dropout_seed, site=0)
+        normed = ops.layernorm(x, *self.norm("h.0.ln_1"))
         for layer in range(self.config.n_layer):
-            x = self.block(x, layer, p)
-        x = ops.layernorm(x, self["ln_f.weight"], self["ln_f.bias"])
-        logits = ops.linear(x, self["wte"], transpose_weight=True)            # [B,T,V]
-        loss = None if targets is None else ops.cross_entropy(logits, targets)
+            x, normed = self.block(x, normed, layer, p)       # normed: ln_f(x) after the last
+        logits = ops.linear(normed, self["wte"], transpose_weight=True)       # [B,T,V]
+        loss = None if batch.targets is None else ops.cross_entropy(logits, batch.targets)
         return logits, loss
 
-    def block(self, x, layer, p):
+    def block(self, x, normed, layer, p):
+        """x: the residual stream, normed = ln_1(x). Returns the new x and the layer norm of it
+        that comes next (the next block's ln_1, or ln_f after the last block): each residual
+        add is one fused kernel with the layer norm that follows it."""
         h = f"h.{layer}."
         site = 1 + 3 * layer            # this layer's dropout sites: site, site + 1, site + 2
-        a = self.attention(ops.layernorm(x, self[h + "ln_1.weight"], self[h + "ln_1.bias"]),
-                           layer, p, site)
-        x = ops.add(x, ops.dropout(a, p, self.dropout_seed, site=site + 1))
-        m = self.mlp(ops.layernorm(x, self[h + "ln_2.weight"], self[h + "ln_2.bias"]), layer)
-        return ops.add(x, ops.dropout(m, p, self.dropout_seed, site=site + 2))
+        a = self.attention(normed, layer, p, site)
+        x, normed = ops.add_layernorm(x, ops.dropout(a, p, self.dropout_seed, site=site + 1),
+                                      *self.norm(h + "ln_2"))
+        m = self.mlp(normed, layer)
+        following = f"h.{layer + 1}.ln_1" if layer + 1 < self.config.n_layer else "ln_f"
+        return ops.add_layernorm(x, ops.dropout(m, p, self.dropout_seed, site=site + 2),
+                                 *self.norm(following))
+
+    def norm(self, name):
+        """(weight, bias) of the layer norm `name`."""
+        return self[name + ".weight"], self[name + ".bias"]
 
     def attention(self, x, layer, p=0.0, site=0):
         a = f"h.{layer}.attn."

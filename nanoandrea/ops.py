@@ -7,8 +7,8 @@ Shapes: B batch, T time, C width, H heads, D = C/H head size, V vocabulary, N = 
 """
 import numpy as np
 
-from .autograd import Tensor, grad_enabled, grad_slot, record, summed_grad
-from .kernels.embedding import group_positions_by_token
+from .autograd import Tensor, grad_slot, record, summed_grad
+from .batch import TokenBatch
 
 
 def _new(like, shape, dtype=None):
@@ -96,19 +96,29 @@ def layernorm(x, weight, bias):
     """Layer norm over the last axis of x[..., C]."""
     backend = x.backend
     C = x.shape[-1]
-    rows = x.data.reshape(-1, C)
     out = _new(x, x.shape)
-    mean = backend.empty((rows.shape[0],))
-    rstd = backend.empty((rows.shape[0],))
-    backend.layernorm_forward(out.data.reshape(-1, C), mean, rstd, rows, weight.data, bias.data)
+    mean, rstd = _row_stats(x)
+    backend.layernorm_forward(out.data.reshape(-1, C), mean, rstd, x.data.reshape(-1, C),
+                              weight.data, bias.data)
+    return record(out, [x, weight, bias], _layernorm_backward(out, x, weight, bias, mean, rstd))
+
+
+def _row_stats(x):
+    """Empty mean and rstd buffers, one value per row of x[..., C]."""
+    rows = x.data.size // x.shape[-1]
+    return x.backend.empty((rows,)), x.backend.empty((rows,))
+
+
+def _layernorm_backward(out, x, weight, bias, mean, rstd):
+    C = x.shape[-1]
 
     def backward():
         dx, accumulate = grad_slot(x)
-        backend.layernorm_backward(dx.reshape(-1, C), summed_grad(weight), summed_grad(bias),
-                                   out.grad.reshape(-1, C),
-                                   rows, weight.data, mean, rstd, accumulate=accumulate)
+        x.backend.layernorm_backward(dx.reshape(-1, C), summed_grad(weight), summed_grad(bias),
+                                     out.grad.reshape(-1, C), x.data.reshape(-1, C),
+                                     weight.data, mean, rstd, accumulate=accumulate)
 
-    return record(out, [x, weight, bias], backward)
+    return backward
 
 
 def gelu(x):
@@ -126,14 +136,30 @@ def add(a, b):
     """The residual add: a + b (same shapes)."""
     out = _new(a, a.shape)
     a.backend.add(out.data, a.data, b.data)
+    return record(out, [a, b], _add_backward(out, a, b))
 
+
+def _add_backward(out, a, b):
     def backward():
         for t in (a, b):
             if t.requires_grad:
                 dt, accumulate = grad_slot(t)
                 t.backend.add_into(dt, out.grad, accumulate=accumulate)
 
-    return record(out, [a, b], backward)
+    return backward
+
+
+def add_layernorm(a, b, weight, bias):
+    """(x, h) = (a + b, layernorm(a + b)): the residual add and the layer norm after it, one
+    fused kernel forward. Recorded as add then layernorm, so backward is exactly theirs."""
+    C = a.shape[-1]
+    x, h = _new(a, a.shape), _new(a, a.shape)
+    mean, rstd = _row_stats(x)
+    a.backend.residual_layernorm_forward(x.data.reshape(-1, C), h.data.reshape(-1, C), mean, rstd,
+                                         a.data.reshape(-1, C), b.data.reshape(-1, C),
+                                         weight.data, bias.data)
+    x = record(x, [a, b], _add_backward(x, a, b))
+    return x, record(h, [x, weight, bias], _layernorm_backward(h, x, weight, bias, mean, rstd))
 
 
 def dropout(x, p, seed, site):
@@ -151,40 +177,40 @@ def dropout(x, p, seed, site):
     return record(out, [x], backward)
 
 
-def embedding(idx, wte, wpe):
-    """Token + position embedding. idx: int array [B,T] on the host; wte [V,C], wpe [block,C]."""
+def embedding(batch, wte, wpe):
+    """Token + position embedding of a TokenBatch (nanoandrea.batch; or host ids [B,T]):
+    wte [V,C], wpe [block,C]."""
     backend = wte.backend
-    idx = np.asarray(idx, dtype=np.int32)
-    B, T = idx.shape
-    idx_device = backend.to_device(idx)
+    if not isinstance(batch, TokenBatch):
+        batch = TokenBatch.from_host(backend, batch, vocab_size=wte.shape[0])
+    B, T = batch.shape
     out = _new(wte, (B, T, wte.shape[1]))
-    backend.embedding_forward(out.data, idx_device, wte.data, wpe.data)
-    if not (grad_enabled() and (wte.requires_grad or wpe.requires_grad)):
-        return out
-    order, starts = (backend.to_device(a) for a in group_positions_by_token(idx))
+    backend.embedding_forward(out.data, batch.idx, wte.data, wpe.data)
 
     def backward():
-        backend.embedding_backward(summed_grad(wte), summed_grad(wpe), out.grad, idx_device,
-                                   order, starts)
+        backend.embedding_backward(summed_grad(wte), summed_grad(wpe), out.grad, batch.idx,
+                                   batch.order, batch.starts)
 
     return record(out, [wte, wpe], backward)
 
 
 def cross_entropy(logits, targets):
-    """Mean softmax cross-entropy of logits[..., V] against int targets [...] (a host array)."""
+    """Mean softmax cross-entropy of logits[..., V] against int32 targets on the backend (a
+    TokenBatch's, or host ids [...])."""
     backend = logits.backend
     V = logits.shape[-1]
     rows = logits.data.reshape(-1, V)                                 # [N, V]
     N = rows.shape[0]
-    targets_device = backend.to_device(np.asarray(targets, dtype=np.int32).reshape(N))
+    if isinstance(targets, np.ndarray):
+        targets = backend.to_device(targets.reshape(N), np.int32)
     loss = _new(logits, (1,))
     losses = backend.empty((N,))
     lse = backend.empty((N,))
-    backend.crossentropy_forward(loss.data, losses, lse, rows, targets_device)
+    backend.crossentropy_forward(loss.data, losses, lse, rows, targets)
 
     def backward():
         dlogits, accumulate = grad_slot(logits)
         backend.crossentropy_backward(dlogits.reshape(-1, V), loss.grad, rows, lse,
-                                      targets_device, accumulate=accumulate)
+                                      targets, accumulate=accumulate)
 
     return record(loss, [logits], backward)

@@ -32,11 +32,19 @@ class AdamW:
 
     def step(self, lr=None):
         """One AdamW update from the gradients in the store (lr: this step's learning rate)."""
+        self.prepare(lr)
+        self.update()
+
+    def prepare(self, lr=None):
+        """Count the step and send its lr and bias corrections to the device (before update)."""
         self.step_count += 1
         hyper = adamw_hyperparameters(self.lr if lr is None else lr, self.betas[0],
                                       self.betas[1], self.eps, self.weight_decay,
                                       self.grad_clip, self.step_count)
         self.backend.copy_from_host(self.hyper, hyper)
+
+    def update(self):
+        """The update itself, kernels only (what a captured CUDA graph replays)."""
         self.backend.grad_norm(self.norm, self.store.grads, self.partials)
         self.backend.adamw_update(self.store.params, self.store.grads, self.store.m,
                                   self.store.v, self.hyper, self.norm, self.store.n_decay)

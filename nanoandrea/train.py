@@ -33,6 +33,7 @@ from .kernels.dropout import mix32
 from .kernels.launch import gpu_available
 from .model import GPT
 from .optim import AdamW, learning_rate
+from .step import TrainStep
 from .tokenizer import TokenizerError
 
 
@@ -69,6 +70,7 @@ class TrainOptions:
     device: str = "auto"             # auto | cuda | cpu
     stop_at: int = None              # stop after this step (a checkpoint is written), as if killed
     sample_tokens: int = 200         # length of the sample written at each evaluation
+    cuda_graph: bool = True          # GPU: capture the step once as a CUDA graph, then replay it
 
 
 # What `train` uses on the CPU when the user did not choose: a run that finishes in minutes
@@ -177,8 +179,9 @@ class Trainer:
         self.best_val = math.inf
         self.best_step = None
         self.window = self.backend.zeros((o.log_interval,))    # each step's loss, on the device
-        self.loss_grad = self.backend.zeros((1,))
-        self.backend.fill(self.loss_grad, 1.0 / o.grad_accum)  # d(mean over micro-batches)/d(loss)
+        self.stepper = TrainStep(self.model, self.optimizer, o.batch_size,
+                                          self.config.block_size, o.grad_accum,
+                                          cuda_graph=o.cuda_graph)
         self.history = {"step": [], "loss": [], "val_step": [], "val": []}
         self.tokens_per_step = o.batch_size * self.config.block_size * o.grad_accum
         self.peak = self._peak_flops()
@@ -233,15 +236,11 @@ class Trainer:
     def train_step(self):
         o = self.options
         lr = learning_rate(self.step, o.lr, o.min_lr, o.warmup_steps, o.max_steps)
-        self.optimizer.zero_grad()
+        batches = [self.batches.next() for _ in range(o.grad_accum)]
+        seeds = [dropout_seed(o.seed, self.step, micro) for micro in range(o.grad_accum)]
+        loss = self.stepper(batches, seeds, lr)
         slot = self.window[self.step % o.log_interval:][:1]
-        for micro in range(o.grad_accum):
-            x, y = self.batches.next()
-            self.model.set_dropout_seed(dropout_seed(o.seed, self.step, micro))
-            _, loss = self.model.forward(x, y, train=True)
-            loss.backward(self.loss_grad)
-            self.backend.add_into(slot, loss.data, accumulate=micro > 0)
-        self.optimizer.step(lr)
+        self.backend.add_into(slot, loss)
         self.step += 1
         return lr
 
@@ -374,9 +373,11 @@ class Trainer:
 def _explain_memory_error(error, options):
     text = f"{type(error).__name__}: {error}"
     if isinstance(error, MemoryError) or "OUT_OF_MEMORY" in text or "OutOfMemory" in text:
+        graph = (" (or use --no-cuda-graph: a captured step keeps all its activations)"
+                 if options.cuda_graph and options.device == "cuda" else "")
         return TrainingError(f"out of memory during a training step: lower --batch-size "
                              f"({options.batch_size}) or --block-size ({options.block_size}), "
-                             f"and use --grad-accum to keep the tokens per step")
+                             f"and use --grad-accum to keep the tokens per step{graph}")
     return error
 
 

@@ -42,8 +42,9 @@ MATMUL_CASES = ([(14, 24, 37, True, False), (33, 20, 9, False, True)] if not GPU
 def test_matmul(rng, kernel, k_splits, transpose_a, transpose_b):
     """k_splits=3: split-K, three slices of K computed apart, then summed in a fixed order."""
     cases = MATMUL_CASES
-    if kernel == "blocked" and not GPU:     # the 256-thread kernel is slow to simulate: one case
-        cases = [(14, 24, 37, True, True)]
+    if kernel == "blocked" and not GPU:     # the 256-thread kernel is slow to simulate: two
+        cases = [(14, 24, 37, True, True),  # cases, with 4-byte and with 16-byte loads of a
+                 (12, 20, 16, True, False)]  # (K % 4 == 0) and of out (N % 4 == 0)
     for M, N, K, with_bias, accumulate in cases:
         a = rng.standard_normal((K, M) if transpose_a else (M, K))
         b = rng.standard_normal((N, K) if transpose_b else (K, N))
@@ -113,12 +114,8 @@ def attention_cases():
     return cases
 
 
-@pytest.mark.parametrize("D,kernel,rows_per_block", attention_cases())
-@pytest.mark.parametrize("B,H,T", [(2, 2, 7)] if not GPU else [(4, 12, 256), (1, 2, 1024)])
-@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
-def test_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p):
-    if rows_per_block == "T":
-        rows_per_block = T
+def check_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p):
+    """attention_forward, then attention_backward (= and +=), against the NumPy twins."""
     seed = np.array([424242], dtype=np.int64)
     drop = dict(dropout_p=dropout_p, seed=device(seed, np.int64), site=5)
     drop_numpy = dict(drop, seed=seed)
@@ -143,6 +140,23 @@ def test_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p):
                                            want_lse, accumulate, **drop_numpy)
         for (got, _), expected, name in zip(grads, want, ("dq", "dk", "dv")):
             assert relative_error(got.copy_to_host(), expected) < TOLERANCE, name
+
+
+@pytest.mark.parametrize("D,kernel,rows_per_block", attention_cases())
+@pytest.mark.parametrize("B,H,T", [(2, 2, 7)] if not GPU else [(4, 12, 256), (1, 2, 1024)])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p):
+    check_attention(rng, D, kernel, T if rows_per_block == "T" else rows_per_block, B, H, T,
+                    dropout_p)
+
+
+@pytest.mark.parametrize("D", attention.FAST_HEAD_SIZES)
+def test_attention_gpu_tiles(rng, monkeypatch, D):
+    """The fast kernels with the tiles the GPU runs (64 or 128 threads a block, where the
+    simulator's own tiles are tiny), on a T that crosses 32-row tiles and fills none."""
+    monkeypatch.setattr(attention, "TILES", attention.GPU_TILES)
+    monkeypatch.setattr(attention, "_fast_kernels", {})
+    check_attention(rng, D, "fast", None, 1, 1, 40, 0.3)
 
 
 def test_attention_fast_kernel_refuses_other_head_sizes():
@@ -178,6 +192,26 @@ def test_layernorm(rng, accumulate):
                                        want[2], accumulate)
     for got, expected in ((dx, want_dx), (dweight, want_dw), (dbias, want_db)):
         assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+
+
+# C not a multiple of the threads per row; the last C is wider than the shared row cache
+@pytest.mark.parametrize("N,C", [(6, 40), (3, 77), (2, layernorm.ROW_CACHE + 13)] if not GPU else
+                         [(16384, 384), (8192, 768), (300, layernorm.ROW_CACHE + 13)])
+def test_residual_layernorm(rng, N, C):
+    a, b = 3.0 + 2.0 * rng.standard_normal((N, C)), rng.standard_normal((N, C))
+    weight, bias = 1 + 0.2 * rng.standard_normal(C), rng.standard_normal(C)
+    outputs = [poisoned((N, C)), poisoned((N, C)), poisoned(N), poisoned(N)]     # resid, out, ...
+    params = device(weight), device(bias)
+    layernorm.residual_layernorm_forward(*outputs, device(a), device(b), *params)
+    want = [np.empty((N, C)), np.empty((N, C)), np.empty(N), np.empty(N)]
+    layernorm.residual_layernorm_forward_numpy(*want, a, b, weight, bias)
+    for got, expected in zip(outputs, want):
+        assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+    unfused = [poisoned((N, C)), poisoned((N, C)), poisoned(N), poisoned(N)]
+    elementwise.add(unfused[0], device(a), device(b))
+    layernorm.layernorm_forward(unfused[1], unfused[2], unfused[3], unfused[0], *params)
+    for got, expected in zip(outputs, unfused):         # the same arithmetic as add + layernorm
+        assert np.array_equal(got.copy_to_host(), expected.copy_to_host())
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
@@ -234,7 +268,10 @@ def test_dropout_matches_numpy_bit_for_bit(rng, accumulate):
 
 # --- embedding, cross-entropy, AdamW -------------------------------------------------------------
 
-def test_embedding(rng):
+@pytest.mark.parametrize("padded", [False, True])
+def test_embedding(rng, padded):
+    """padded: segment_starts padded to a fixed size with empty segments (as a CUDA graph
+    replay needs), which the backward must skip."""
     B, T, C, V = (2, 7, 24, 11) if not GPU else (64, 256, 384, 65)
     idx = rng.integers(0, V, size=(B, T)).astype(np.int32)
     idx[0, :3] = idx[1, 2]                                   # repeated ids must sum
@@ -247,7 +284,7 @@ def test_embedding(rng):
     dout = rng.standard_normal((B, T, C))
     dwte_prior, dwpe_prior = rng.standard_normal(wte.shape), rng.standard_normal(wpe.shape)
     dwte, dwpe = device(dwte_prior), device(dwpe_prior)
-    order, starts = embedding.group_positions_by_token(idx)
+    order, starts = embedding.group_positions_by_token(idx, min(V, B * T) if padded else None)
     embedding.embedding_backward(dwte, dwpe, device(dout), device(idx, np.int32),
                                  device(order, np.int32), device(starts, np.int32))
     want_dwte, want_dwpe = dwte_prior.copy(), dwpe_prior.copy()

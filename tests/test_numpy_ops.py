@@ -73,6 +73,25 @@ def test_layernorm(rng):
     check_gradients(ops.layernorm, inputs, rng)
 
 
+def test_add_layernorm(rng):
+    # as in the model, both outputs carry gradient (the sum s goes on down the residual stream,
+    # h into the branch) and x is used again; the fused forward equals add then layernorm
+    inputs = dict(x=rng.standard_normal((3, 2, 6)), y=rng.standard_normal((3, 2, 6)),
+                  weight=1 + 0.3 * rng.standard_normal(6), bias=rng.standard_normal(6))
+
+    def build(x, y, weight, bias):
+        s, h = ops.add_layernorm(x, y, weight, bias)
+        return ops.add(ops.add(s, h), x)
+
+    check_gradients(build, inputs, rng)
+    with no_grad():
+        x, y, weight, bias = (Tensor(a, NP64) for a in inputs.values())
+        s, h = ops.add_layernorm(x, y, weight, bias)
+        want = ops.add(x, y)
+        assert np.array_equal(s.data, want.data)
+        assert np.array_equal(h.data, ops.layernorm(want, weight, bias).data)
+
+
 def test_gelu(rng):
     check_gradients(ops.gelu, dict(x=3 * rng.standard_normal((4, 7))), rng)
 

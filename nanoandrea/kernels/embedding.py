@@ -12,7 +12,8 @@ the positions by token id on the host (the ids come from the host anyway), and t
 each distinct token one block that adds its positions' rows in that fixed order.
     token_order    : int32 [B*T]     positions (b*T + t) sorted by token id, stable
     segment_starts : int32 [U+1]     token_order[segment_starts[u]:segment_starts[u+1]] all hold
-                                     the u-th distinct token
+                                     the u-th distinct token (empty segments at the end pad it
+                                     to a fixed size: they are skipped)
 """
 import numpy as np
 from numba import cuda, float32
@@ -39,9 +40,9 @@ def embedding_token_grad_kernel(dwte, dout, idx, token_order, segment_starts):
     B, T, C = dout.shape
     u = cuda.blockIdx.x
     c = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    if c < C:
-        start = segment_starts[u]
-        end = segment_starts[u + 1]
+    start = segment_starts[u]
+    end = segment_starts[u + 1]
+    if c < C and start < end:           # padding segments (start == end == B*T) do nothing
         first = token_order[start]
         token = idx[first // T, first % T]
         total = float32(0.0)
@@ -51,13 +52,22 @@ def embedding_token_grad_kernel(dwte, dout, idx, token_order, segment_starts):
         dwte[token, c] += total
 
 
-def group_positions_by_token(idx):
-    """Host side: (token_order, segment_starts) for an int array of token ids (any shape)."""
+def group_positions_by_token(idx, segments=None):
+    """Host side: (token_order, segment_starts) for an int array of token ids (any shape).
+
+    segments: pad segment_starts with empty segments to this many (segments + 1 entries), so
+    its size, and the backward's grid, is the same for every batch (a CUDA graph replays one
+    fixed grid); min(V, B*T) always suffices."""
     flat_ids = np.asarray(idx).reshape(-1)
     order = np.argsort(flat_ids, kind="stable").astype(np.int32)
     sorted_ids = flat_ids[order]
     boundaries = np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1
     starts = np.concatenate(([0], boundaries, [flat_ids.size])).astype(np.int32)
+    if segments is not None:
+        if segments < starts.size - 1:
+            raise ValueError(f"{starts.size - 1} distinct tokens, more than {segments} segments")
+        starts = np.concatenate((starts, np.full(segments + 1 - starts.size, flat_ids.size,
+                                                 dtype=np.int32)))
     return order, starts
 
 

@@ -2,14 +2,15 @@
 
 Every launcher in nanoandrea.kernels ends in `launch(kernel, grid, block, *args)`. Keeping that
 call in one function gives us one place to:
-  - pick the CUDA stream (`set_stream`: the switch a CUDA-graph capture of the step on a CuPy
-    stream will need; not used yet),
+  - pick the CUDA stream (`set_stream`: a CUDA-graph capture of the training step puts every
+    launch on a CuPy stream; see nanoandrea/step.py),
   - time every launch while profiling (`profile()`, used by tools/bench.py),
   - size grids (`blocks(n, per_block)`), and check shapes and dtypes (`check_*`) with one-line errors.
 
 It also wires CuPy's memory pool under Numba (Numba's external-memory-manager plugin), which
 turns a device allocation from ~160 us into ~11 us (measured on the H200, ../shared/GPU-FACTS.md)
-and lets freed activations be reused.
+and lets freed activations be reused; and, for a captured step, `count_allocations` (how much
+a step allocates) and `allocate_from(arena)` (one block, carved up, owned by the graph).
 
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) kernels run as Python threads on the CPU;
 `SIMULATOR` lets launchers choose small blocks there.
@@ -62,6 +63,17 @@ def set_stream(stream):
     """Make later launches go to `stream` (a Numba stream, or 0 for the default one)."""
     global _stream
     _stream = stream
+
+
+@contextmanager
+def using_stream(stream):
+    """Launches (and the backend's copies) inside the block go to `stream`."""
+    previous = _stream
+    set_stream(stream)
+    try:
+        yield
+    finally:
+        set_stream(previous)
 
 
 def blocks(n, per_block):
@@ -137,6 +149,10 @@ def _use_cupy_memory_pool():
             pass     # CuPy's pool needs no setup
 
         def memalloc(self, size):
+            if _arena is not None:              # inside a graph capture: carve from the arena
+                return MemoryPointer(self.context, ctypes.c_void_p(_arena.take(size)), size)
+            if _tally is not None:
+                _tally.add(size)
             block = cupy.cuda.alloc(size)
             address = int(block.ptr)
             self.live[address] = block
@@ -157,6 +173,65 @@ def _use_cupy_memory_pool():
 
 
 CUPY_POOL = _use_cupy_memory_pool()
+
+# --- memory for a captured step: count once, then carve from one block -------------------
+
+ALIGNMENT = 256          # bytes; what cudaMalloc gives, so 16-byte vector loads stay legal
+_tally = None            # while counting: the Tally every device allocation reports to
+_arena = None            # while capturing: the Arena every device allocation comes from
+
+
+class Tally:
+    """Bytes allocated on the device inside a `count_allocations()` block."""
+    def __init__(self):
+        self.bytes = 0
+        self.count = 0
+
+    def add(self, size):
+        self.bytes += -(-size // ALIGNMENT) * ALIGNMENT
+        self.count += 1
+
+
+class Arena:
+    """One device block, handed out front to back and never given back: the memory of a captured
+    CUDA graph. The graph's kernels read and write these addresses at every replay, so the
+    arena lives as long as the graph (whoever holds the graph holds the arena)."""
+    def __init__(self, size):
+        import cupy
+        self.size = size
+        self.block = cupy.cuda.alloc(max(size, ALIGNMENT))
+        self.base = int(self.block.ptr)
+        self.used = 0
+
+    def take(self, size):
+        size = -(-size // ALIGNMENT) * ALIGNMENT
+        if self.used + size > self.size:
+            raise MemoryError(f"graph arena: {self.used + size} bytes needed, {self.size} reserved")
+        address = self.base + self.used
+        self.used += size
+        return address
+
+
+@contextmanager
+def count_allocations():
+    """Yields a Tally of the device allocations made inside the block (needs CuPy's pool)."""
+    global _tally
+    _tally = Tally()
+    try:
+        yield _tally
+    finally:
+        _tally = None
+
+
+@contextmanager
+def allocate_from(arena):
+    """Inside the block every device allocation is carved from `arena` (needs CuPy's pool)."""
+    global _arena
+    _arena = arena
+    try:
+        yield arena
+    finally:
+        _arena = None
 
 
 def gpu_available():

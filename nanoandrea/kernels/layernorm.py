@@ -8,6 +8,8 @@
 Backward, with g = dout * weight:
     dx      = rstd * (g - mean(g) - xhat * mean(g * xhat))          (means over the row)
     dweight += sum over rows of dout * xhat,   dbias += sum over rows of dout
+Fused with the residual add before it (llm.c's fused_residual_forward), for a, b, resid [N, C]:
+    resid = a + b,   out = layernorm(resid) * weight + bias      (a and b read once)
 """
 import math
 
@@ -22,28 +24,61 @@ from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, block_sum, chunk_rows, co
 
 EPS = 1e-5
 THREADS = 8 if SIMULATOR else 128        # threads per row
+ROW_CACHE = 1024        # a row's first ROW_CACHE values stay in shared memory between passes
+
+
+@cuda.jit(device=True, inline="always")
+def normalize_row(out, mean, rstd, x, weight, bias, eps, total, row_cache, scratch):
+    # The forward's last two passes over row blockIdx.x of x[N,C]: this thread's columns (c =
+    # threadIdx.x + k * blockDim.x) add up to `total`; those below ROW_CACHE are also in the
+    # shared row_cache, written by this same thread (so no barrier), the rest are read again.
+    row = cuda.blockIdx.x
+    C = x.shape[1]
+    row_mean = block_sum(total, scratch) / C
+    total = float32(0.0)
+    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        centered = (row_cache[c] if c < ROW_CACHE else x[row, c]) - row_mean
+        total += centered * centered
+    row_rstd = float32(1.0) / math.sqrt(block_sum(total, scratch) / C + eps)
+    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        value = row_cache[c] if c < ROW_CACHE else x[row, c]
+        out[row, c] = (value - row_mean) * row_rstd * weight[c] + bias[c]
+    if cuda.threadIdx.x == 0:
+        mean[row] = row_mean
+        rstd[row] = row_rstd
 
 
 @cuda.jit
 def layernorm_forward_kernel(out, mean, rstd, x, weight, bias, eps):
     # out[N,C], mean[N], rstd[N] from x[N,C]; one block per row, threads stride over C
+    row_cache = cuda.shared.array(ROW_CACHE, float32)
     scratch = cuda.shared.array(MAX_THREADS, float32)
     row = cuda.blockIdx.x
-    C = x.shape[1]
     total = float32(0.0)
-    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
-        total += x[row, c]
-    row_mean = block_sum(total, scratch) / C
+    for c in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
+        value = x[row, c]
+        if c < ROW_CACHE:
+            row_cache[c] = value
+        total += value
+    normalize_row(out, mean, rstd, x, weight, bias, eps, total, row_cache, scratch)
+
+
+@cuda.jit
+def residual_layernorm_forward_kernel(resid, out, mean, rstd, a, b, weight, bias, eps):
+    # resid[N,C] = a[N,C] + b[N,C]; out[N,C], mean[N], rstd[N] its layernorm, as
+    # layernorm_forward_kernel; one block per row. a and b are read once, resid only written
+    # (read back only for columns past ROW_CACHE).
+    row_cache = cuda.shared.array(ROW_CACHE, float32)
+    scratch = cuda.shared.array(MAX_THREADS, float32)
+    row = cuda.blockIdx.x
     total = float32(0.0)
-    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
-        centered = x[row, c] - row_mean
-        total += centered * centered
-    row_rstd = float32(1.0) / math.sqrt(block_sum(total, scratch) / C + eps)
-    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
-        out[row, c] = (x[row, c] - row_mean) * row_rstd * weight[c] + bias[c]
-    if cuda.threadIdx.x == 0:
-        mean[row] = row_mean
-        rstd[row] = row_rstd
+    for c in range(cuda.threadIdx.x, a.shape[1], cuda.blockDim.x):
+        value = a[row, c] + b[row, c]
+        resid[row, c] = value
+        if c < ROW_CACHE:
+            row_cache[c] = value
+        total += value
+    normalize_row(out, mean, rstd, resid, weight, bias, eps, total, row_cache, scratch)
 
 
 @cuda.jit
@@ -103,6 +138,15 @@ def layernorm_forward(out, mean, rstd, x, weight, bias):
            np.float32(EPS))
 
 
+def residual_layernorm_forward(resid, out, mean, rstd, a, b, weight, bias):
+    """resid = a + b, then out = layernorm(resid) * weight + bias: the residual add and the
+    layernorm that follows it in one kernel; mean and rstd saved for backward."""
+    check_float32(resid=resid, out=out, mean=mean, rstd=rstd, a=a, b=b, weight=weight, bias=bias)
+    _check(a, weight, b=b, resid=resid, out=out, mean=mean, rstd=rstd)
+    launch(residual_layernorm_forward_kernel, a.shape[0], THREADS, resid, out, mean, rstd, a, b,
+           weight, bias, np.float32(EPS))
+
+
 def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False):
     """dx (+)= input gradient; dweight, dbias += parameter gradients (always accumulated)."""
     check_float32(dx=dx, dweight=dweight, dbias=dbias, dout=dout, x=x, weight=weight)
@@ -122,6 +166,12 @@ def layernorm_forward_numpy(out, mean, rstd, x, weight, bias):
     mean[...] = x.mean(axis=1)
     rstd[...] = 1.0 / np.sqrt(((x - mean[:, None]) ** 2).mean(axis=1) + EPS)
     out[...] = (x - mean[:, None]) * rstd[:, None] * weight + bias
+
+
+def residual_layernorm_forward_numpy(resid, out, mean, rstd, a, b, weight, bias):
+    _check(a, weight, b=b, resid=resid)
+    np.add(a, b, out=resid)
+    layernorm_forward_numpy(out, mean, rstd, resid, weight, bias)
 
 
 def layernorm_backward_numpy(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False):

@@ -1,0 +1,97 @@
+"""One training step, and its capture as a CUDA graph.
+
+    step(batches, seeds, lr)      zero the gradients; for each micro-batch: forward, backward;
+                                  then AdamW. Returns the loss summed over the micro-batches,
+                                  a device array [1] (read it later: reading waits for the GPU).
+
+Eagerly, a step is ~450 kernel launches from Python, each ~30 us of interpreter time (see
+../shared/GPU-FACTS.md): for a small model the GPU waits on Python. So on the GPU the step is
+run eagerly once (compiling every kernel and counting the bytes it allocates), then captured
+once as a CUDA graph and from then on replayed with one call:
+
+    capture   a CuPy stream is put in capture mode; Numba launches onto it (as an external
+              stream) are recorded, not run. Every allocation inside the step comes from one
+              arena sized by the first step (kernels.launch.allocate_from), so the graph's
+              addresses stay valid and a step allocates nothing after the first.
+    replay    what changes between steps is copied into fixed device buffers first: the token
+              ids (TokenBatch.load), the dropout seeds, the learning rate and Adam's bias
+              corrections (AdamW.prepare). Nothing in the step waits for the host.
+
+`cuda_graph=False` (train --no-cuda-graph) runs every step eagerly; the results are the same
+bit for bit, which tests/test_cli.py checks on the GPU.
+"""
+import numpy as np
+
+from .batch import TokenBatch
+from .kernels import launch
+
+
+class TrainStep:
+    def __init__(self, model, optimizer, batch_size, block_size, grad_accum=1, train=True,
+                 cuda_graph=True, loss_scale=None):
+        self.model = model
+        self.optimizer = optimizer
+        self.backend = backend = model.backend
+        self.grad_accum = grad_accum
+        self.train = train
+        self.cuda_graph = cuda_graph and backend.name == "cuda" and launch.CUPY_POOL
+        self.batches = [TokenBatch(backend, batch_size, block_size, model.config.vocab_size)
+                        for _ in range(grad_accum)]
+        self.seeds = backend.to_device(np.zeros(grad_accum, dtype=np.int64))
+        self.loss = backend.zeros((1,))                 # the step's loss, summed over micro-batches
+        self.loss_grad = backend.zeros((1,))            # d(mean over micro-batches)/d(loss)
+        backend.fill(self.loss_grad, 1.0 / grad_accum)
+        self.graph = None
+        self.arena_bytes = None
+        self.stream = None
+        self.launch_stream = launch.current_stream()
+        if self.cuda_graph:
+            import cupy
+            from numba import cuda
+            # capture needs a stream of its own; a blocking one, so work on the default stream
+            # (the caller's copies and events) stays ordered with it
+            self.stream = cupy.cuda.Stream(non_blocking=False)
+            self.launch_stream = cuda.external_stream(self.stream.ptr)
+
+    def __call__(self, batches, seeds, lr):
+        """batches: grad_accum pairs (x, y) of host ids [B,T]; seeds: grad_accum dropout seeds."""
+        with launch.using_stream(self.launch_stream):
+            return self._step(batches, seeds, lr)
+
+    def _step(self, batches, seeds, lr):
+        for batch, (x, y) in zip(self.batches, batches, strict=True):
+            batch.load(x, y)
+        self.backend.copy_from_host(self.seeds, np.asarray(seeds, dtype=np.int64))
+        self.optimizer.prepare(lr)
+        if not self.cuda_graph:
+            self._body()
+        elif self.arena_bytes is None:                  # first step: eager, counting bytes
+            with launch.count_allocations() as tally:
+                self._body()
+            self.arena_bytes = tally.bytes
+        else:
+            if self.graph is None:
+                self._capture()
+            self.graph.launch(stream=self.stream)
+        return self.loss
+
+    def _body(self):
+        """The step itself: every launch in here is what the graph records."""
+        self.optimizer.zero_grad()
+        for micro, batch in enumerate(self.batches):
+            self.model.dropout_seed = self.seeds[micro:micro + 1]
+            _, loss = self.model.forward(batch, train=self.train)
+            loss.backward(self.loss_grad)
+            self.backend.add_into(self.loss, loss.data, accumulate=micro > 0)
+        self.optimizer.update()
+
+    def _capture(self):
+        import cupy
+        self.arena = launch.Arena(self.arena_bytes)
+        with self.stream, launch.allocate_from(self.arena):
+            self.stream.begin_capture()
+            try:
+                self._body()
+            finally:
+                self.graph = self.stream.end_capture()
+        cupy.get_default_memory_pool().free_all_blocks()    # the eager step's cached blocks

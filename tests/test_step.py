@@ -1,0 +1,73 @@
+"""The training step (nanoandrea.step): the same as the loop it replaces, and on the GPU its
+CUDA-graph replay equal to the eager step bit for bit, allocating nothing once captured."""
+import numpy as np
+import pytest
+
+from conftest import GPU
+from nanoandrea.backend import get_backend
+from nanoandrea.config import get_preset
+from nanoandrea.kernels import launch
+from nanoandrea.model import GPT
+from nanoandrea.optim import AdamW
+from nanoandrea.step import TrainStep
+
+
+def batches(rng, config, B, T, steps, grad_accum):
+    def ids():
+        return rng.integers(0, config.vocab_size, size=(B, T))
+    return [[(ids(), ids()) for _ in range(grad_accum)] for _ in range(steps)]
+
+
+def run_steps(backend, config, data, cuda_graph, B, T, grad_accum):
+    """Losses of every step and the final parameters."""
+    model = GPT(config, backend, seed=4)
+    optimizer = AdamW(model.params, lr=3e-3)
+    step = TrainStep(model, optimizer, B, T, grad_accum, cuda_graph=cuda_graph)
+    losses = []
+    for n, micro_batches in enumerate(data):
+        seeds = [100 * n + micro for micro in range(grad_accum)]
+        losses.append(float(backend.to_host(step(micro_batches, seeds, 3e-3))[0]))
+    return losses, backend.to_host(model.params.params), step
+
+
+def test_step_equals_the_loop_it_replaces(rng):
+    """Two micro-batches with dropout: TrainStep's loss and update are the plain loop's."""
+    config = get_preset("tiny", dropout=0.1)
+    B, T, grad_accum = 2, 6, 2
+    backend = get_backend("numpy")
+    data = batches(rng, config, B, T, 2, grad_accum)
+    losses, params, _ = run_steps(backend, config, data, False, B, T, grad_accum)
+
+    model = GPT(config, backend, seed=4)
+    optimizer = AdamW(model.params, lr=3e-3)
+    half = backend.to_device(np.array([0.5], np.float32))
+    want = []
+    for n, micro_batches in enumerate(data):
+        optimizer.zero_grad()
+        total = 0.0
+        for micro, (x, y) in enumerate(micro_batches):
+            model.set_dropout_seed(100 * n + micro)
+            _, loss = model.forward(x, y, train=True)
+            loss.backward(half)
+            total += loss.item()
+        optimizer.step(3e-3)
+        want.append(total)
+    assert np.allclose(losses, want, rtol=1e-6)
+    assert np.array_equal(params, backend.to_host(model.params.params))
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU (and CuPy)")
+def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng):
+    config = get_preset("andrea-mini", vocab_size=65, dropout=0.1)
+    B, T, grad_accum = 8, 64, 2
+    backend = get_backend("cuda")
+    data = batches(rng, config, B, T, 5, grad_accum)
+    eager_losses, eager_params, _ = run_steps(backend, config, data, False, B, T, grad_accum)
+    graph_losses, graph_params, step = run_steps(backend, config, data, True, B, T, grad_accum)
+    assert step.graph is not None                       # steps 2.. were replays
+    assert graph_losses == eager_losses                 # bit for bit
+    assert np.array_equal(graph_params, eager_params)
+    with launch.count_allocations() as tally:           # a replayed step allocates nothing
+        step(data[0], [1, 2], 1e-3)
+        backend.to_host(step.loss)
+    assert tally.count == 0
