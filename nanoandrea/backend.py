@@ -21,7 +21,7 @@ OPS = {
     embedding: ["embedding_forward", "embedding_backward"],
     elementwise: ["add", "add_into", "fill"],
     dropout: ["dropout_forward", "dropout_backward"],
-    crossentropy: ["crossentropy_forward", "crossentropy_backward"],
+    crossentropy: ["crossentropy_forward", "crossentropy_backward", "crossentropy_forward_backward"],
     adamw: ["grad_norm", "adamw_update"],
 }
 

@@ -38,9 +38,11 @@ class GPT:
         """Dropout masks are a hash of (seed, site, element): set a new seed every step."""
         self.backend.copy_from_host(self.dropout_seed, np.array([seed], dtype=np.int64))
 
-    def forward(self, idx, targets=None, train=False):
+    def forward(self, idx, targets=None, train=False, loss_grad=None):
         """idx: a TokenBatch (nanoandrea.batch; its targets, if it has them, give the loss), or
-        int arrays [B,T] on the host, idx and targets. Returns (logits [B,T,V], loss [1] or None)."""
+        int arrays [B,T] on the host, idx and targets. Returns (logits [B,T,V], loss [1] or None).
+        loss_grad: the gradient loss.backward will be given, if known (training): the loss
+        then computes the logits' gradient in its forward pass."""
         if isinstance(idx, TokenBatch):
             batch = idx
         else:
@@ -55,7 +57,8 @@ class GPT:
         for layer in range(self.config.n_layer):
             x, normed = self.block(x, normed, layer, p)       # normed: ln_f(x) after the last
         logits = ops.linear(normed, self["wte"], transpose_weight=True)       # [B,T,V]
-        loss = None if batch.targets is None else ops.cross_entropy(logits, batch.targets)
+        loss = (None if batch.targets is None else
+                ops.cross_entropy(logits, batch.targets, loss_grad))
         return logits, loss
 
     def block(self, x, normed, layer, p):

@@ -7,7 +7,7 @@ Shapes: B batch, T time, C width, H heads, D = C/H head size, V vocabulary, N = 
 """
 import numpy as np
 
-from .autograd import Tensor, grad_slot, record, summed_grad
+from .autograd import Tensor, grad_enabled, grad_slot, record, summed_grad
 from .batch import TokenBatch
 
 
@@ -194,9 +194,10 @@ def embedding(batch, wte, wpe):
     return record(out, [wte, wpe], backward)
 
 
-def cross_entropy(logits, targets):
+def cross_entropy(logits, targets, loss_grad=None):
     """Mean softmax cross-entropy of logits[..., V] against int32 targets on the backend (a
-    TokenBatch's, or host ids [...])."""
+    TokenBatch's, or host ids [...]). loss_grad: the gradient backward will be given (a [1]
+    array); then the gradient of the logits is computed now, in the same pass."""
     backend = logits.backend
     V = logits.shape[-1]
     rows = logits.data.reshape(-1, V)                                 # [N, V]
@@ -206,11 +207,24 @@ def cross_entropy(logits, targets):
     loss = _new(logits, (1,))
     losses = backend.empty((N,))
     lse = backend.empty((N,))
-    backend.crossentropy_forward(loss.data, losses, lse, rows, targets)
+    if loss_grad is not None and grad_enabled() and logits.requires_grad:
+        dlogits = backend.empty((N, V))
+        backend.crossentropy_forward_backward(loss.data, losses, lse, dlogits, rows, targets,
+                                              loss_grad)
 
-    def backward():
-        dlogits, accumulate = grad_slot(logits)
-        backend.crossentropy_backward(dlogits.reshape(-1, V), loss.grad, rows, lse,
-                                      targets, accumulate=accumulate)
+        def backward():
+            if loss.grad is not loss_grad:
+                raise ValueError("cross_entropy: backward got another gradient than loss_grad")
+            if logits.grad is None:
+                logits.grad = dlogits.reshape(logits.shape)
+            else:
+                backend.add_into(logits.grad, dlogits.reshape(logits.shape), accumulate=True)
+    else:
+        backend.crossentropy_forward(loss.data, losses, lse, rows, targets)
+
+        def backward():
+            dlogits, accumulate = grad_slot(logits)
+            backend.crossentropy_backward(dlogits.reshape(-1, V), loss.grad, rows, lse,
+                                          targets, accumulate=accumulate)
 
     return record(loss, [logits], backward)

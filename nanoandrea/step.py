@@ -80,7 +80,7 @@ class TrainStep:
         self.optimizer.zero_grad()
         for micro, batch in enumerate(self.batches):
             self.model.dropout_seed = self.seeds[micro:micro + 1]
-            _, loss = self.model.forward(batch, train=self.train)
+            _, loss = self.model.forward(batch, train=self.train, loss_grad=self.loss_grad)
             loss.backward(self.loss_grad)
             self.backend.add_into(self.loss, loss.data, accumulate=micro > 0)
         self.optimizer.update()

@@ -313,6 +313,14 @@ def test_crossentropy(rng, scale):
         crossentropy.crossentropy_backward_numpy(want_d, dloss, logits, want[2], targets,
                                                  accumulate)
         assert relative_error(dlogits.copy_to_host(), want_d) < TOLERANCE
+    # the fused kernel: the same loss and the same dlogits in one pass
+    fused = [poisoned(1), poisoned(N), poisoned(N), poisoned((N, V))]
+    crossentropy.crossentropy_forward_backward(*fused, device(logits), device(targets, np.int32),
+                                               device(dloss))
+    want_fused = [np.empty(1), np.empty(N), np.empty(N), np.empty((N, V))]
+    crossentropy.crossentropy_forward_backward_numpy(*want_fused, logits, targets, dloss)
+    for got, expected in zip(fused, want_fused):
+        assert relative_error(got.copy_to_host(), expected) < TOLERANCE
 
 
 def test_adamw_and_grad_norm(rng):

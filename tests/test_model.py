@@ -20,10 +20,12 @@ def torch_loss_and_grads(model, idx, targets, dtype):
     return loss.item(), reference.grads()
 
 
-def our_loss_and_grads(model, idx, targets):
+def our_loss_and_grads(model, idx, targets, fused_loss=False):
+    """fused_loss: the cross-entropy computes d logits in its forward (as training does)."""
     model.params.zero_grads()
-    _, loss = model.forward(idx, targets)
-    loss.backward()
+    one = model.backend.to_device(np.ones(1, model.backend.dtype))
+    _, loss = model.forward(idx, targets, loss_grad=one if fused_loss else None)
+    loss.backward(one)
     grads = model.backend.to_host(model.params.grads)
     store = model.params
     return loss.item(), {name: grads[store.offsets[name]:store.offsets[name] + p.data.size]
@@ -63,10 +65,11 @@ def test_cuda_kernels_match_pytorch(rng):
         config, B, T = get_preset("tiny"), 2, 5
     model = GPT(config, get_backend("cuda"), seed=5)
     idx, targets = batch(rng, config, B, T)
-    loss, grads = our_loss_and_grads(model, idx, targets)
     want_loss, want_grads = torch_loss_and_grads(model, idx, targets, torch.float64)
-    assert abs(loss - want_loss) < 1e-5 * abs(want_loss)
-    assert_grads_close(grads, want_grads, 2e-4)
+    for fused_loss in (False, True):
+        loss, grads = our_loss_and_grads(model, idx, targets, fused_loss)
+        assert abs(loss - want_loss) < 1e-5 * abs(want_loss)
+        assert_grads_close(grads, want_grads, 2e-4)
 
 
 def test_dropout_is_deterministic_and_the_same_on_both_backends(rng):

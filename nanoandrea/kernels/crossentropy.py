@@ -4,6 +4,10 @@
     losses : [N]      losses[n] = lse[n] - logits[n, targets[n]]
     lse    : [N]      log sum_v exp(logits[n, v]), saved for backward
     loss   : [1]      mean of losses
+In training the loss's gradient is known before backward runs (1, or 1/micro-batches), so
+crossentropy_forward_backward computes the loss and dlogits in one kernel (llm.c's fused
+classifier): the [N,V] logits, the largest activation of a GPT-2 step, are read twice, not three
+times. The log-sum-exp is computed in one pass with a running max (online softmax).
 Backward of the mean loss (dloss: [1], the upstream gradient, usually 1):
     dlogits[n, v] = (exp(logits[n, v] - lse[n]) - [v == targets[n]]) * dloss / N
 The max is subtracted before exp, so logits of magnitude 100 (or 1e4) are fine in float32.
@@ -20,23 +24,55 @@ THREADS = 32 if SIMULATOR else 256
 NEG_INF = float32(-np.inf)
 
 
+@cuda.jit(device=True, inline="always")
+def row_logsumexp(logits, n, scratch):
+    # log sum_v exp(logits[n, v]) in ONE pass over the row: each thread keeps a running max m
+    # and sum s of exp(x - m) over its elements (rescaling s when m grows), then the block
+    # combines them: M = max of the m's, S = sum of s * exp(m - M).
+    m = NEG_INF
+    s = float32(0.0)
+    for v in range(cuda.threadIdx.x, logits.shape[1], cuda.blockDim.x):
+        x = logits[n, v]
+        if x > m:
+            s = s * math.exp(m - x) + float32(1.0)
+            m = x
+        else:
+            s += math.exp(x - m)
+    row_max = block_max(m, scratch)
+    s = s * math.exp(m - row_max) if m > NEG_INF else float32(0.0)
+    return row_max + math.log(block_sum(s, scratch))
+
+
 @cuda.jit
 def crossentropy_forward_kernel(losses, lse, logits, targets):
     # losses[N], lse[N] from logits[N,V]; one block per row, threads stride over V
     scratch = cuda.shared.array(MAX_THREADS, float32)
     n = cuda.blockIdx.x
-    V = logits.shape[1]
-    row_max = NEG_INF
-    for v in range(cuda.threadIdx.x, V, cuda.blockDim.x):
-        row_max = max(row_max, logits[n, v])
-    row_max = block_max(row_max, scratch)
-    total = float32(0.0)
-    for v in range(cuda.threadIdx.x, V, cuda.blockDim.x):
-        total += math.exp(logits[n, v] - row_max)
-    row_lse = row_max + math.log(block_sum(total, scratch))
+    row_lse = row_logsumexp(logits, n, scratch)
     if cuda.threadIdx.x == 0:
         lse[n] = row_lse
         losses[n] = row_lse - logits[n, targets[n]]
+
+
+@cuda.jit
+def crossentropy_fused_kernel(losses, lse, dlogits, logits, targets, dloss):
+    # forward and backward at once, as llm.c's fused classifier: losses[N], lse[N] and
+    # dlogits[N,V] = (softmax - onehot) * dloss[0] / N, where dloss is the gradient the loss
+    # will be given (known before the backward pass in training). Two reads of the row (its
+    # log-sum-exp, then the gradient) instead of three; one block per row.
+    scratch = cuda.shared.array(MAX_THREADS, float32)
+    n = cuda.blockIdx.x
+    row_lse = row_logsumexp(logits, n, scratch)
+    target = targets[n]
+    if cuda.threadIdx.x == 0:
+        lse[n] = row_lse
+        losses[n] = row_lse - logits[n, target]
+    scale = dloss[0] / logits.shape[0]
+    for v in range(cuda.threadIdx.x, logits.shape[1], cuda.blockDim.x):
+        grad = math.exp(logits[n, v] - row_lse)
+        if v == target:
+            grad -= float32(1.0)
+        dlogits[n, v] = grad * scale
 
 
 @cuda.jit
@@ -86,6 +122,17 @@ def crossentropy_forward(loss, losses, lse, logits, targets):
     launch(mean_kernel, 1, THREADS, loss, losses)
 
 
+def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, dloss):
+    """crossentropy_forward and crossentropy_backward (=) in one pass over the logits, for a
+    loss whose gradient dloss[1] is known before backward."""
+    check_float32(loss=loss, losses=losses, lse=lse, dlogits=dlogits, logits=logits, dloss=dloss)
+    check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
+    _check(logits, targets, losses=losses, lse=lse, dlogits=dlogits)
+    launch(crossentropy_fused_kernel, logits.shape[0], THREADS, losses, lse, dlogits, logits,
+           targets, dloss)
+    launch(mean_kernel, 1, THREADS, loss, losses)
+
+
 def crossentropy_backward(dlogits, dloss, logits, lse, targets, accumulate=False):
     check_float32(dlogits=dlogits, dloss=dloss, logits=logits, lse=lse)
     _check(logits, targets, dlogits=dlogits, lse=lse)
@@ -110,3 +157,8 @@ def crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, accumulate
         dlogits += grad
     else:
         dlogits[...] = grad
+
+
+def crossentropy_forward_backward_numpy(loss, losses, lse, dlogits, logits, targets, dloss):
+    crossentropy_forward_numpy(loss, losses, lse, logits, targets)
+    crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets)
