@@ -29,10 +29,13 @@ def kernels():
     for ta, tb in ((False, False), (False, True), (True, False)):
         yield (f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}",
                matmul.make_blocked_matmul_kernel(ta, tb), (A3, A2, A2, A1, BOOL, BOOL, int64))
+    yield ("blocked matmul NT, 4-byte loads and stores",       # the LM head of an odd vocabulary
+           matmul.make_blocked_matmul_kernel(False, True, False, False, False, blocks_per_sm=2),
+           (A3, A2, A2, A1, BOOL, BOOL, int64))
     yield "blocked matmul NN BK=16", matmul.make_blocked_matmul_kernel(False, False, BK=16), \
         (A3, A2, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:
-        forward, dq, dkdv = attention.make_attention_kernels(D, 64)
+        forward, dq, dkdv = attention.make_attention_kernels(D)
         yield f"attention forward D={D}", forward, (A4, A3, A4, A4, A4, float32, *DROP, int64)
         yield f"attention dq D={D}", dq, (A4, A4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
         yield f"attention dk/dv D={D}", dkdv, (A4, A4, A4, A4, A4, A4, A3, A3, float32, *DROP,
@@ -40,6 +43,8 @@ def kernels():
     yield "attention reference forward", attention.attention_forward_reference_kernel, \
         (A4, A3, A4, A4, A4, float32, *DROP)
     yield "layernorm forward", layernorm.layernorm_forward_kernel, (A2, A1, A1, A2, A1, A1, float32)
+    yield "residual + layernorm forward", layernorm.residual_layernorm_forward_kernel, \
+        (A2, A2, A1, A1, A2, A2, A1, A1, float32)
 
 
 def main():
@@ -47,7 +52,8 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         source = Path(folder) / "kernel.ptx"
         for name, kernel, signature in kernels():
-            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
+            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0),
+                                      launch_bounds=getattr(kernel, "launch_bounds", None))
             source.write_text(ptx)
             result = subprocess.run([str(ptxas), "-arch=sm_90", "-v", str(source), "-o",
                                      str(Path(folder) / "kernel.cubin")],

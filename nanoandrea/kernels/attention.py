@@ -22,28 +22,33 @@ generator of kernels/dropout.py, so backward recomputes G instead of storing it.
 and delta_i = dout_i . out_i still holds. `drop` = (seed int64[1], site, threshold, keep) as made
 by dropout_arguments; threshold 0 means no dropout.
 
-The kernels do not know about heads: a thread block takes one (batch, head) pair, the launch
-grid supplies the parallelism over all B*H pairs, and the threads of the block share out the
-rows of the head's T x D tile (one query row per thread at a time).
+The kernels do not know about heads: a thread block takes one (batch, head) pair (and, in the
+fast kernels, a range of its rows), and the launch grid supplies the parallelism over all B*H.
   reference kernels  any D, one block per (batch, head); a thread walks the keys of its row
                      twice (normaliser first, then the weighted sum of values), reading q, k, v
                      straight from global memory. Readable, and the fallback for D=72 or D=8.
-  fast kernels       D a compile-time constant (32 or 64, the sizes tensor-core tiles like):
-                     a thread keeps its query row and its output row in registers, key and
-                     value tiles are staged in shared memory and read by every thread at once
-                     (a broadcast), softmax is online (running max and sum, rescaled per tile).
-                     grid (B*H, query blocks): with one query block per head this is the
-                     one-block-per-(batch, head) layout of the brief.
+  fast kernels       D a compile-time constant (32 or 64), flash-attention-2 tiles computed
+                     like a register-blocked SGEMM (tile_functions): a block takes a tile of
+                     query rows, stages it in shared memory, and walks the key tiles up to the
+                     diagonal. Per key tile, S = Q K^T is a small matrix product in which each
+                     thread owns a 4x4 patch in registers; the softmax is online (running row
+                     max and sum, the max shared through shared memory by the threads of a row);
+                     P goes to shared memory and O += P V is a second product, each thread
+                     owning a 4 x TD patch of O. Backward is two such kernels, no atomics: dq
+                     (a query tile, walking key tiles) and dk/dv (a key tile, walking query
+                     tiles), both recomputing P from lse. Grid (B*H, row tiles), the heaviest
+                     row tiles (most keys) launched first.
 """
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
 
 NEG_INF = float32(-np.inf)
+LOG2E = float32(1.0 / math.log(2.0))
 FAST_HEAD_SIZES = (32, 64)
 
 
@@ -128,192 +133,395 @@ def attention_backward_reference_kernel(dq, dk, dv, delta, dout, q, k, v, out, l
                 dk[b, h, j, d] += ds * q[b, h, i, d]
 
 
-# --- fast kernels: D known at compile time ---------------------------------------------------
+# --- fast kernels: D known at compile time, flash-attention-2 tiles ----------------------------
 
-def make_attention_kernels(D, threads, tile=32):
-    """Forward, dq and dk/dv kernels for head size D (a constant), `threads` rows at a time.
+@cuda.jit(device=True, inline="always")
+def fast_exp(x):
+    # e^x as 2^(x log2 e): a multiply and the hardware's ex2 (math.exp2), where math.exp costs
+    # about ten instructions of range reduction. A few float32 ulps off where it matters (x near
+    # 0, the weights a softmax row is made of); x = -inf gives 0
+    return math.exp2(x * LOG2E)
 
-    tile: keys (or queries) staged in shared memory per step.
+
+@cuda.jit(device=True, inline="always")
+def block_rows(H, T, rows_per_block, heavy_first):
+    # this block's (batch, head) and its rows [row_start, row_end): grid (B*H, T/rows_per_block).
+    # heavy_first: block y takes the y-th range from the end, so the longest causal rows (the
+    # most key tiles) start first and the short ones fill the gaps at the end of the launch
+    y = cuda.gridDim.y - 1 - cuda.blockIdx.y if heavy_first else cuda.blockIdx.y
+    row_start = y * rows_per_block
+    return cuda.blockIdx.x // H, cuda.blockIdx.x % H, row_start, min(T, row_start + rows_per_block)
+
+
+def tile_functions(D, ROWS, COLS, TM, TN):
+    """The device functions a tiled kernel is built from, for one tile shape.
+
+    A block owns ROWS rows (queries; keys in dk/dv) and streams tiles of COLS columns (keys;
+    queries in dk/dv) through shared memory. Its THREADS = (ROWS/TM) x (COLS/TN) threads sit on a
+    grid of THREADS_M x THREADS_N; thread (ty, tx) owns, in registers,
+        the TM x TN scores   rows ty + i*THREADS_M, columns tx + j*THREADS_N
+        the TM x TD outputs  the same rows, head dimensions tx + j*THREADS_N (TD = D/THREADS_N)
+    (strided, as in the blocked SGEMM: a warp reads consecutive shared-memory words). A row's
+    scores and its outputs live in the same THREADS_N threads, which is what lets the softmax
+    statistics of a row rescale that row's outputs without moving them.
+
+    Returns thread_position, stage (global -> shared, transposed), and the two products:
+    scores_product (S += X Y^T over d, both staged) and output_product (O += P X over the COLS
+    columns, P an exchange tile the threads wrote). Indices into the tiles are cast to uint64
+    in the hot loops: for a signed index Numba adds a negative-index wraparound (a compare and
+    a select per index, per load), which the compiler cannot drop here and which had made a
+    staged element cost ~40 instructions instead of ~10.
     """
+    THREADS_M = ROWS // TM
+    THREADS_N = COLS // TN
+    TD = D // THREADS_N
+    THREADS = THREADS_M * THREADS_N
+    assert ROWS % TM == 0 and COLS % TN == 0 and D % THREADS_N == 0, (D, ROWS, COLS, TM, TN)
+    D_STEP = min(D, THREADS)            # staging: a pass of the block copies THREADS // D_STEP
+    R_STEP = THREADS // D_STEP          # rows, D_STEP of each row's D values per thread step
+    assert D % D_STEP == 0 and ROWS % R_STEP == 0 and COLS % R_STEP == 0, (D, ROWS, COLS, TM, TN)
 
     @cuda.jit(device=True, inline="always")
-    def block_rows(H, T, rows_per_block):
-        # this block's (batch, head) and its rows [row_start, row_end): grid (B*H, T/rows)
-        row_start = cuda.blockIdx.y * rows_per_block
-        return (cuda.blockIdx.x // H, cuda.blockIdx.x % H, row_start,
-                min(T, row_start + rows_per_block))
+    def thread_position():
+        # (ty, tx) of this thread on the THREADS_M x THREADS_N grid
+        return cuda.threadIdx.x // THREADS_N, cuda.threadIdx.x % THREADS_N
 
     @cuda.jit(device=True, inline="always")
-    def stage_tiles(first_tile, second_tile, first, second, b, h, row0, T):
-        # first_tile[r, :] = first[b, h, row0 + r, :], second_tile likewise, zeros past T;
-        # all threads of the block share the tile * D elements (consecutive threads, consecutive d)
-        for e in range(cuda.threadIdx.x, tile * D, threads):
-            r = e // D
-            d = e % D
-            inside = row0 + r < T
-            first_tile[r, d] = first[b, h, row0 + r, d] if inside else float32(0.0)
-            second_tile[r, d] = second[b, h, row0 + r, d] if inside else float32(0.0)
+    def stage(tile, x, row0, n_rows, T, scale):
+        # tile[d, r] = x[row0 + r, d] * scale for r < n_rows (x: one head's [T, D]), zeros past
+        # T: transposed, so that a product reads one d of many rows as consecutive words.
+        # Consecutive threads take consecutive d (coalesced global loads); the row length of a
+        # tile (n_rows + 1) is odd, so their stores, a row length apart, hit different banks.
+        # Thread t copies d = t % D_STEP + s*D_STEP of rows t // D_STEP + r*R_STEP.
+        d_first = uint64(cuda.threadIdx.x % D_STEP)
+        r_first = uint64(cuda.threadIdx.x // D_STEP)
+        for r in range(n_rows // R_STEP):
+            tile_row = r_first + uint64(r * R_STEP)
+            row = uint64(row0) + tile_row
+            inside = row < uint64(T)
+            for s in range(D // D_STEP):
+                d = d_first + uint64(s * D_STEP)
+                tile[d, tile_row] = x[row, d] * scale if inside else float32(0.0)
 
-    @cuda.jit
+    def register_product(TB, K, b_by_column):
+        # k steps per loop trip, a body small enough for the compiler to unroll
+        UNROLL = math.gcd(K, 4 if TM * TB <= 16 else 2)
+
+        @cuda.jit(device=True, inline="always")
+        def product(acc, a, b):
+            # acc[TM, TB] += sum_k a[k, row] * b[k, col] (b[col, k] if b_by_column) over k < K,
+            # for this thread's rows ty + i*THREADS_M and columns tx + j*THREADS_N: per k, TM + TB
+            # shared-memory loads feed TM * TB fused multiply-adds, as in a register-blocked SGEMM
+            ty, tx = thread_position()
+            a_frag = cuda.local.array(TM, float32)
+            b_frag = cuda.local.array(TB, float32)
+            for k0 in range(0, K, UNROLL):
+                for u in range(UNROLL):
+                    k = uint64(k0 + u)
+                    for i in range(TM):
+                        a_frag[i] = a[k, uint64(ty + i * THREADS_M)]
+                    for j in range(TB):
+                        col = uint64(tx + j * THREADS_N)
+                        b_frag[j] = b[col, k] if b_by_column else b[k, col]
+                    for i in range(TM):
+                        for j in range(TB):
+                            acc[i, j] += a_frag[i] * b_frag[j]
+        return product
+
+    # scores: S[TM, TN] += sum_d x_t[d, row] y_t[d, col] of two staged (transposed) tiles;
+    # outputs: O[TM, TD] += sum_c P[c, row] x_t[d, c], P an exchange tile the threads wrote
+    scores_product = register_product(TN, D, False)
+    output_product = register_product(TD, COLS, True)
+    return thread_position, stage, scores_product, output_product
+
+
+def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None):
+    """Forward, dq and dk/dv kernels for head size D (a compile-time constant).
+
+    Each tile is (ROWS, COLS, TM, TN) as in tile_functions, optionally with a fifth entry
+    blocks_per_sm (see launch_bounds); the defaults are TILES[D]. Each kernel has attributes
+    `threads` (its block) and `rows` (its ROWS: rows of a block when rows_per_block is not given).
+    """
+    forward_tile, dq_tile, dkdv_tile = (given or default for given, default in
+                                        zip((forward_tile, dq_tile, dkdv_tile), TILES[D]))
+    return (make_forward_kernel(D, *forward_tile), make_dq_kernel(D, *dq_tile),
+            make_dkdv_kernel(D, *dkdv_tile))
+
+
+def tile_constants(D, ROWS, COLS, TM, TN):
+    """THREADS_M, THREADS_N, TD as in tile_functions; the row length of an exchange tile
+    [COLS, ...]; the (odd) row lengths of staged tiles of ROWS and of COLS rows."""
+    THREADS_N = COLS // TN
+    return ROWS // TM, THREADS_N, D // THREADS_N, exchange_row_length(ROWS, THREADS_N), \
+        ROWS + 1, COLS + 1
+
+
+def with_shape(kernel, threads, rows, blocks_per_sm):
+    """The kernel, labelled with its block size and its tile of rows (for the launchers) and
+    its launch bounds (for tools/kernel_report.py, which compiles it again)."""
+    kernel.threads = threads
+    kernel.rows = rows
+    kernel.launch_bounds = launch_bounds(threads, blocks_per_sm).get("launch_bounds")
+    return kernel
+
+
+def launch_bounds(threads, blocks_per_sm):
+    """cuda.jit's arguments asking that blocks_per_sm blocks fit on a multiprocessor (which caps
+    the registers per thread at 65536 / (threads * blocks_per_sm)); 0: no cap. The simulator
+    has no registers to cap (and its jit takes no launch_bounds)."""
+    return dict(launch_bounds=(threads, blocks_per_sm)) if blocks_per_sm and not SIMULATOR else {}
+
+
+def exchange_row_length(ROWS, THREADS_N):
+    """Row length of an exchange tile P[COLS, ROWS + pad], written at [tx + j*THREADS_N, ty + ...]:
+    a warp holds THREADS_N values of tx and 32/THREADS_N of ty, and a row length of 32/THREADS_N
+    (mod 32) puts the 32 stores in 32 different banks."""
+    return ROWS + max(1, 32 // THREADS_N)
+
+
+def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
+    thread_position, stage, scores_product, output_product = tile_functions(D, ROWS, COLS, TM, TN)
+    THREADS_M, THREADS_N, TD, P_ROW, Q_ROW, K_ROW = tile_constants(D, ROWS, COLS, TM, TN)
+
+    @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
     def attention_forward_kernel(out, lse, q, k, v, scale, seed, site, threshold, keep,
                                  rows_per_block):
-        # grid (B*H, T/rows_per_block); block `threads`: one query row per thread at a time
-        k_tile = cuda.shared.array((tile, D), float32)
-        v_tile = cuda.shared.array((tile, D), float32)
-        q_row = cuda.local.array(D, float32)
-        acc = cuda.local.array(D, float32)
-        scores = cuda.local.array(tile, float32)
-        B, H, T, _ = q.shape
-        b, h, row_start, row_end = block_rows(H, T, rows_per_block)
-        for row_base in range(row_start, row_end, threads):
-            i = row_base + cuda.threadIdx.x
-            active = i < row_end
-            if active:
-                for d in range(D):
-                    q_row[d] = q[b, h, i, d] * scale
-                    acc[d] = float32(0.0)
-            m = NEG_INF
-            l = float32(0.0)
-            keys_end = min(row_end, row_base + threads)       # the last row here sees keys < this
-            for j0 in range(0, keys_end, tile):
-                stage_tiles(k_tile, v_tile, k, v, b, h, j0, T)
+        # out[B,H,T,D], lse[B,H,T] from q, k, v [B,H,T,D]; grid (B*H, T/rows_per_block), block
+        # THREADS. Per tile of ROWS queries: for each tile of COLS keys up to the diagonal,
+        #   S = Q K^T / sqrt(D)     [ROWS, COLS], each thread TM x TN of it in registers
+        #   m_new = max(m, rowmax S), P = exp(S - m_new)          (online softmax)
+        #   O = O exp(m - m_new) + (P*G) V   [ROWS, D], each thread TM x TD of it
+        # and at the end out = O / l, lse = m + log l, l the running sum of P (before dropout).
+        q_t = cuda.shared.array((D, Q_ROW), float32)        # q_t[d, r] = q[row_base+r, d]/sqrt(D)
+        k_t = cuda.shared.array((D, K_ROW), float32)        # k_t[d, c] = k[j0 + c, d]
+        v_t = cuda.shared.array((D, K_ROW), float32)        # v_t[d, c] = v[j0 + c, d]
+        p_t = cuda.shared.array((COLS, P_ROW), float32)     # p_t[c, r] = P[r, c] G[r, c]
+        partial = cuda.shared.array((ROWS, THREADS_N), float32)  # per-thread row max, row sum
+        s = cuda.local.array((TM, TN), float32)
+        o = cuda.local.array((TM, TD), float32)
+        m = cuda.local.array(TM, float32)                    # running row max (same in all
+        l = cuda.local.array(TM, float32)                    # THREADS_N threads), this thread's
+        B, H, T, _ = q.shape                                 # part of the running row sum
+        b, h, row_start, row_end = block_rows(H, T, rows_per_block, True)
+        ty, tx = thread_position()
+        for row_base in range(row_start, row_end, ROWS):
+            stage(q_t, q[b, h], row_base, ROWS, T, scale)
+            for i in range(TM):
+                m[i] = NEG_INF
+                l[i] = float32(0.0)
+                for j in range(TD):
+                    o[i, j] = float32(0.0)
+            keys_end = min(row_end, row_base + ROWS)         # the last row here sees keys < this
+            for j0 in range(0, keys_end, COLS):
+                stage(k_t, k[b, h], j0, COLS, T, float32(1.0))
+                stage(v_t, v[b, h], j0, COLS, T, float32(1.0))
                 cuda.syncthreads()
-                if active and j0 <= i:
-                    tile_max = NEG_INF
-                    for jj in range(tile):
-                        s = NEG_INF
-                        if j0 + jj <= i:
-                            s = float32(0.0)
-                            for d in range(D):
-                                s += q_row[d] * k_tile[jj, d]
-                        scores[jj] = s
-                        tile_max = max(tile_max, s)
-                    m_new = max(m, tile_max)
-                    correction = math.exp(m - m_new)
-                    l *= correction
-                    for d in range(D):
-                        acc[d] *= correction
-                    for jj in range(tile):
-                        p = math.exp(scores[jj] - m_new)       # exp(-inf) = 0 for masked keys
-                        l += p                                 # the normaliser: before dropout
-                        if threshold != 0 and j0 + jj <= i:
-                            p *= dropout_factor(seed, site, threshold, keep, b, h, i, j0 + jj,
-                                                H, T)
-                        for d in range(D):
-                            acc[d] += p * v_tile[jj, d]
-                    m = m_new
+                for i in range(TM):
+                    for j in range(TN):
+                        s[i, j] = float32(0.0)
+                scores_product(s, q_t, k_t)
+                for i in range(TM):                          # causal mask, this thread's row max
+                    row = row_base + ty + i * THREADS_M
+                    row_max = NEG_INF
+                    for j in range(TN):
+                        if j0 + tx + j * THREADS_N > row:
+                            s[i, j] = NEG_INF
+                        row_max = max(row_max, s[i, j])
+                    partial[ty + i * THREADS_M, tx] = row_max
                 cuda.syncthreads()
-            if active:
-                inv_l = float32(1.0) / l
-                for d in range(D):
-                    out[b, h, i, d] = acc[d] * inv_l
-                lse[b, h, i] = m + math.log(l)
+                for i in range(TM):
+                    r = ty + i * THREADS_M
+                    m_new = m[i]                             # finite after the first key tile:
+                    for t in range(THREADS_N):               # key j0 = 0 is never masked
+                        m_new = max(m_new, partial[r, t])
+                    correction = fast_exp(m[i] - m_new)      # exp(-inf) = 0 on the first tile
+                    m[i] = m_new
+                    l[i] *= correction
+                    for j in range(TD):
+                        o[i, j] *= correction
+                    for j in range(TN):
+                        p = fast_exp(s[i, j] - m_new)        # exp(-inf) = 0 for masked keys
+                        l[i] += p                            # the normaliser: before dropout
+                        p_t[tx + j * THREADS_N, r] = p
+                if threshold != 0:                           # G on this thread's own P entries
+                    for i in range(TM):
+                        r = ty + i * THREADS_M
+                        for j in range(TN):
+                            c = tx + j * THREADS_N
+                            p_t[c, r] *= dropout_factor(seed, site, threshold, keep, b, h,
+                                                        row_base + r, j0 + c, H, T)
+                cuda.syncthreads()
+                output_product(o, p_t, v_t)
+                cuda.syncthreads()                           # before the next tiles are staged
+            for i in range(TM):                              # l: the sum of the THREADS_N parts
+                partial[ty + i * THREADS_M, tx] = l[i]
+            cuda.syncthreads()
+            for i in range(TM):
+                r = ty + i * THREADS_M
+                row_sum = float32(0.0)
+                for t in range(THREADS_N):
+                    row_sum += partial[r, t]
+                row = row_base + r
+                if row < row_end:
+                    inv_l = float32(1.0) / row_sum
+                    for j in range(TD):
+                        out[b, h, row, tx + j * THREADS_N] = o[i, j] * inv_l
+                    if tx == 0:
+                        lse[b, h, row] = m[i] + math.log(row_sum)
+            cuda.syncthreads()                               # before q_t, partial are reused
 
-    @cuda.jit
+    return with_shape(attention_forward_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
+
+
+def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
+    thread_position, stage, scores_product, output_product = tile_functions(D, ROWS, COLS, TM, TN)
+    THREADS_M, THREADS_N, TD, X_ROW, R_ROW, C_ROW = tile_constants(D, ROWS, COLS, TM, TN)
+
+    @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
     def attention_dq_kernel(dq, dout, q, k, v, lse, delta, scale, seed, site, threshold, keep,
                             rows_per_block, accumulate):
-        # dq[B,H,T,D] (+)= sum_j dS_ij k_j / sqrt(D); grid (B*H, T/rows_per_block)
-        k_tile = cuda.shared.array((tile, D), float32)
-        v_tile = cuda.shared.array((tile, D), float32)
-        q_row = cuda.local.array(D, float32)
-        dout_row = cuda.local.array(D, float32)
-        dq_acc = cuda.local.array(D, float32)
+        # dq[B,H,T,D] (+)= dS K / sqrt(D); grid (B*H, T/rows_per_block), block THREADS.
+        # Per tile of ROWS queries, for each tile of COLS keys up to the diagonal:
+        #   S = Q K^T / sqrt(D), dP = dout V^T     [ROWS, COLS], TM x TN of each per thread
+        #   dS = P (G dP - delta), P = exp(S - lse)
+        #   acc += dS K                            [ROWS, D], TM x TD per thread
+        q_t = cuda.shared.array((D, R_ROW), float32)        # q_t[d, r] = q[row_base+r, d]/sqrt(D)
+        dout_t = cuda.shared.array((D, R_ROW), float32)     # dout_t[d, r] = dout[row_base+r, d]
+        k_t = cuda.shared.array((D, C_ROW), float32)        # k_t[d, c] = k[j0 + c, d]
+        v_t = cuda.shared.array((D, C_ROW), float32)        # v_t[d, c] = v[j0 + c, d]
+        ds_t = cuda.shared.array((COLS, X_ROW), float32)    # ds_t[c, r] = dS[r, c]
+        s = cuda.local.array((TM, TN), float32)
+        dp = cuda.local.array((TM, TN), float32)
+        acc = cuda.local.array((TM, TD), float32)
+        row_lse = cuda.local.array(TM, float32)
+        row_delta = cuda.local.array(TM, float32)
         B, H, T, _ = q.shape
-        b, h, row_start, row_end = block_rows(H, T, rows_per_block)
-        for row_base in range(row_start, row_end, threads):
-            i = row_base + cuda.threadIdx.x
-            active = i < row_end
-            row_lse = float32(0.0)
-            row_delta = float32(0.0)
-            if active:
-                for d in range(D):
-                    q_row[d] = q[b, h, i, d] * scale
-                    dout_row[d] = dout[b, h, i, d]
-                    dq_acc[d] = float32(0.0)
-                row_lse = lse[b, h, i]
-                row_delta = delta[b, h, i]
-            keys_end = min(row_end, row_base + threads)
-            for j0 in range(0, keys_end, tile):
-                stage_tiles(k_tile, v_tile, k, v, b, h, j0, T)
+        b, h, row_start, row_end = block_rows(H, T, rows_per_block, True)
+        ty, tx = thread_position()
+        for row_base in range(row_start, row_end, ROWS):
+            stage(q_t, q[b, h], row_base, ROWS, T, scale)
+            stage(dout_t, dout[b, h], row_base, ROWS, T, float32(1.0))
+            for i in range(TM):
+                row = row_base + ty + i * THREADS_M
+                row_lse[i] = lse[b, h, row] if row < T else float32(0.0)
+                row_delta[i] = delta[b, h, row] if row < T else float32(0.0)
+                for j in range(TD):
+                    acc[i, j] = float32(0.0)
+            keys_end = min(row_end, row_base + ROWS)
+            for j0 in range(0, keys_end, COLS):
+                stage(k_t, k[b, h], j0, COLS, T, float32(1.0))
+                stage(v_t, v[b, h], j0, COLS, T, float32(1.0))
                 cuda.syncthreads()
-                if active:
-                    for jj in range(tile):
-                        if j0 + jj <= i:
-                            s = float32(0.0)
-                            dp = float32(0.0)
-                            for d in range(D):
-                                s += q_row[d] * k_tile[jj, d]
-                                dp += dout_row[d] * v_tile[jj, d]
-                            g = dropout_factor(seed, site, threshold, keep, b, h, i, j0 + jj, H, T)
-                            ds = math.exp(s - row_lse) * (g * dp - row_delta)
-                            for d in range(D):
-                                dq_acc[d] += ds * k_tile[jj, d]
+                for i in range(TM):
+                    for j in range(TN):
+                        s[i, j] = float32(0.0)
+                        dp[i, j] = float32(0.0)
+                scores_product(s, q_t, k_t)
+                scores_product(dp, dout_t, v_t)
+                for i in range(TM):
+                    row = row_base + ty + i * THREADS_M
+                    for j in range(TN):
+                        col = j0 + tx + j * THREADS_N
+                        ds = float32(0.0)
+                        if col <= row:
+                            g = dropout_factor(seed, site, threshold, keep, b, h, row, col, H, T)
+                            ds = fast_exp(s[i, j] - row_lse[i]) * (g * dp[i, j] - row_delta[i])
+                        ds_t[tx + j * THREADS_N, ty + i * THREADS_M] = ds
                 cuda.syncthreads()
-            if active:
-                for d in range(D):
-                    value = dq_acc[d] * scale
-                    if accumulate:
-                        value += dq[b, h, i, d]
-                    dq[b, h, i, d] = value
+                output_product(acc, ds_t, k_t)
+                cuda.syncthreads()                           # before the next tiles are staged
+            for i in range(TM):
+                row = row_base + ty + i * THREADS_M
+                if row < row_end:
+                    for j in range(TD):
+                        d = tx + j * THREADS_N
+                        value = acc[i, j] * scale
+                        if accumulate:
+                            value += dq[b, h, row, d]
+                        dq[b, h, row, d] = value
 
-    @cuda.jit
+    return with_shape(attention_dq_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
+
+
+def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
+    thread_position, stage, scores_product, output_product = tile_functions(D, ROWS, COLS, TM, TN)
+    THREADS_M, THREADS_N, TD, X_ROW, R_ROW, C_ROW = tile_constants(D, ROWS, COLS, TM, TN)
+
+    @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
     def attention_dkdv_kernel(dk, dv, dout, q, k, v, lse, delta, scale, seed, site, threshold,
                               keep, rows_per_block, accumulate):
-        # dk, dv [B,H,T,D] (+)= gradients; grid (B*H, T/rows_per_block): one key row per thread
-        q_tile = cuda.shared.array((tile, D), float32)
-        dout_tile = cuda.shared.array((tile, D), float32)
-        lse_tile = cuda.shared.array(tile, float32)
-        delta_tile = cuda.shared.array(tile, float32)
-        k_row = cuda.local.array(D, float32)
-        v_row = cuda.local.array(D, float32)
-        dk_acc = cuda.local.array(D, float32)
-        dv_acc = cuda.local.array(D, float32)
+        # dk, dv [B,H,T,D] (+)= gradients; grid (B*H, T/rows_per_block), block THREADS. The roles
+        # of the dq kernel swapped: per tile of ROWS keys, for each tile of COLS queries from the
+        # diagonal on,
+        #   S^T = K Q^T / sqrt(D), dP^T = V dout^T   [ROWS, COLS], TM x TN of each per thread
+        #   dv_acc += (P G)^T dout,  dk_acc += dS^T Q / sqrt(D)   [ROWS, D], TM x TD each
+        k_t = cuda.shared.array((D, R_ROW), float32)        # k_t[d, r] = k[key_base + r, d]
+        v_t = cuda.shared.array((D, R_ROW), float32)        # v_t[d, r] = v[key_base + r, d]
+        q_t = cuda.shared.array((D, C_ROW), float32)        # q_t[d, c] = q[i0 + c, d] / sqrt(D)
+        dout_t = cuda.shared.array((D, C_ROW), float32)     # dout_t[d, c] = dout[i0 + c, d]
+        pg_t = cuda.shared.array((COLS, X_ROW), float32)    # pg_t[c, r] = (P G)[i0+c, key_base+r]
+        ds_t = cuda.shared.array((COLS, X_ROW), float32)    # ds_t[c, r] = dS[i0+c, key_base+r]
+        s = cuda.local.array((TM, TN), float32)
+        dp = cuda.local.array((TM, TN), float32)
+        dk_acc = cuda.local.array((TM, TD), float32)
+        dv_acc = cuda.local.array((TM, TD), float32)
+        col_lse = cuda.local.array(TN, float32)
+        col_delta = cuda.local.array(TN, float32)
         B, H, T, _ = q.shape
-        b, h, row_start, row_end = block_rows(H, T, rows_per_block)
-        for row_base in range(row_start, row_end, threads):
-            j = row_base + cuda.threadIdx.x
-            active = j < row_end
-            if active:
-                for d in range(D):
-                    k_row[d] = k[b, h, j, d] * scale
-                    v_row[d] = v[b, h, j, d]
-                    dk_acc[d] = float32(0.0)
-                    dv_acc[d] = float32(0.0)
-            for i0 in range(row_base - row_base % tile, T, tile):     # queries i >= j only
-                stage_tiles(q_tile, dout_tile, q, dout, b, h, i0, T)
-                for ii in range(cuda.threadIdx.x, tile, threads):
-                    inside = i0 + ii < T
-                    lse_tile[ii] = lse[b, h, i0 + ii] if inside else float32(0.0)
-                    delta_tile[ii] = delta[b, h, i0 + ii] if inside else float32(0.0)
+        b, h, row_start, row_end = block_rows(H, T, rows_per_block, False)
+        ty, tx = thread_position()
+        for key_base in range(row_start, row_end, ROWS):
+            stage(k_t, k[b, h], key_base, ROWS, T, float32(1.0))
+            stage(v_t, v[b, h], key_base, ROWS, T, float32(1.0))
+            for i in range(TM):
+                for j in range(TD):
+                    dk_acc[i, j] = float32(0.0)
+                    dv_acc[i, j] = float32(0.0)
+            for i0 in range(key_base, T, COLS):              # queries i >= key_base only
+                stage(q_t, q[b, h], i0, COLS, T, scale)      # (scaled: dk needs the 1/sqrt(D) too)
+                stage(dout_t, dout[b, h], i0, COLS, T, float32(1.0))
+                for j in range(TN):
+                    query = i0 + tx + j * THREADS_N
+                    col_lse[j] = lse[b, h, query] if query < T else float32(0.0)
+                    col_delta[j] = delta[b, h, query] if query < T else float32(0.0)
                 cuda.syncthreads()
-                if active:
-                    for ii in range(tile):
-                        i = i0 + ii
-                        if i >= j and i < T:
-                            s = float32(0.0)
-                            dp = float32(0.0)
-                            for d in range(D):
-                                s += q_tile[ii, d] * k_row[d]
-                                dp += dout_tile[ii, d] * v_row[d]
-                            p = math.exp(s - lse_tile[ii])
-                            g = dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T)
-                            ds = p * (g * dp - delta_tile[ii])
-                            p *= g
-                            for d in range(D):
-                                dv_acc[d] += p * dout_tile[ii, d]
-                                dk_acc[d] += ds * q_tile[ii, d]
+                for i in range(TM):
+                    for j in range(TN):
+                        s[i, j] = float32(0.0)
+                        dp[i, j] = float32(0.0)
+                scores_product(s, k_t, q_t)
+                scores_product(dp, v_t, dout_t)
+                for i in range(TM):
+                    key = key_base + ty + i * THREADS_M
+                    for j in range(TN):
+                        query = i0 + tx + j * THREADS_N
+                        pg = float32(0.0)
+                        ds = float32(0.0)
+                        if key <= query and query < T:
+                            p = fast_exp(s[i, j] - col_lse[j])
+                            g = dropout_factor(seed, site, threshold, keep, b, h, query, key, H, T)
+                            ds = p * (g * dp[i, j] - col_delta[j])
+                            pg = p * g
+                        pg_t[tx + j * THREADS_N, ty + i * THREADS_M] = pg
+                        ds_t[tx + j * THREADS_N, ty + i * THREADS_M] = ds
                 cuda.syncthreads()
-            if active:
-                for d in range(D):
-                    dk_value = dk_acc[d] * scale
-                    dv_value = dv_acc[d]
-                    if accumulate:
-                        dk_value += dk[b, h, j, d]
-                        dv_value += dv[b, h, j, d]
-                    dk[b, h, j, d] = dk_value
-                    dv[b, h, j, d] = dv_value
+                output_product(dv_acc, pg_t, dout_t)
+                output_product(dk_acc, ds_t, q_t)
+                cuda.syncthreads()                           # before the next tiles are staged
+            for i in range(TM):
+                key = key_base + ty + i * THREADS_M
+                if key < row_end:
+                    for j in range(TD):
+                        d = tx + j * THREADS_N
+                        dk_value = dk_acc[i, j]
+                        dv_value = dv_acc[i, j]
+                        if accumulate:
+                            dk_value += dk[b, h, key, d]
+                            dv_value += dv[b, h, key, d]
+                        dk[b, h, key, d] = dk_value
+                        dv[b, h, key, d] = dv_value
 
-    return attention_forward_kernel, attention_dq_kernel, attention_dkdv_kernel
+    return with_shape(attention_dkdv_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
 
 @cuda.jit
@@ -330,17 +538,26 @@ def attention_delta_kernel(delta, dout, out):
 
 # --- launchers ---------------------------------------------------------------------------------
 
-THREADS = 32 if SIMULATOR else 128      # the reference kernels' block; the fast ones' largest
-ROWS_PER_BLOCK = 64                      # the fast kernels' default query (or key) tile
+THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the delta kernel's)
+
+# The fast kernels' tiles per head size: (forward, dq, dk/dv), each (ROWS, COLS, TM, TN[,
+# blocks_per_sm]) as in tile_functions, picked by timing variants on the H200 (2026-11-29).
+# A block's shared memory is at most 48 KB (more needs an opt-in Numba does not expose): 44 KB
+# for the forward at D=64 (q 64x65, k and v 64x33, P 32x68 floats), 43 KB for dk/dv (k, v, q,
+# dout 64x33 each, P G and dS 32x36). In the simulator the tiles are tiny and unequal (4 x 2,
+# 2 x 4), so T=7 already crosses several tiles of each kind.
+GPU_TILES = {64: ((64, 32, 4, 4), (32, 16, 4, 2), (32, 32, 4, 4, 6)),
+             32: ((64, 32, 4, 4), (64, 32, 4, 4), (32, 32, 4, 4, 6))}
+SIMULATOR_TILES = {D: ((4, 2, 2, 1), (2, 4, 1, 2), (2, 4, 1, 2)) for D in FAST_HEAD_SIZES}
+TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 _fast_kernels = {}
 
 
-def _fast(D, rows):
-    """The fast kernels for head size D, with a block of threads sized for `rows` rows."""
-    threads = min(THREADS, blocks(rows, 32) * 32)
-    if (D, threads) not in _fast_kernels:
-        _fast_kernels[D, threads] = make_attention_kernels(D, threads)
-    return threads, _fast_kernels[D, threads]
+def _fast(D):
+    """The fast kernels (forward, dq, dk/dv) for head size D, compiled once."""
+    if D not in _fast_kernels:
+        _fast_kernels[D] = make_attention_kernels(D)
+    return _fast_kernels[D]
 
 
 def _check_attention(q, k, v, **others):
@@ -375,8 +592,10 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
     """out = causal softmax(q k^T / sqrt(D)) v for every (batch, head); lse saved for backward.
     dropout_p > 0 drops attention probabilities (seed: int64[1] on the device, site: an int).
 
-    rows_per_block (fast kernels): query rows per thread block, default ROWS_PER_BLOCK, so that
-    B*H*T/64 blocks fill the GPU; rows_per_block=T gives one block per (batch, head).
+    rows_per_block (fast kernels): query rows per thread block, which walks them in tiles of
+    the kernel's ROWS; default ROWS (one tile per block, so that B*H*T/ROWS blocks fill the
+    GPU); rows_per_block=T gives one block per (batch, head). The backward takes the same
+    argument (query rows per dq block, key rows per dk/dv block; default its own ROWS).
     """
     check_float32(out=out, lse=lse, q=q, k=k, v=v)
     B, H, T, D = _check_attention(q, k, v, out=out, lse=lse)
@@ -386,9 +605,10 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
         launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale,
                *drop)
         return
-    rows = min(T, rows_per_block or ROWS_PER_BLOCK)
-    threads, (forward, _, _) = _fast(D, rows)
-    launch(forward, (B * H, blocks(T, rows)), threads, out, lse, q, k, v, scale, *drop, rows)
+    forward = _fast(D)[0]
+    rows = min(T, rows_per_block or forward.rows)
+    launch(forward, (B * H, blocks(T, rows)), forward.threads, out, lse, q, k, v, scale, *drop,
+           rows)
 
 
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
@@ -404,14 +624,14 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         launch(attention_backward_reference_kernel, B * H, THREADS,
                dq, dk, dv, delta, dout, q, k, v, out, lse, scale, *drop, accumulate)
         return
-    rows = min(T, rows_per_block or ROWS_PER_BLOCK)
-    threads, (_, dq_kernel, dkdv_kernel) = _fast(D, rows)
+    _, dq_kernel, dkdv_kernel = _fast(D)
     launch(attention_delta_kernel, blocks(B * H * T, THREADS), THREADS, delta, dout, out)
-    grid = (B * H, blocks(T, rows))
-    launch(dq_kernel, grid, threads, dq, dout, q, k, v, lse, delta, scale, *drop, rows,
-           accumulate)
-    launch(dkdv_kernel, grid, threads, dk, dv, dout, q, k, v, lse, delta, scale, *drop, rows,
-           accumulate)
+    rows = min(T, rows_per_block or dq_kernel.rows)
+    launch(dq_kernel, (B * H, blocks(T, rows)), dq_kernel.threads,
+           dq, dout, q, k, v, lse, delta, scale, *drop, rows, accumulate)
+    rows = min(T, rows_per_block or dkdv_kernel.rows)
+    launch(dkdv_kernel, (B * H, blocks(T, rows)), dkdv_kernel.threads,
+           dk, dv, dout, q, k, v, lse, delta, scale, *drop, rows, accumulate)
 
 
 _no_seeds = {}
