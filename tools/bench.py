@@ -56,6 +56,18 @@ def event_time_ms(fn, warmup=3, repeat=10):
     return statistics.median(times)
 
 
+def warm_up_clocks(seconds=2.0):
+    """Keep the GPU busy for a moment first: an idle GPU runs at low clocks and ramps up under
+    load: without this the first shapes timed could pay for the ramp-up."""
+    import cupy
+    x = cupy.ones((4096, 4096), cupy.float32)
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for _ in range(10):
+            x @ x
+        cupy.cuda.Device().synchronize()
+
+
 def row(section, name, ms, work, unit, baseline_ms=None, baseline="", note=""):
     rate = work / ms / 1e9 if work else None          # work per ms -> T{unit}/s
     entry = dict(section=section, name=name, ms=ms, rate=rate, unit=unit,
@@ -125,8 +137,8 @@ def bench_matmul(args):
 
 
 # tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options)
-MATMUL_VARIANTS = {"BK=16": dict(BK=16), "2 blocks/SM": dict(blocks_per_sm=2),
-                   "BK=16, 2 blocks/SM": dict(BK=16, blocks_per_sm=2)}
+MATMUL_VARIANTS = {"launch bounds, 2 blocks/SM": dict(blocks_per_sm=2), "BK=16": dict(BK=16),
+                   "BM=64": dict(BM=64)}
 
 
 # --- attention ------------------------------------------------------------------------------
@@ -157,28 +169,33 @@ def bench_attention(args):
             forward()
             backward()
             ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-            ref.backward(dout)
+            # autograd.grad, not .backward(): the timing loops below run backward again and
+            # again, and .grad would accumulate them (the check would then read ~14x SDPA's
+            # gradients)
+            ref_grads = torch.autograd.grad(ref, (qs, ks, vs), dout)
             cuda.synchronize()
-            # correctness: ours against float64 NumPy on two heads (the first and the last) ...
+            # correctness: ours against float64 NumPy on two heads (the first and the last),
+            # and SDPA's too, so that the comparison below compares like with like ...
             for b, h in ((0, 0), (B - 1, H - 1)):
                 for name, error in head_errors(q, k, v, dout, out, dq, dk, dv, b, h).items():
                     require(error, 1e-4, f"attention {label} {kernel} head ({b},{h}) {name}")
+                for name, error in head_errors(q, k, v, dout, ref, *ref_grads, b, h).items():
+                    require(error, 1e-3, f"attention {label} SDPA head ({b},{h}) {name}")
             # ... and, for the record, how far SDPA's float32 answer is from ours
-            for got, want, name in ((out, ref.detach(), "out"), (dq, qs.grad, "dq"),
-                                    (dk, ks.grad, "dk"), (dv, vs.grad, "dv")):
+            for got, want, name in ((out, ref.detach(), "out"), (dq, ref_grads[0], "dq"),
+                                    (dk, ref_grads[1], "dk"), (dv, ref_grads[2], "dv")):
                 error = relative_error(torch.as_tensor(got, device="cuda").cpu(), want.cpu())
                 if error >= 1e-4:
                     print(f"  note: {label} {name}: ours and SDPA differ by {error:.1e} "
-                          f"(ours matches float64 NumPy, checked above)")
-            qs.grad = ks.grad = vs.grad = None
+                          f"(both match float64 NumPy, checked above)")
 
             def torch_forward():
                 with torch.no_grad():
                     F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-            def torch_both():
+            def torch_both():                # returns the gradients, accumulates nothing
                 y = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-                y.backward(dout)
+                torch.autograd.grad(y, (qs, ks, vs), dout)
 
             flops_fwd = 4.0 * B * H * T * T * D / 2           # causal: half the score matrix
             name = f"{label} {kernel}{'' if rows is None else f' rows={rows}'}"
@@ -190,14 +207,16 @@ def bench_attention(args):
 
 
 def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):
-    """{name: relative error} of our out, dq, dk, dv for head (b, h) against float64 NumPy."""
+    """{name: relative error} of out, dq, dk, dv (ours: device arrays, or SDPA's: tensors) for
+    head (b, h) against float64 NumPy."""
     head = [t[b:b + 1, h:h + 1].double().cpu().numpy() for t in (q, k, v, dout)]
     want_out, lse = np.empty(head[0].shape), np.empty(head[0].shape[:3])
     attention_kernels.attention_forward_numpy(want_out, lse, *head[:3])
     grads = [np.empty(head[0].shape) for _ in range(3)]
     attention_kernels.attention_backward_numpy(*grads, np.empty(lse.shape), head[3], *head[:3],
                                                want_out, lse)
-    ours = [np.asarray(a.copy_to_host())[b:b + 1, h:h + 1] for a in (out, dq, dk, dv)]
+    ours = [a[b:b + 1, h:h + 1].detach().cpu().numpy() if hasattr(a, "detach")
+            else np.asarray(a.copy_to_host())[b:b + 1, h:h + 1] for a in (out, dq, dk, dv)]
     return {name: relative_error(got, want)
             for name, got, want in zip(("out", "dq", "dk", "dv"), ours, [want_out, *grads])}
 
@@ -219,6 +238,7 @@ def bench_e2e(args):
     from nanoandrea.config import get_preset
     from nanoandrea.model import GPT
     from nanoandrea.optim import AdamW
+    from nanoandrea.step import TrainStep
     from nanoandrea.torch_gpt import TorchGPT
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -232,16 +252,14 @@ def bench_e2e(args):
         idx = rng.integers(0, V, size=(B, T)).astype(np.int32)
         targets = rng.integers(0, V, size=(B, T)).astype(np.int32)
         tokens = B * T
-        # ours
+        # ours: the step eagerly (every launch from Python), then captured as a CUDA graph
         model = GPT(config, get_backend("cuda"), seed=0)
         optimizer = AdamW(model.params, lr=1e-4)
-
-        def our_step():
-            optimizer.zero_grad()
-            _, loss = model.forward(idx, targets, train=False)
-            loss.backward()
-            optimizer.step()
-        ours_ms = event_time_ms(our_step, warmup=2, repeat=args.e2e_repeat)
+        ours_ms = {}
+        for graph in (False, True):
+            step = TrainStep(model, optimizer, B, T, train=False, cuda_graph=graph)
+            ours_ms[graph] = event_time_ms(lambda: step([(idx, targets)], [0], 1e-4),
+                                           warmup=3, repeat=args.e2e_repeat)
         # PyTorch
         reference = TorchGPT(config, device="cuda")
         torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-4, fused=True)
@@ -254,9 +272,10 @@ def bench_e2e(args):
             torch_optimizer.step()
         torch_ms = event_time_ms(torch_step, warmup=2, repeat=args.e2e_repeat)
         fpt = flops_per_token(config)
-        row("e2e", f"{preset} B={B} T={T} step", ours_ms, fpt * tokens, "TFLOP/s", torch_ms,
-            "PyTorch", f"ours {tokens / ours_ms * 1e3:,.0f} tok/s, "
-                       f"PyTorch {tokens / torch_ms * 1e3:,.0f} tok/s")
+        for graph, ms in ours_ms.items():
+            row("e2e", f"{preset} B={B} T={T} step, {'graph' if graph else 'eager'}", ms,
+                fpt * tokens, "TFLOP/s", torch_ms, "PyTorch",
+                f"ours {tokens / ms * 1e3:,.0f} tok/s, PyTorch {tokens / torch_ms * 1e3:,.0f} tok/s")
 
 
 def bench_train(args):
@@ -340,6 +359,7 @@ def main():
     device = cuda.get_current_device()
     print(f"device: {device.name.decode() if isinstance(device.name, bytes) else device.name}, "
           f"date {time.strftime('%Y-%m-%d')}")
+    warm_up_clocks()
     status = 0
     for name in args.only.split(","):
         try:
