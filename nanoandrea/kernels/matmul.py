@@ -16,10 +16,12 @@ Two kernels compute the same function:
   matmul_tiled_kernel     the readable reference: one thread per output element,
                           16x16 tiles of both operands staged through shared memory.
   blocked matmul kernels  the fast path: a 128x128 block tile, each of 256 threads keeps an
-                          8x8 tile of the output in registers; shared memory is double-buffered
-                          (the next K-slice is loaded from global memory while the current one
-                          is multiplied). Built per (transpose_a, transpose_b) by
-                          make_blocked_matmul_kernel, so the transposes cost nothing at run time.
+                          8x8 tile of the output in registers, fed by 16-byte loads (load4,
+                          kernels/vector.py); shared memory is double-buffered (the next
+                          K-slice is loaded from global memory while the current one is
+                          multiplied). Built per (transpose_a, transpose_b) and per operand
+                          alignment by make_blocked_matmul_kernel, so the transposes cost
+                          nothing at run time.
 Both are correct for any M, N, K (edges are zero-filled), and both pass the same tests.
 """
 from numba import cuda, float32
@@ -117,32 +119,19 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         return x0, x1, x2, x3
 
     @cuda.jit(device=True, inline="always")
-    def load_a_slice(staged, a, M, k_end, m0, k0, tid):
-        # the A slice op(a)[m0:m0+BM, k0:k0+BK] into registers, 4-float chunks
-        for r in range(A_CHUNKS):
+    def load_slice(staged, x, chunks, along_k, width, vector, size, k_end, first, k0, tid):
+        # one operand's slice into registers, 4-float chunks: op(x)[first:first+width, k0:k0+BK]
+        # (A: size M, width BM) or op(x)[k0:k0+BK, first:first+width] (B: size N, width BN)
+        for r in range(chunks):
             chunk = tid + r * THREADS
-            if A_ALONG_K:                   # a[M,K]
-                m, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
-                x = read_chunk(a, M, k_end, m0 + m, k0 + k, vector_a)
-            else:                           # a[K,M]
-                k, m = chunk // (BM // 4), (chunk % (BM // 4)) * 4
-                x = read_chunk(a, k_end, M, k0 + k, m0 + m, vector_a)
-            for i in range(4):
-                staged[4 * r + i] = x[i]
-
-    @cuda.jit(device=True, inline="always")
-    def load_b_slice(staged, b, N, k_end, n0, k0, tid):
-        # the B slice op(b)[k0:k0+BK, n0:n0+BN] into registers, 4-float chunks
-        for r in range(B_CHUNKS):
-            chunk = tid + r * THREADS
-            if B_ALONG_K:                   # b[N,K]
-                n, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
-                x = read_chunk(b, N, k_end, n0 + n, k0 + k, vector_b)
-            else:                           # b[K,N]
-                k, n = chunk // (BN // 4), (chunk % (BN // 4)) * 4
-                x = read_chunk(b, k_end, N, k0 + k, n0 + n, vector_b)
-            for i in range(4):
-                staged[4 * r + i] = x[i]
+            if along_k:                     # x[size, K]: a chunk is 4 consecutive k
+                i, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
+                x4 = read_chunk(x, size, k_end, first + i, k0 + k, vector)
+            else:                           # x[K, size]: a chunk is 4 consecutive m (or n)
+                k, i = chunk // (width // 4), (chunk % (width // 4)) * 4
+                x4 = read_chunk(x, k_end, size, k0 + k, first + i, vector)
+            for e in range(4):
+                staged[4 * r + e] = x4[e]
 
     @cuda.jit(device=True, inline="always")
     def park(tiles, buffer, staged, chunks, along_k, width, tid):
@@ -202,8 +191,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             for j in range(8):
                 acc[i, j] = float32(0.0)
 
-        load_a_slice(a_next, a, M, k_end, m0, k_start, tid)       # the first slice
-        load_b_slice(b_next, b, N, k_end, n0, k_start, tid)
+        # the first slice goes straight to buffer 0
+        load_slice(a_next, a, A_CHUNKS, A_ALONG_K, BM, vector_a, M, k_end, m0, k_start, tid)
+        load_slice(b_next, b, B_CHUNKS, B_ALONG_K, BN, vector_b, N, k_end, n0, k_start, tid)
         park(a_tiles, 0, a_next, A_CHUNKS, A_ALONG_K, BM, tid)
         park(b_tiles, 0, b_next, B_CHUNKS, B_ALONG_K, BN, tid)
         cuda.syncthreads()
@@ -212,8 +202,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         for k0 in range(k_start, k_end, BK):
             more = k0 + BK < k_end
             if more:                        # issue the next slice's global loads now ...
-                load_a_slice(a_next, a, M, k_end, m0, k0 + BK, tid)
-                load_b_slice(b_next, b, N, k_end, n0, k0 + BK, tid)
+                load_slice(a_next, a, A_CHUNKS, A_ALONG_K, BM, vector_a, M, k_end, m0, k0 + BK, tid)
+                load_slice(b_next, b, B_CHUNKS, B_ALONG_K, BN, vector_b, N, k_end, n0, k0 + BK, tid)
             for kk in range(0, BK, 2):      # ... and multiply the current one meanwhile
                 outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx)
                 outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk + 1, ty, tx)
