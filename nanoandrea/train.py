@@ -262,8 +262,9 @@ class Trainer:
                 raise _explain_memory_error(error, o) from error
             steps_since += 1
             if self.step % o.log_interval == 0 or self.step == last_stop:
-                elapsed = time.perf_counter() - clock - paused       # training time only
-                self.log(lr, elapsed / steps_since, steps_since)
+                losses = self.window_losses(steps_since)  # waits for the GPU to finish the
+                elapsed = time.perf_counter() - clock - paused    # steps: their real time
+                self.log(lr, losses, elapsed / steps_since, steps_since)
                 clock, steps_since, paused = time.perf_counter(), 0, 0.0
             if self.step % o.eval_interval == 0 or self.step == last_stop:
                 started = time.perf_counter()
@@ -272,11 +273,16 @@ class Trainer:
         self.plot()
         return {"step": self.step, "best_val": self.best_val, "best_step": self.best_step}
 
-    def log(self, lr, seconds_per_step, steps):
+    def window_losses(self, steps):
+        """The losses of the last `steps` steps, read from the device: waits for the GPU (the
+        host runs ahead of it, by many steps when the step is a CUDA graph)."""
         o = self.options
         first = self.step - steps                     # 0-based index of the window's first step
         slots = [(first + i) % o.log_interval for i in range(steps)]
-        losses = self.backend.to_host(self.window)[slots] / o.grad_accum    # waits for the GPU
+        return self.backend.to_host(self.window)[slots] / o.grad_accum
+
+    def log(self, lr, losses, seconds_per_step, steps):
+        first = self.step - steps
         bad = np.flatnonzero(~np.isfinite(losses))
         if bad.size:
             raise TrainingError(f"the loss is {losses[bad[0]]} at step {first + bad[0] + 1}: "

@@ -16,12 +16,18 @@ Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) kernels run as Python threads 
 `SIMULATOR` lets launchers choose small blocks there.
 """
 import os
+import warnings
 from contextlib import contextmanager
 
 import numpy as np
 from numba import config, cuda
+from numba.core.errors import NumbaPerformanceWarning
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+# Numba warns of every grid smaller than the GPU; ours are small on purpose (sampling one
+# sequence, the last reduction stage) and the warning buried the training log in noise.
+warnings.filterwarnings("ignore", category=NumbaPerformanceWarning)
 
 _stream = 0          # the stream every launch goes to; 0 is the default stream
 _profile = None      # while profiling: {kernel name: [launches, milliseconds]}
