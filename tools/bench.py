@@ -31,7 +31,7 @@ from numba import cuda  # noqa: E402
 
 from nanoandrea.kernels import attention as attention_kernels  # noqa: E402
 from nanoandrea.kernels import matmul as matmul_kernels  # noqa: E402
-from nanoandrea.train import flops_per_token  # noqa: E402
+from nanoandrea.train import PEAK_FLOPS, flops_per_token  # noqa: E402
 
 RESULTS = []          # rows of the final table
 
@@ -271,11 +271,20 @@ def bench_e2e(args):
             loss.backward()
             torch_optimizer.step()
         torch_ms = event_time_ms(torch_step, warmup=2, repeat=args.e2e_repeat)
-        fpt = flops_per_token(config)
+        flops = flops_per_token(config) * tokens
         for graph, ms in ours_ms.items():
             row("e2e", f"{preset} B={B} T={T} step, {'graph' if graph else 'eager'}", ms,
-                fpt * tokens, "TFLOP/s", torch_ms, "PyTorch",
-                f"ours {tokens / ms * 1e3:,.0f} tok/s, PyTorch {tokens / torch_ms * 1e3:,.0f} tok/s")
+                flops, "TFLOP/s", torch_ms, "PyTorch",
+                f"ours {tokens / ms * 1e3:,.0f} tok/s (MFU {mfu(flops, ms)}), PyTorch "
+                f"{tokens / torch_ms * 1e3:,.0f} tok/s (MFU {mfu(flops, torch_ms)})")
+
+
+def mfu(flops, ms):
+    """Model FLOPs utilisation against the GPU's float32 peak without tensor cores."""
+    name = cuda.get_current_device().name
+    name = name.decode() if isinstance(name, bytes) else name
+    peak = next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+    return f"{100 * flops / (ms / 1e3) / peak:.0f}%" if peak else "?"
 
 
 def bench_train(args):
