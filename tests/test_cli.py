@@ -60,9 +60,10 @@ def train(corpus, out, *extra, device="cpu"):
 
 def test_train_writes_logs_plot_samples_and_checkpoints(corpus, tmp_path):
     out = tmp_path / "run"
-    result = train(corpus, out, "--max-steps", "12", "--eval-interval", "6")
+    result = train(corpus, out, "--max-steps", "12", "--eval-interval", "6", "--no-cuda-graph")
     assert result.exit_code == 0, result.output
     assert "ms/step" in result.output and "tok/s" in result.output and "grad norm" in result.output
+    assert read_checkpoint(out / "ckpt")["train"]["cuda_graph"] is False   # the option is kept
     records = metrics(out)
     logged = [r for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]
