@@ -1,13 +1,18 @@
 """Compile the hot kernels for sm_90 without a GPU and print what ptxas says about each:
 registers, spills, stack frame (local memory) and shared memory.
 
-    CUDA_HOME=/usr/local/cuda python tools/kernel_report.py
+    CUDA_HOME=/usr/local/cuda python tools/kernel_report.py [--sass] [--only matmul]
 
-Needs NVVM and ptxas from a CUDA toolkit, and NVRTC (pip install nvidia-cuda-nvrtc), but no GPU.
-A register-blocked kernel whose accumulators land in local memory shows a stack frame here long
-before it shows up as a slow timing on the device.
+Needs NVVM from a CUDA toolkit (CUDA_HOME), ptxas and NVRTC (a toolkit's, or the pip wheels of
+the `tools` extra), but no GPU. A register-blocked kernel whose accumulators land in local
+memory shows a stack frame here long before it shows up as a slow timing on the device.
+--sass disassembles each kernel (cuobjdump) and describes its loops: how many instructions an
+inner loop spends besides its FFMAs is the first thing to read about a matmul.
 """
+import argparse
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,20 +52,66 @@ def kernels():
         (A2, A2, A1, A1, A2, A2, A1, A1, float32)
 
 
+def cuda_tool(name):
+    """Path of a CUDA command-line tool: the pip wheels' nvidia/cu13/bin (pip install -e
+    ".[tools]"; NVVM then comes from there too, and a newer ptxas reads older PTX),
+    $CUDA_HOME/bin, then PATH."""
+    candidates = []
+    try:
+        import nvidia
+        candidates += [Path(folder) / "cu13" / "bin" / name for folder in nvidia.__path__]
+    except ImportError:
+        pass
+    candidates.append(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / name)
+    found = next((str(c) for c in candidates if c.is_file()), shutil.which(name))
+    if found is None:
+        sys.exit(f"{name} not found: set CUDA_HOME or pip install -e \".[tools]\"")
+    return found
+
+
+def loops(cubin):
+    """One line per loop of the kernel's SASS (a backward branch): its instructions, how many
+    are FFMA, shared-memory loads and barriers. Inner loops first."""
+    cuobjdump = cuda_tool("cuobjdump")
+    environment = dict(os.environ, NVDISASM_PATH=str(Path(cuda_tool("nvdisasm")).parent))
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True, env=environment).stdout
+    code = [(int(m.group(1), 16), m.group(2)) for m in
+            (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+([^;]*);", line) for line in sass.splitlines())
+            if m]
+    index = {address: i for i, (address, _) in enumerate(code)}
+    for i, (address, text) in enumerate(code):
+        branch = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            body = [t for _, t in code[index[int(branch.group(1), 16)]:i + 1]]
+            count = {op: sum(1 for t in body if op in t) for op in ("FFMA", "LDS", "BAR")}
+            yield (f"loop of {len(body)} instructions: {count['FFMA']} FFMA, {count['LDS']} LDS, "
+                   f"{count['BAR']} BAR")
+
+
 def main():
-    ptxas = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "ptxas"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sass", action="store_true",
+                        help="also disassemble (cuobjdump) and describe each kernel's loops")
+    parser.add_argument("--only", default="", help="kernels whose name contains this")
+    args = parser.parse_args()
+    ptxas = cuda_tool("ptxas")
     with tempfile.TemporaryDirectory() as folder:
-        source = Path(folder) / "kernel.ptx"
+        source, cubin = Path(folder) / "kernel.ptx", Path(folder) / "kernel.cubin"
         for name, kernel, signature in kernels():
+            if args.only not in name:
+                continue
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0),
                                       launch_bounds=getattr(kernel, "launch_bounds", None))
             source.write_text(ptx)
-            result = subprocess.run([str(ptxas), "-arch=sm_90", "-v", str(source), "-o",
-                                     str(Path(folder) / "kernel.cubin")],
+            result = subprocess.run([ptxas, "-arch=sm_90", "-v", str(source), "-o", str(cubin)],
                                     capture_output=True, text=True)
             lines = [line.split("info    :")[-1].strip() for line in result.stderr.splitlines()
                      if "registers" in line or "spill" in line]
             print(f"{name:32s} {' | '.join(lines) or result.stderr.strip()}")
+            if args.sass and result.returncode == 0:
+                for line in loops(cubin):
+                    print(f"{'':32s}   {line}")
 
 
 if __name__ == "__main__":
