@@ -235,6 +235,19 @@ def tile_functions(D, ROWS, COLS, TM, TN):
     return thread_position, stage, scores_product, output_product
 
 
+def make_recompute(scores_product, TM, TN):
+    """What both backward kernels recompute for each pair of tiles: s = x y^T, dp = u w^T."""
+    @cuda.jit(device=True, inline="always")
+    def recompute(s, x_t, y_t, dp, u_t, w_t):
+        for i in range(TM):
+            for j in range(TN):
+                s[i, j] = float32(0.0)
+                dp[i, j] = float32(0.0)
+        scores_product(s, x_t, y_t)
+        scores_product(dp, u_t, w_t)
+    return recompute
+
+
 def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None):
     """Forward, dq and dk/dv kernels for head size D (a compile-time constant).
 
@@ -375,6 +388,7 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
 
 def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
     thread_position, stage, scores_product, output_product = tile_functions(D, ROWS, COLS, TM, TN)
+    recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, X_ROW, R_ROW, C_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
@@ -412,12 +426,7 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
                 stage(k_t, k[b, h], j0, COLS, T, float32(1.0))
                 stage(v_t, v[b, h], j0, COLS, T, float32(1.0))
                 cuda.syncthreads()
-                for i in range(TM):
-                    for j in range(TN):
-                        s[i, j] = float32(0.0)
-                        dp[i, j] = float32(0.0)
-                scores_product(s, q_t, k_t)
-                scores_product(dp, dout_t, v_t)
+                recompute(s, q_t, k_t, dp, dout_t, v_t)     # S = Q K^T, dP = dout V^T
                 for i in range(TM):
                     row = row_base + ty + i * THREADS_M
                     for j in range(TN):
@@ -445,6 +454,7 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
 
 def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
     thread_position, stage, scores_product, output_product = tile_functions(D, ROWS, COLS, TM, TN)
+    recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, X_ROW, R_ROW, C_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
@@ -485,12 +495,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
                     col_lse[j] = lse[b, h, query] if query < T else float32(0.0)
                     col_delta[j] = delta[b, h, query] if query < T else float32(0.0)
                 cuda.syncthreads()
-                for i in range(TM):
-                    for j in range(TN):
-                        s[i, j] = float32(0.0)
-                        dp[i, j] = float32(0.0)
-                scores_product(s, k_t, q_t)
-                scores_product(dp, v_t, dout_t)
+                recompute(s, k_t, q_t, dp, v_t, dout_t)     # S^T = K Q^T, dP^T = V dout^T
                 for i in range(TM):
                     key = key_base + ty + i * THREADS_M
                     for j in range(TN):
