@@ -63,6 +63,28 @@ def test_matmul_rejects_bad_shapes():
         matmul.matmul(device(np.zeros((3, 6))), a, b)
 
 
+@pytest.mark.parametrize("M,N,K", [(768, 768, 16384), (768, 3072, 16384), (384, 384, 16384),
+                                   (65, 384, 16384), (16384, 768, 768)])
+def test_split_k_fills_its_waves(M, N, K):
+    """The split count: 1 when the output alone fills the GPU; otherwise the smallest count
+    whose waves of resident blocks are at least 90% busy, slices never thinner than 256."""
+    tile, slots = (128, 128, 8), matmul.RESIDENT_BLOCKS
+    splits = matmul.split_count(M, N, K, tile)
+    output_blocks = -(-M // 128) * -(-N // 128)
+    if output_blocks >= slots:
+        assert splits == 1
+        return
+    assert 1 <= splits and K // splits >= 256
+
+    def fill(s):
+        total = output_blocks * s
+        return total / (-(-total // slots) * slots)
+    better = [s for s in range(1, splits) if fill(s) >= 0.9]
+    assert not better and (fill(splits) >= 0.9 or all(fill(s) <= fill(splits)
+                                                      for s in range(1, K // 256 + 1)
+                                                      if s * output_blocks <= 4 * slots))
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_sum_rows(rng, accumulate):
     x = rng.standard_normal((200, 45) if not GPU else (16384, 1536))     # several row chunks
