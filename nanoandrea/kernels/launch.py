@@ -2,8 +2,8 @@
 
 Every launcher in nanoandrea.kernels ends in `launch(kernel, grid, block, *args)`. Keeping that
 call in one function gives us one place to:
-  - pick the CUDA stream (`set_stream`: a CUDA-graph capture of the training step puts every
-    launch on a CuPy stream; see nanoandrea/step.py),
+  - pick the CUDA stream (`using_stream`: the training step puts its launches on a CuPy stream
+    of its own, which it captures as a CUDA graph; see nanoandrea/step.py),
   - time every launch while profiling (`profile()`, used by tools/bench.py),
   - size grids (`blocks(n, per_block)`), and check shapes and dtypes (`check_*`) with one-line errors.
 
