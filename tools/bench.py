@@ -489,6 +489,11 @@ def main():
         except Mismatch as error:
             print(f"MISMATCH: {error}", flush=True)
             status = 1
+        except Exception as error:          # a broken section must not cost the others' time
+            import traceback
+            traceback.print_exc()
+            print(f"ERROR in section {name}: {type(error).__name__}: {error}", flush=True)
+            status = 1
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))
     print("\nsummary")
