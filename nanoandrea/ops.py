@@ -186,6 +186,8 @@ def embedding(batch, wte, wpe):
     B, T = batch.shape
     out = _new(wte, (B, T, wte.shape[1]))
     backend.embedding_forward(out.data, batch.idx, wte.data, wpe.data)
+    if batch.order is None and grad_enabled() and (wte.requires_grad or wpe.requires_grad):
+        raise ValueError("embedding: the batch was made without the grouping backward needs")
 
     def backward():
         backend.embedding_backward(summed_grad(wte), summed_grad(wpe), out.grad, batch.idx,
