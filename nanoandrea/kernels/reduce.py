@@ -12,39 +12,32 @@ MAX_THREADS = 1024
 
 
 @cuda.jit(device=True, inline="always")
-def block_sum(value, scratch):
-    # scratch: shared float32[MAX_THREADS]. Returns the sum of `value` over the block, to all.
+def block_reduce(value, scratch, take_max):
+    # scratch: shared float32[MAX_THREADS]. Returns the sum (or, take_max, the max) of `value`
+    # over the block, to every thread: the partials halve in a fixed tree.
     tid = cuda.threadIdx.x
     scratch[tid] = value
     cuda.syncthreads()
     stride = cuda.blockDim.x // 2
     while stride > 0:
         if tid < stride:
-            scratch[tid] += scratch[tid + stride]
+            other = scratch[tid + stride]
+            scratch[tid] = max(scratch[tid], other) if take_max else scratch[tid] + other
         cuda.syncthreads()
         stride //= 2
-    total = scratch[0]
+    result = scratch[0]
     cuda.syncthreads()          # scratch may be reused right after
-    return total
+    return result
+
+
+@cuda.jit(device=True, inline="always")
+def block_sum(value, scratch):
+    return block_reduce(value, scratch, False)
 
 
 @cuda.jit(device=True, inline="always")
 def block_max(value, scratch):
-    # scratch: shared float32[MAX_THREADS]. Returns the max of `value` over the block, to all.
-    tid = cuda.threadIdx.x
-    scratch[tid] = value
-    cuda.syncthreads()
-    stride = cuda.blockDim.x // 2
-    while stride > 0:
-        if tid < stride:
-            scratch[tid] = max(scratch[tid], scratch[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
-    result = scratch[0]
-    cuda.syncthreads()
-    return result
-
-
+    return block_reduce(value, scratch, True)
 
 
 # Column sums of a [rows, columns] matrix, in two deterministic stages:
