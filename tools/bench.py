@@ -130,19 +130,21 @@ def bench_matmul(args):
         out_y = cuda.device_array((m, n), np.float32)
         out_dx = cuda.device_array((m, k), np.float32)
         out_dw = cuda.device_array((k, n), np.float32)
-        cases = [
-            ("fwd  Y=X.W", lambda: matmul_kernels.matmul(out_y, X, W), lambda: x @ w, out_y),
-            ("bwd dX=dY.W^T", lambda: matmul_kernels.matmul(out_dx, DY, W, transpose_b=True),
-             lambda: dy @ w.T, out_dx),
-            ("bwd dW=X^T.dY", lambda: matmul_kernels.matmul(out_dw, X, DY, transpose_a=True),
-             lambda: x.T @ dy, out_dw),
+        products = [        # (name, transpose_a, transpose_b, our out, a, b, cupy's product)
+            ("fwd  Y=X.W", False, False, out_y, X, W, lambda: x @ w),
+            ("bwd dX=dY.W^T", False, True, out_dx, DY, W, lambda: dy @ w.T),
+            ("bwd dW=X^T.dY", True, False, out_dw, X, DY, lambda: x.T @ dy),
         ]
+        variants = {"": None}
         if args.variants and n != 50257:
-            for variant, tiles in MATMUL_VARIANTS.items():
-                cases.append((f"fwd  Y=X.W [{variant}]",
-                              lambda tiles=tiles: matmul_kernels.matmul(out_y, X, W, tiles=tiles),
-                              lambda: x @ w, out_y))
+            variants.update(MATMUL_VARIANTS)
+        cases = [(f"{name} [{variant}]" if variant else name,
+                  lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles: matmul_kernels.matmul(
+                      out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles), theirs, out)
+                 for name, ta, tb, out, a, b, theirs in products
+                 for variant, tiles in variants.items()]
         for name, ours, theirs, out in cases:
+            cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails
             ours()
             want = theirs()
             cuda.synchronize()
@@ -156,8 +158,7 @@ def bench_matmul(args):
 
 
 # tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options)
-MATMUL_VARIANTS = {"launch bounds, 2 blocks/SM": dict(blocks_per_sm=2), "BK=16": dict(BK=16),
-                   "BM=64": dict(BM=64)}
+MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2)}
 
 
 # --- attention ------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ def kernels():
     yield ("blocked matmul NT, 4-byte loads and stores",       # the LM head of an odd vocabulary
            matmul.make_blocked_matmul_kernel(False, True, False, False, False, blocks_per_sm=2),
            (A3, A2, A2, A1, BOOL, BOOL, int64))
+    yield "blocked matmul NN, 2 blocks/SM", matmul.make_blocked_matmul_kernel(
+        False, False, blocks_per_sm=2), (A3, A2, A2, A1, BOOL, BOOL, int64)
     yield "blocked matmul NN BK=16", matmul.make_blocked_matmul_kernel(False, False, BK=16), \
         (A3, A2, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:
