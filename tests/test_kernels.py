@@ -236,10 +236,13 @@ def test_residual_layernorm(rng, N, C):
         assert np.array_equal(got.copy_to_host(), expected.copy_to_host())
 
 
+# (ROWS, 4 * WIDTH): a multiple of 4, the 16-byte kernels; 5 x 9: the one-element kernels
+@pytest.mark.parametrize("shape,vector", [((ROWS, 4 * WIDTH), True), ((5, 9), False)])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_gelu(rng, accumulate):
-    x = 3 * rng.standard_normal((ROWS, 4 * WIDTH))
+def test_gelu(rng, shape, vector, accumulate):
+    x = 3 * rng.standard_normal(shape)
     out = poisoned(x.shape)
+    assert gelu.vectorizable(out.reshape(out.size)) == vector
     gelu.gelu_forward(out, device(x))
     want = np.empty(x.shape)
     gelu.gelu_forward_numpy(want, x)
@@ -250,6 +253,30 @@ def test_gelu(rng, accumulate):
     want = prior.copy()
     gelu.gelu_backward_numpy(want, dout, x, accumulate)
     assert relative_error(dx.copy_to_host(), want) < TOLERANCE
+
+
+@pytest.mark.parametrize("n", [4000, 4001])            # the 16-byte and the one-element kernels
+def test_gelu_accuracy_element_by_element(n):
+    """Every element of gelu and gelu' over [-12, 12] against float64, in float32 epsilons scaled
+    by the condition number 1 + 2|u| (the float32 rounding of u = sqrt(2/pi)(x + 0.044715 x^3)
+    alone moves exp(-2u) by that many epsilons), plus 1e-35 where the result is below the
+    smallest normal float32. The reference is x s, s = 1/(1 + exp(-2u)) = 0.5 (1 + tanh(u)): in
+    float64, 0.5 x (1 + tanh(u)) itself cancels to 0 for x < -7."""
+    x = np.linspace(-12, 12, n).astype(np.float32)
+    out, dx = poisoned(n), poisoned(n)
+    gelu.gelu_forward(out, device(x))
+    gelu.gelu_backward(dx, device(np.ones(n)), device(x))
+    x64 = x.astype(np.float64)
+    u = np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)
+    s = 1 / (1 + np.exp(-2 * u))
+    assert np.allclose(s[np.abs(x) < 3], 0.5 * (1 + np.tanh(u[np.abs(x) < 3])), rtol=1e-14)
+    slope_term = 2 * x64 * s * (1 - s) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x64 ** 2)
+    scale = np.finfo(np.float32).eps * (1 + 2 * np.abs(u))
+    forward_error = np.abs(out.copy_to_host() - x64 * s) / (scale * np.abs(x64 * s) + 1e-35)
+    backward_error = (np.abs(dx.copy_to_host() - (s + slope_term))
+                      / (scale * (s + np.abs(slope_term)) + 1e-35))
+    assert forward_error.max() < 4, f"gelu: {forward_error.max()} at x = {x[forward_error.argmax()]}"
+    assert backward_error.max() < 4, f"gelu': {backward_error.max()} at {x[backward_error.argmax()]}"
 
 
 def test_elementwise(rng):
