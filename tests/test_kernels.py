@@ -192,20 +192,28 @@ def test_attention_fast_kernel_refuses_other_head_sizes():
 ROWS, WIDTH = (7, 24) if not GPU else (16384, 384)
 
 
+# (rows, C): the warp kernels for C % 4 == 0 up to 1024 (C = 128: every lane full; 96 and 200:
+# the last group of columns partly empty), the block kernels for the rest (77, and wider rows)
+LAYERNORM_SHAPES = ([(20, WIDTH), (5, 128), (5, 96), (5, 200), (20, 77)] if not GPU else
+                    [(16384, 384), (8192, 768), (1000, 1024), (999, 200), (1000, 77),
+                     (300, layernorm.ROW_CACHE + 13)])
+
+
+@pytest.mark.parametrize("N,C", LAYERNORM_SHAPES)
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_layernorm(rng, accumulate):
-    ROWS = 20 if not GPU else 16384          # enough rows for several chunks in dweight's sum
-    x = 3.0 + 2.0 * rng.standard_normal((ROWS, WIDTH))
-    weight, bias = 1 + 0.2 * rng.standard_normal(WIDTH), rng.standard_normal(WIDTH)
-    out, mean, rstd = poisoned((ROWS, WIDTH)), poisoned(ROWS), poisoned(ROWS)
+def test_layernorm(rng, N, C, accumulate):
+    x = 3.0 + 2.0 * rng.standard_normal((N, C))
+    weight, bias = 1 + 0.2 * rng.standard_normal(C), rng.standard_normal(C)
+    out, mean, rstd = poisoned((N, C)), poisoned(N), poisoned(N)
+    assert bool(layernorm.warp_vectors(C, out)) == (C % 4 == 0 and C <= 1024)
     layernorm.layernorm_forward(out, mean, rstd, device(x), device(weight), device(bias))
-    want = [np.empty((ROWS, WIDTH)), np.empty(ROWS), np.empty(ROWS)]
+    want = [np.empty((N, C)), np.empty(N), np.empty(N)]
     layernorm.layernorm_forward_numpy(*want, x, weight, bias)
     for got, expected in zip((out, mean, rstd), want):
         assert relative_error(got.copy_to_host(), expected) < TOLERANCE
-    dout = rng.standard_normal((ROWS, WIDTH))
-    dx, prior = output_and_prior(rng, (ROWS, WIDTH), accumulate)
-    dweight_prior, dbias_prior = rng.standard_normal(WIDTH), rng.standard_normal(WIDTH)
+    dout = rng.standard_normal((N, C))
+    dx, prior = output_and_prior(rng, (N, C), accumulate)
+    dweight_prior, dbias_prior = rng.standard_normal(C), rng.standard_normal(C)
     dweight, dbias = device(dweight_prior), device(dbias_prior)
     layernorm.layernorm_backward(dx, dweight, dbias, device(dout), device(x), device(weight),
                                  mean, rstd, accumulate)
@@ -216,9 +224,11 @@ def test_layernorm(rng, accumulate):
         assert relative_error(got.copy_to_host(), expected) < TOLERANCE
 
 
-# C not a multiple of the threads per row; the last C is wider than the shared row cache
-@pytest.mark.parametrize("N,C", [(6, 40), (3, 77), (2, layernorm.ROW_CACHE + 13)] if not GPU else
-                         [(16384, 384), (8192, 768), (300, layernorm.ROW_CACHE + 13)])
+# C = 40 and 128: the warp kernels; 77: not a multiple of 4; the last C is wider than the shared
+# row cache (and than the warp kernels take)
+@pytest.mark.parametrize("N,C", [(6, 40), (5, 128), (3, 77), (2, layernorm.ROW_CACHE + 13)]
+                         if not GPU else
+                         [(16384, 384), (8192, 768), (300, 77), (300, layernorm.ROW_CACHE + 13)])
 def test_residual_layernorm(rng, N, C):
     a, b = 3.0 + 2.0 * rng.standard_normal((N, C)), rng.standard_normal((N, C))
     weight, bias = 1 + 0.2 * rng.standard_normal(C), rng.standard_normal(C)

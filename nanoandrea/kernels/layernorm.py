@@ -10,8 +10,19 @@ Backward, with g = dout * weight:
     dweight += sum over rows of dout * xhat,   dbias += sum over rows of dout
 Fused with the residual add before it (llm.c's fused_residual_forward), for a, b, resid [N, C]:
     resid = a + b,   out = layernorm(resid) * weight + bias      (a and b read once)
+
+Two families of kernels compute this:
+  - warp kernels (warp_kernels(V), for C <= 128 V, C % 4 == 0, 16-byte aligned rows): one warp
+    per row; lane l keeps columns 4 (l + 32 k) .. 4 (l + 32 k) + 3, k < V, in registers (C = 768:
+    24 floats, six 16-byte loads), so each row is read from global memory exactly once, and the
+    row's sums meet in warp shuffles (warp_sum). The backward also adds each lane's dout * xhat
+    and dout over its rows in registers, so dweight and dbias need no second pass over the rows.
+  - block kernels (below them), for every other C: one block per row, shared-memory sums. They
+    are the readable reference, and the fallback.
 """
 import math
+import threading
+from collections import namedtuple
 
 import numpy as np
 from numba import cuda, float32
@@ -21,10 +32,257 @@ from .launch import (SIMULATOR, blocks, check_float32, check_shape, current_stre
 from .matmul import sum_rows
 from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, block_sum, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
+from .vector import aligned16, load4, store4
 
 EPS = 1e-5
-THREADS = 8 if SIMULATOR else 128        # threads per row
+THREADS = 8 if SIMULATOR else 128        # block kernels: threads per row
 ROW_CACHE = 1024        # a row's first ROW_CACHE values stay in shared memory between passes
+WARP = 32
+WARPS = 2 if SIMULATOR else 4            # warp kernels: rows (warps) per block
+MAX_VECTORS = 8                          # warp kernels take C <= 4 * WARP * MAX_VECTORS = 1024
+SMS = 132                                # the H200's multiprocessors
+
+
+def backward_blocks_per_sm(V):
+    """Blocks of the warp backward that fit on one multiprocessor: it keeps 16 V floats per lane
+    (xhat, g and the dweight, dbias sums), 128 registers in all up to V = 6 (offline ptxas,
+    sm_90, no spills; 4 blocks of 128 threads), 168 at V = 8 (3 blocks; at 128 it spills)."""
+    return 4 if V <= 6 else 3
+
+
+# --- warp kernels ---------------------------------------------------------------------------
+
+if SIMULATOR:
+    # The simulator has no shuffles: lanes meet in a list, with a barrier of the warp's 32
+    # threads (each simulated GPU thread is a Python thread) before and after reading it.
+    _warps = {}
+    _warps_lock = threading.Lock()
+
+    def warp_sum(value):
+        index = cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y
+                                                      + cuda.blockDim.y * cuda.threadIdx.z)
+        warp, lane = divmod(index, WARP)
+        with _warps_lock:
+            slots, barrier = _warps.setdefault(
+                (tuple(cuda.blockIdx), warp), ([None] * WARP, threading.Barrier(WARP, timeout=60)))
+        slots[lane] = value
+        barrier.wait()
+        values = list(slots)
+        barrier.wait()
+        offset = WARP // 2               # the shuffles' butterfly, in the same order
+        while offset > 0:
+            values = [values[i] + values[i ^ offset] for i in range(WARP)]
+            offset //= 2
+        return values[lane]
+
+else:
+    @cuda.jit(device=True, inline="always")
+    def warp_sum(value):
+        # the sum of `value` over the 32 lanes of this warp, to every lane: a butterfly of
+        # shuffles (all 32 lanes must call it), so every lane adds the same numbers in one order
+        offset = WARP // 2
+        while offset > 0:
+            value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
+            offset //= 2
+        return value
+
+
+_warp_kernels = {}
+WarpKernels = namedtuple("WarpKernels", "forward residual_forward backward")
+
+
+def warp_kernels(V):
+    """The warp kernels for rows of C <= 128 V columns (C % 4 == 0), compiled once per V: an
+    object with .forward, .residual_forward and .backward. V fixes the size of each lane's
+    register arrays (4 V floats), which must be known when the kernel is compiled."""
+    if V not in _warp_kernels:
+        _warp_kernels[V] = _make_warp_kernels(V)
+    return _warp_kernels[V]
+
+
+def _make_warp_kernels(V):
+    SIZE = 4 * V       # floats per lane: values[4 k + i] is column 4 (lane + 32 k) + i
+    MAX_C = WARP * SIZE
+    # (the simulator's cuda.jit takes no launch_bounds)
+    bounds = ({} if SIMULATOR else
+              dict(launch_bounds=(WARP * WARPS, backward_blocks_per_sm(V))))
+
+    @cuda.jit(device=True, inline="always")
+    def normalize_warp_row(out, mean, rstd, values, total, weight, bias, eps, row):
+        # The forward after a row is loaded: values (this lane's columns of row `row`) add up
+        # to `total`; writes out[row, :], mean[row], rstd[row]. Every lane of the warp calls it.
+        C = out.shape[1]
+        lane = cuda.threadIdx.x
+        row_mean = warp_sum(total) / float32(C)
+        total = float32(0.0)
+        for k in range(V):
+            if 4 * (lane + WARP * k) < C:
+                for i in range(4):
+                    centered = values[4 * k + i] - row_mean
+                    total += centered * centered
+        row_rstd = float32(1.0) / math.sqrt(warp_sum(total) / float32(C) + eps)
+        for k in range(V):
+            col = 4 * (lane + WARP * k)
+            if col < C:
+                w0, w1, w2, w3 = load4(weight, (col,))
+                b0, b1, b2, b3 = load4(bias, (col,))
+                store4(out, (row, col), (values[4 * k] - row_mean) * row_rstd * w0 + b0,
+                       (values[4 * k + 1] - row_mean) * row_rstd * w1 + b1,
+                       (values[4 * k + 2] - row_mean) * row_rstd * w2 + b2,
+                       (values[4 * k + 3] - row_mean) * row_rstd * w3 + b3)
+        if lane == 0:
+            mean[row] = row_mean
+            rstd[row] = row_rstd
+
+    # Each kernel first issues every load of its row and only then uses the values: one trip
+    # to memory per row instead of V (a store to resid or dx between two loads would keep the
+    # compiler from moving the second load up: the arrays might overlap).
+
+    @cuda.jit
+    def forward(out, mean, rstd, x, weight, bias, eps):
+        # out[N,C], mean[N], rstd[N] from x[N,C]; block (32, WARPS): warp threadIdx.y takes row
+        # blockIdx.x * WARPS + threadIdx.y, each lane its V groups of 4 columns
+        row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+        if row >= x.shape[0]:
+            return
+        C = x.shape[1]
+        lane = cuda.threadIdx.x
+        values = cuda.local.array(SIZE, float32)
+        for k in range(V):
+            col = 4 * (lane + WARP * k)
+            if col < C:
+                values[4 * k], values[4 * k + 1], values[4 * k + 2], values[4 * k + 3] = \
+                    load4(x, (row, col))
+        total = float32(0.0)
+        for k in range(V):
+            if 4 * (lane + WARP * k) < C:
+                for i in range(4):
+                    total += values[4 * k + i]
+        normalize_warp_row(out, mean, rstd, values, total, weight, bias, eps, row)
+
+    @cuda.jit
+    def residual_forward(resid, out, mean, rstd, a, b, weight, bias, eps):
+        # resid[N,C] = a + b, then out[N,C], mean[N], rstd[N] its layernorm, as forward (the
+        # same arithmetic, so the same bits as add + forward); a and b read once, resid written
+        row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+        if row >= a.shape[0]:
+            return
+        C = a.shape[1]
+        lane = cuda.threadIdx.x
+        values = cuda.local.array(SIZE, float32)
+        other = cuda.local.array(SIZE, float32)
+        for k in range(V):
+            col = 4 * (lane + WARP * k)
+            if col < C:
+                values[4 * k], values[4 * k + 1], values[4 * k + 2], values[4 * k + 3] = \
+                    load4(a, (row, col))
+                other[4 * k], other[4 * k + 1], other[4 * k + 2], other[4 * k + 3] = \
+                    load4(b, (row, col))
+        total = float32(0.0)
+        for k in range(V):
+            col = 4 * (lane + WARP * k)
+            if col < C:
+                for i in range(4):
+                    values[4 * k + i] += other[4 * k + i]
+                    total += values[4 * k + i]
+                store4(resid, (row, col), values[4 * k], values[4 * k + 1], values[4 * k + 2],
+                       values[4 * k + 3])
+        normalize_warp_row(out, mean, rstd, values, total, weight, bias, eps, row)
+
+    @cuda.jit(**bounds)
+    def backward(dx, dweight_partials, dbias_partials, dout, x, weight, mean, rstd, accumulate):
+        # dx[N,C] (+)= the input gradient; dweight_partials, dbias_partials[BLOCKS, C]: block
+        # blockIdx.x's sums of dout * xhat and dout over its rows. block (32, WARPS); warps take
+        # rows in a grid-stride loop, adding their lane's share of those sums in registers;
+        # then the block's warps add theirs, in order, in shared memory.
+        N, C = x.shape
+        lane = cuda.threadIdx.x
+        warp = cuda.threadIdx.y
+        xhat = cuda.local.array(SIZE, float32)           # x, then xhat, then the prior dx
+        g = cuda.local.array(SIZE, float32)              # dout, then dout * weight, then dx
+        dweight_sum = cuda.local.array(SIZE, float32)
+        dbias_sum = cuda.local.array(SIZE, float32)
+        for i in range(SIZE):
+            dweight_sum[i] = float32(0.0)
+            dbias_sum[i] = float32(0.0)
+        for row in range(cuda.blockIdx.x * cuda.blockDim.y + warp, N,
+                         cuda.gridDim.x * cuda.blockDim.y):
+            for k in range(V):
+                col = 4 * (lane + WARP * k)
+                if col < C:
+                    xhat[4 * k], xhat[4 * k + 1], xhat[4 * k + 2], xhat[4 * k + 3] = \
+                        load4(x, (row, col))
+                    g[4 * k], g[4 * k + 1], g[4 * k + 2], g[4 * k + 3] = load4(dout, (row, col))
+            row_mean = mean[row]
+            row_rstd = rstd[row]
+            sum_g = float32(0.0)
+            sum_g_xhat = float32(0.0)
+            for k in range(V):
+                col = 4 * (lane + WARP * k)
+                if col < C:
+                    ws = load4(weight, (col,))
+                    for i in range(4):
+                        j = 4 * k + i
+                        xhat[j] = (xhat[j] - row_mean) * row_rstd
+                        dweight_sum[j] += g[j] * xhat[j]
+                        dbias_sum[j] += g[j]
+                        g[j] *= ws[i]
+                        sum_g += g[j]
+                        sum_g_xhat += g[j] * xhat[j]
+            mean_g = warp_sum(sum_g) / float32(C)
+            mean_g_xhat = warp_sum(sum_g_xhat) / float32(C)
+            for k in range(V):
+                if 4 * (lane + WARP * k) < C:
+                    for i in range(4):
+                        j = 4 * k + i
+                        g[j] = row_rstd * (g[j] - mean_g - xhat[j] * mean_g_xhat)
+            if accumulate:
+                for k in range(V):
+                    col = 4 * (lane + WARP * k)
+                    if col < C:
+                        xhat[4 * k], xhat[4 * k + 1], xhat[4 * k + 2], xhat[4 * k + 3] = \
+                            load4(dx, (row, col))
+                for k in range(V):
+                    if 4 * (lane + WARP * k) < C:
+                        for i in range(4):
+                            g[4 * k + i] += xhat[4 * k + i]
+            for k in range(V):
+                col = 4 * (lane + WARP * k)
+                if col < C:
+                    store4(dx, (row, col), g[4 * k], g[4 * k + 1], g[4 * k + 2], g[4 * k + 3])
+        block_dweight = cuda.shared.array(MAX_C, float32)
+        block_dbias = cuda.shared.array(MAX_C, float32)
+        for turn in range(cuda.blockDim.y):              # warp 0 writes, the others add in turn
+            if warp == turn:
+                for k in range(V):
+                    col = 4 * (lane + WARP * k)
+                    if col < C:
+                        for i in range(4):
+                            if turn == 0:
+                                block_dweight[col + i] = dweight_sum[4 * k + i]
+                                block_dbias[col + i] = dbias_sum[4 * k + i]
+                            else:
+                                block_dweight[col + i] += dweight_sum[4 * k + i]
+                                block_dbias[col + i] += dbias_sum[4 * k + i]
+            cuda.syncthreads()
+        for col in range(warp * WARP + lane, C, cuda.blockDim.y * WARP):
+            dweight_partials[cuda.blockIdx.x, col] = block_dweight[col]
+            dbias_partials[cuda.blockIdx.x, col] = block_dbias[col]
+
+    backward.launch_bounds = bounds.get("launch_bounds")
+    return WarpKernels(forward, residual_forward, backward)
+
+
+def warp_vectors(C, *arrays):
+    """V for the warp kernels on these arrays (rows of C columns), or 0 when they cannot take
+    them: C not a multiple of 4, wider than 128 MAX_VECTORS, or an array not 16-byte aligned."""
+    V = blocks(C, 4 * WARP)
+    if C % 4 or V > MAX_VECTORS or not all(aligned16(a) for a in arrays):
+        return 0
+    return V
+
+
+# --- block kernels: one block per row (any C) ---------------------------------------------
 
 
 @cuda.jit(device=True, inline="always")
@@ -134,8 +392,14 @@ def layernorm_forward(out, mean, rstd, x, weight, bias):
     """out = layernorm(x) * weight + bias, row by row; mean and rstd saved for backward."""
     check_float32(out=out, mean=mean, rstd=rstd, x=x, weight=weight, bias=bias)
     _check(x, weight, out=out, mean=mean, rstd=rstd)
-    launch(layernorm_forward_kernel, x.shape[0], THREADS, out, mean, rstd, x, weight, bias,
-           np.float32(EPS))
+    N, C = x.shape
+    V = warp_vectors(C, out, x, weight, bias)
+    if V:
+        launch(warp_kernels(V).forward, blocks(N, WARPS), (WARP, WARPS), out, mean, rstd, x,
+               weight, bias, np.float32(EPS))
+    else:
+        launch(layernorm_forward_kernel, N, THREADS, out, mean, rstd, x, weight, bias,
+               np.float32(EPS))
 
 
 def residual_layernorm_forward(resid, out, mean, rstd, a, b, weight, bias):
@@ -143,17 +407,31 @@ def residual_layernorm_forward(resid, out, mean, rstd, a, b, weight, bias):
     layernorm that follows it in one kernel; mean and rstd saved for backward."""
     check_float32(resid=resid, out=out, mean=mean, rstd=rstd, a=a, b=b, weight=weight, bias=bias)
     _check(a, weight, b=b, resid=resid, out=out, mean=mean, rstd=rstd)
-    launch(residual_layernorm_forward_kernel, a.shape[0], THREADS, resid, out, mean, rstd, a, b,
-           weight, bias, np.float32(EPS))
+    N, C = a.shape
+    V = warp_vectors(C, resid, out, a, b, weight, bias)
+    if V:
+        launch(warp_kernels(V).residual_forward, blocks(N, WARPS), (WARP, WARPS), resid, out,
+               mean, rstd, a, b, weight, bias, np.float32(EPS))
+    else:
+        launch(residual_layernorm_forward_kernel, N, THREADS, resid, out, mean, rstd, a, b,
+               weight, bias, np.float32(EPS))
 
 
 def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False):
     """dx (+)= input gradient; dweight, dbias += parameter gradients (always accumulated)."""
     check_float32(dx=dx, dweight=dweight, dbias=dbias, dout=dout, x=x, weight=weight)
     _check(x, weight, dx=dx, dout=dout, mean=mean, rstd=rstd)
-    launch(layernorm_backward_kernel, x.shape[0], THREADS, dx, dout, x, weight, mean, rstd,
-           accumulate)
     N, C = x.shape
+    V = warp_vectors(C, dx, dout, x, weight)
+    if V:
+        R = min(blocks(N, WARPS), 2 if SIMULATOR else SMS * backward_blocks_per_sm(V))
+        partials = cuda.device_array((2, R, C), np.float32, stream=current_stream())
+        launch(warp_kernels(V).backward, R, (WARP, WARPS), dx, partials[0], partials[1], dout, x,
+               weight, mean, rstd, accumulate)
+        sum_rows(dweight, partials[0], accumulate=True)
+        sum_rows(dbias, partials[1], accumulate=True)
+        return
+    launch(layernorm_backward_kernel, N, THREADS, dx, dout, x, weight, mean, rstd, accumulate)
     partials = cuda.device_array((row_chunks(N, C), C), np.float32, stream=current_stream())
     launch(layernorm_weight_grad_kernel, (blocks(C, COLUMNS), partials.shape[0]),
            (COLUMNS, ROW_GROUPS), partials, dout, x, mean, rstd)
