@@ -46,6 +46,7 @@ from numba import cuda, float32, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
+from .vector import load4, store4
 
 NEG_INF = float32(-np.inf)
 LOG2E = float32(1.0 / math.log(2.0))
@@ -159,27 +160,42 @@ def tile_functions(D, ROWS, COLS, TM, TN):
     A block owns ROWS rows (queries; keys in dk/dv) and streams tiles of COLS columns (keys;
     queries in dk/dv) through shared memory. Its THREADS = (ROWS/TM) x (COLS/TN) threads sit on a
     grid of THREADS_M x THREADS_N; thread (ty, tx) owns, in registers,
-        the TM x TN scores   rows ty + i*THREADS_M, columns tx + j*THREADS_N
-        the TM x TD outputs  the same rows, head dimensions tx + j*THREADS_N (TD = D/THREADS_N)
-    (strided, as in the blocked SGEMM: a warp reads consecutive shared-memory words). A row's
-    scores and its outputs live in the same THREADS_N threads, which is what lets the softmax
-    statistics of a row rescale that row's outputs without moving them.
+        the TM x TN scores   rows row_of(ty, i), columns tx + j*THREADS_N
+        the TM x TD outputs  the same rows, head dimensions dim_of(tx, j)   (TD = D/THREADS_N)
+    where row_of and dim_of make runs of 4 consecutive indices, as in the blocked SGEMM:
+        row_of(ty, i) = ty*4 + i%4 + (i//4)*4*THREADS_M    (TM/4 runs: rows ty*4 + {0..3}, ...)
+        dim_of(tx, j) = tx*4 + j%4 + (j//4)*4*THREADS_N    (TD/4 runs)
+    so that a thread reads 4 of its rows (or head dimensions) with one 16-byte load (load4). A
+    row's scores and its outputs live in the same THREADS_N threads, which is what lets the
+    softmax statistics of a row rescale that row's outputs without moving them.
 
-    Returns thread_position, stage (global -> shared, transposed), and the two products:
-    scores_product (S += X Y^T over d, both staged) and output_product (O += P X over the COLS
-    columns, P an exchange tile the threads wrote). Indices into the tiles are cast to uint64
-    in the hot loops: for a signed index Numba adds a negative-index wraparound (a compare and
-    a select per index, per load), which the compiler cannot drop here and which had made a
-    staged element cost ~40 instructions instead of ~10.
+    Every staged tile is as in global memory, x_tile[r, d] = x[row0 + r, d]: one copy of each of
+    q, k, v, dout serves both products that use it.
+      scores_product  S += X Y^T, the sum over d. Both tiles are read along d, 4 d at a time:
+                      per 4 d, TM + TN 16-byte loads feed 4*TM*TN fused multiply-adds, the
+                      count of an SGEMM whose operands are k-major. The score columns are
+                      strided (tx + j*THREADS_N) so that the 8 threads of a 16-byte access
+                      phase read 8 consecutive rows of Y: 8 different bank groups (padded).
+      exchange        the thread's TM x TN values (P, dS) into a shared tile e[c, r],
+                      transposed, 4 rows r per 16-byte store.
+      output_product  O += E^T Y, the sum over the COLS columns: e[c, r] and y_tile[c, d] are
+                      both k-major (c the outer index), so per c, TM/4 + TD/4 16-byte loads
+                      feed TM * TD multiply-adds: the SGEMM's outer product.
+    Every tile's row length is padded(n): 16-byte aligned rows, no bank conflicts.
     """
     THREADS_M = ROWS // TM
     THREADS_N = COLS // TN
     TD = D // THREADS_N
     THREADS = THREADS_M * THREADS_N
     assert ROWS % TM == 0 and COLS % TN == 0 and D % THREADS_N == 0, (D, ROWS, COLS, TM, TN)
-    D_STEP = min(D, THREADS)            # staging: a pass of the block copies THREADS // D_STEP
-    R_STEP = THREADS // D_STEP          # rows, D_STEP of each row's D values per thread step
-    assert D % D_STEP == 0 and ROWS % R_STEP == 0 and COLS % R_STEP == 0, (D, ROWS, COLS, TM, TN)
+    assert TM % 4 == 0 and TD % 4 == 0, ("runs of 4 rows and head dimensions", D, TM, TD)
+    CHUNKS = D // 4                     # staging: 4-float chunks in a row of D; a pass of the
+    C_STEP = min(CHUNKS, THREADS)       # block copies R_STEP rows, C_STEP chunks of each row
+    R_STEP = THREADS // C_STEP          # per thread step
+    assert CHUNKS % C_STEP == 0 and ROWS % R_STEP == 0 and COLS % R_STEP == 0, (D, ROWS, COLS)
+    # steps of the reduction per loop trip, a body small enough for the compiler to unroll
+    D_UNROLL = math.gcd(D // 4, 2)
+    C_UNROLL = math.gcd(COLS, 4 if TM * TD <= 16 else 2)
 
     @cuda.jit(device=True, inline="always")
     def thread_position():
@@ -187,64 +203,108 @@ def tile_functions(D, ROWS, COLS, TM, TN):
         return cuda.threadIdx.x // THREADS_N, cuda.threadIdx.x % THREADS_N
 
     @cuda.jit(device=True, inline="always")
+    def row_of(ty, i):
+        # the tile row of this thread's i-th row (of TM): runs of 4, THREADS_M runs apart
+        return (i // 4) * (4 * THREADS_M) + ty * 4 + i % 4
+
+    @cuda.jit(device=True, inline="always")
+    def dim_of(tx, j):
+        # the head dimension of this thread's j-th output column (of TD): runs of 4 likewise
+        return (j // 4) * (4 * THREADS_N) + tx * 4 + j % 4
+
+    @cuda.jit(device=True, inline="always")
     def stage(tile, x, row0, n_rows, T, scale):
-        # tile[d, r] = x[row0 + r, d] * scale for r < n_rows (x: one head's [T, D]), zeros past
-        # T: transposed, so that a product reads one d of many rows as consecutive words.
-        # Consecutive threads take consecutive d (coalesced global loads); the row length of a
-        # tile (n_rows + 1) is odd, so their stores, a row length apart, hit different banks.
-        # Thread t copies d = t % D_STEP + s*D_STEP of rows t // D_STEP + r*R_STEP.
-        d_first = uint64(cuda.threadIdx.x % D_STEP)
-        r_first = uint64(cuda.threadIdx.x // D_STEP)
-        for r in range(n_rows // R_STEP):
-            tile_row = r_first + uint64(r * R_STEP)
-            row = uint64(row0) + tile_row
+        # tile[r, d] = x[row0 + r, d] * scale for r < n_rows (x: one head's [T, D]), zeros past T,
+        # in 4-float chunks: four 4-byte loads from global memory (no alignment asked of x), one
+        # 16-byte store. Consecutive threads take consecutive chunks of a row: thread t copies
+        # chunks t % C_STEP + s*C_STEP of rows t // C_STEP + n*R_STEP. Indices are uint64: for
+        # a signed index Numba adds a negative-index wraparound (a compare and a select per
+        # index), which the compiler cannot drop here.
+        d_first = uint64(cuda.threadIdx.x % C_STEP * 4)
+        r_first = uint64(cuda.threadIdx.x // C_STEP)
+        for n in range(n_rows // R_STEP):
+            r = r_first + uint64(n * R_STEP)
+            row = uint64(row0) + r
             inside = row < uint64(T)
-            for s in range(D // D_STEP):
-                d = d_first + uint64(s * D_STEP)
-                tile[d, tile_row] = x[row, d] * scale if inside else float32(0.0)
+            for step in range(CHUNKS // C_STEP):
+                d = d_first + uint64(step * C_STEP * 4)
+                if inside:
+                    store4(tile, (r, d), x[row, d] * scale, x[row, d + uint64(1)] * scale,
+                           x[row, d + uint64(2)] * scale, x[row, d + uint64(3)] * scale)
+                else:
+                    zero = float32(0.0)
+                    store4(tile, (r, d), zero, zero, zero, zero)
 
-    def register_product(TB, K, b_by_column):
-        # k steps per loop trip, a body small enough for the compiler to unroll
-        UNROLL = math.gcd(K, 4 if TM * TB <= 16 else 2)
+    @cuda.jit(device=True, inline="always")
+    def scores_product(acc, x, y):
+        # acc[TM, TN] += sum_d x[row_of(ty, i), d] y[tx + j*THREADS_N, d] over d < D, 4 d per
+        # 16-byte load: per 4 d, TM + TN loads feed 4 * TM * TN fused multiply-adds
+        # (y's 4 x TN values are held while x's rows stream through, 4 values at a time)
+        ty, tx = thread_position()
+        y_frag = cuda.local.array((TN, 4), float32)
+        for d0 in range(0, D, 4 * D_UNROLL):
+            for step in range(D_UNROLL):
+                d = d0 + step * 4
+                for j in range(TN):
+                    y4 = load4(y, (tx + j * THREADS_N, d))
+                    for u in range(4):
+                        y_frag[j, u] = y4[u]
+                for i in range(TM):
+                    x4 = load4(x, (row_of(ty, i), d))
+                    for u in range(4):
+                        for j in range(TN):
+                            acc[i, j] += x4[u] * y_frag[j, u]
 
-        @cuda.jit(device=True, inline="always")
-        def product(acc, a, b):
-            # acc[TM, TB] += sum_k a[k, row] * b[k, col] (b[col, k] if b_by_column) over k < K,
-            # for this thread's rows ty + i*THREADS_M and columns tx + j*THREADS_N: per k, TM + TB
-            # shared-memory loads feed TM * TB fused multiply-adds, as in a register-blocked SGEMM
-            ty, tx = thread_position()
-            a_frag = cuda.local.array(TM, float32)
-            b_frag = cuda.local.array(TB, float32)
-            for k0 in range(0, K, UNROLL):
-                for u in range(UNROLL):
-                    k = uint64(k0 + u)
-                    for i in range(TM):
-                        a_frag[i] = a[k, uint64(ty + i * THREADS_M)]
-                    for j in range(TB):
-                        col = uint64(tx + j * THREADS_N)
-                        b_frag[j] = b[col, k] if b_by_column else b[k, col]
-                    for i in range(TM):
-                        for j in range(TB):
-                            acc[i, j] += a_frag[i] * b_frag[j]
-        return product
+    @cuda.jit(device=True, inline="always")
+    def exchange(tile, values):
+        # tile[tx + j*THREADS_N, row_of(ty, i)] = values[i, j]: this thread's TM x TN values into
+        # a shared tile, transposed (column-major), so output_product reads it along r. One
+        # 16-byte store per run of 4 rows; the 8 threads of an access phase write 8 consecutive
+        # rows of the tile, 8 different bank groups
+        ty, tx = thread_position()
+        for j in range(TN):
+            c = tx + j * THREADS_N
+            for a in range(TM // 4):
+                store4(tile, (c, row_of(ty, 4 * a)), values[4 * a, j], values[4 * a + 1, j],
+                       values[4 * a + 2, j], values[4 * a + 3, j])
 
-    # scores: S[TM, TN] += sum_d x_t[d, row] y_t[d, col] of two staged (transposed) tiles;
-    # outputs: O[TM, TD] += sum_c P[c, row] x_t[d, c], P an exchange tile the threads wrote
-    scores_product = register_product(TN, D, False)
-    output_product = register_product(TD, COLS, True)
-    return thread_position, stage, scores_product, output_product
+    @cuda.jit(device=True, inline="always")
+    def output_product(acc, e, y):
+        # acc[TM, TD] += sum_c e[c, row_of(ty, i)] y[c, dim_of(tx, j)] over c < COLS (e: an
+        # exchange tile, y a staged tile [COLS, D]): per c, TM/4 + TD/4 16-byte loads feed
+        # TM * TD fused multiply-adds, as in the blocked SGEMM
+        ty, tx = thread_position()
+        e_frag = cuda.local.array(TM, float32)
+        y_frag = cuda.local.array(TD, float32)
+        for c0 in range(0, COLS, C_UNROLL):
+            for step in range(C_UNROLL):
+                c = c0 + step
+                for a in range(TM // 4):
+                    e4 = load4(e, (c, row_of(ty, 4 * a)))
+                    for u in range(4):
+                        e_frag[4 * a + u] = e4[u]
+                for a in range(TD // 4):
+                    y4 = load4(y, (c, dim_of(tx, 4 * a)))
+                    for u in range(4):
+                        y_frag[4 * a + u] = y4[u]
+                for i in range(TM):
+                    for j in range(TD):
+                        acc[i, j] += e_frag[i] * y_frag[j]
+
+    return (thread_position, row_of, dim_of, stage, scores_product, exchange,
+            output_product)
 
 
 def make_recompute(scores_product, TM, TN):
     """What both backward kernels recompute for each pair of tiles: s = x y^T, dp = u w^T."""
     @cuda.jit(device=True, inline="always")
-    def recompute(s, x_t, y_t, dp, u_t, w_t):
+    def recompute(s, x, y, dp, u, w):
         for i in range(TM):
             for j in range(TN):
                 s[i, j] = float32(0.0)
                 dp[i, j] = float32(0.0)
-        scores_product(s, x_t, y_t)
-        scores_product(dp, u_t, w_t)
+        scores_product(s, x, y)
+        scores_product(dp, u, w)
     return recompute
 
 
@@ -262,11 +322,18 @@ def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None):
 
 
 def tile_constants(D, ROWS, COLS, TM, TN):
-    """THREADS_M, THREADS_N, TD as in tile_functions; the row length of an exchange tile
-    [COLS, ...]; the (odd) row lengths of staged tiles of ROWS and of COLS rows."""
+    """THREADS_M, THREADS_N, TD as in tile_functions; the row lengths of a staged tile [n, D]
+    and of an exchange tile [COLS, ROWS]."""
     THREADS_N = COLS // TN
-    return ROWS // TM, THREADS_N, D // THREADS_N, exchange_row_length(ROWS, THREADS_N), \
-        ROWS + 1, COLS + 1
+    return ROWS // TM, THREADS_N, D // THREADS_N, padded(D), padded(ROWS)
+
+
+def padded(n):
+    """Row length of a shared tile whose rows hold n floats (n a multiple of 4), accessed 16
+    bytes at a time: a multiple of 4 (rows stay 16-byte aligned) whose quarter is odd. A 16-byte
+    access is served 8 threads at a time, and 8 threads that touch 8 consecutive rows at the
+    same column then hit the 8 different groups of 4 banks."""
+    return n + 4 if n % 8 == 0 else n
 
 
 def with_shape(kernel, threads, rows, blocks_per_sm):
@@ -285,16 +352,10 @@ def launch_bounds(threads, blocks_per_sm):
     return dict(launch_bounds=(threads, blocks_per_sm)) if blocks_per_sm and not SIMULATOR else {}
 
 
-def exchange_row_length(ROWS, THREADS_N):
-    """Row length of an exchange tile P[COLS, ROWS + pad], written at [tx + j*THREADS_N, ty + ...]:
-    a warp holds THREADS_N values of tx and 32/THREADS_N of ty, and a row length of 32/THREADS_N
-    (mod 32) puts the 32 stores in 32 different banks."""
-    return ROWS + max(1, 32 // THREADS_N)
-
-
 def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
-    thread_position, stage, scores_product, output_product = tile_functions(D, ROWS, COLS, TM, TN)
-    THREADS_M, THREADS_N, TD, P_ROW, Q_ROW, K_ROW = tile_constants(D, ROWS, COLS, TM, TN)
+    (thread_position, row_of, dim_of, stage, scores_product, exchange,
+     output_product) = tile_functions(D, ROWS, COLS, TM, TN)
+    THREADS_M, THREADS_N, TD, D_ROW, P_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
     def attention_forward_kernel(out, lse, q, k, v, scale, seed, site, threshold, keep,
@@ -305,9 +366,9 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
         #   m_new = max(m, rowmax S), P = exp(S - m_new)          (online softmax)
         #   O = O exp(m - m_new) + (P*G) V   [ROWS, D], each thread TM x TD of it
         # and at the end out = O / l, lse = m + log l, l the running sum of P (before dropout).
-        q_t = cuda.shared.array((D, Q_ROW), float32)        # q_t[d, r] = q[row_base+r, d]/sqrt(D)
-        k_t = cuda.shared.array((D, K_ROW), float32)        # k_t[d, c] = k[j0 + c, d]
-        v_t = cuda.shared.array((D, K_ROW), float32)        # v_t[d, c] = v[j0 + c, d]
+        q_tile = cuda.shared.array((ROWS, D_ROW), float32)  # q_tile[r, d] = q[row_base+r, d]/sqrt(D)
+        k_tile = cuda.shared.array((COLS, D_ROW), float32)  # k_tile[c, d] = k[j0 + c, d]
+        v_tile = cuda.shared.array((COLS, D_ROW), float32)  # v_tile[c, d] = v[j0 + c, d]
         p_t = cuda.shared.array((COLS, P_ROW), float32)     # p_t[c, r] = P[r, c] G[r, c]
         partial = cuda.shared.array((ROWS, THREADS_N), float32)  # per-thread row max, row sum
         s = cuda.local.array((TM, TN), float32)
@@ -318,7 +379,7 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
         b, h, row_start, row_end = block_rows(H, T, rows_per_block, True)
         ty, tx = thread_position()
         for row_base in range(row_start, row_end, ROWS):
-            stage(q_t, q[b, h], row_base, ROWS, T, scale)
+            stage(q_tile, q[b, h], row_base, ROWS, T, scale)
             for i in range(TM):
                 m[i] = NEG_INF
                 l[i] = float32(0.0)
@@ -326,24 +387,24 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
                     o[i, j] = float32(0.0)
             keys_end = min(row_end, row_base + ROWS)         # the last row here sees keys < this
             for j0 in range(0, keys_end, COLS):
-                stage(k_t, k[b, h], j0, COLS, T, float32(1.0))
-                stage(v_t, v[b, h], j0, COLS, T, float32(1.0))
+                stage(k_tile, k[b, h], j0, COLS, T, float32(1.0))
+                stage(v_tile, v[b, h], j0, COLS, T, float32(1.0))
                 cuda.syncthreads()
                 for i in range(TM):
                     for j in range(TN):
                         s[i, j] = float32(0.0)
-                scores_product(s, q_t, k_t)
+                scores_product(s, q_tile, k_tile)
                 for i in range(TM):                          # causal mask, this thread's row max
-                    row = row_base + ty + i * THREADS_M
+                    row = row_base + row_of(ty, i)
                     row_max = NEG_INF
                     for j in range(TN):
                         if j0 + tx + j * THREADS_N > row:
                             s[i, j] = NEG_INF
                         row_max = max(row_max, s[i, j])
-                    partial[ty + i * THREADS_M, tx] = row_max
+                    partial[row_of(ty, i), tx] = row_max
                 cuda.syncthreads()
                 for i in range(TM):
-                    r = ty + i * THREADS_M
+                    r = row_of(ty, i)
                     m_new = m[i]                             # finite after the first key tile:
                     for t in range(THREADS_N):               # key j0 = 0 is never masked
                         m_new = max(m_new, partial[r, t])
@@ -352,25 +413,20 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
                     l[i] *= correction
                     for j in range(TD):
                         o[i, j] *= correction
-                    for j in range(TN):
+                    for j in range(TN):                      # s becomes P G
                         p = fast_exp(s[i, j] - m_new)        # exp(-inf) = 0 for masked keys
                         l[i] += p                            # the normaliser: before dropout
-                        p_t[tx + j * THREADS_N, r] = p
-                if threshold != 0:                           # G on this thread's own P entries
-                    for i in range(TM):
-                        r = ty + i * THREADS_M
-                        for j in range(TN):
-                            c = tx + j * THREADS_N
-                            p_t[c, r] *= dropout_factor(seed, site, threshold, keep, b, h,
-                                                        row_base + r, j0 + c, H, T)
+                        s[i, j] = p * dropout_factor(seed, site, threshold, keep, b, h,
+                                                     row_base + r, j0 + tx + j * THREADS_N, H, T)
+                exchange(p_t, s)
                 cuda.syncthreads()
-                output_product(o, p_t, v_t)
+                output_product(o, p_t, v_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
             for i in range(TM):                              # l: the sum of the THREADS_N parts
-                partial[ty + i * THREADS_M, tx] = l[i]
+                partial[row_of(ty, i), tx] = l[i]
             cuda.syncthreads()
             for i in range(TM):
-                r = ty + i * THREADS_M
+                r = row_of(ty, i)
                 row_sum = float32(0.0)
                 for t in range(THREADS_N):
                     row_sum += partial[r, t]
@@ -378,18 +434,19 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
                 if row < row_end:
                     inv_l = float32(1.0) / row_sum
                     for j in range(TD):
-                        out[b, h, row, tx + j * THREADS_N] = o[i, j] * inv_l
+                        out[b, h, row, dim_of(tx, j)] = o[i, j] * inv_l
                     if tx == 0:
                         lse[b, h, row] = m[i] + math.log(row_sum)
-            cuda.syncthreads()                               # before q_t, partial are reused
+            cuda.syncthreads()                               # before q_tile, partial are reused
 
     return with_shape(attention_forward_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
 
 def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
-    thread_position, stage, scores_product, output_product = tile_functions(D, ROWS, COLS, TM, TN)
+    (thread_position, row_of, dim_of, stage, scores_product, exchange,
+     output_product) = tile_functions(D, ROWS, COLS, TM, TN)
     recompute = make_recompute(scores_product, TM, TN)
-    THREADS_M, THREADS_N, TD, X_ROW, R_ROW, C_ROW = tile_constants(D, ROWS, COLS, TM, TN)
+    THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
     def attention_dq_kernel(dq, dout, q, k, v, lse, delta, scale, seed, site, threshold, keep,
@@ -399,10 +456,10 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
         #   S = Q K^T / sqrt(D), dP = dout V^T     [ROWS, COLS], TM x TN of each per thread
         #   dS = P (G dP - delta), P = exp(S - lse)
         #   acc += dS K                            [ROWS, D], TM x TD per thread
-        q_t = cuda.shared.array((D, R_ROW), float32)        # q_t[d, r] = q[row_base+r, d]/sqrt(D)
-        dout_t = cuda.shared.array((D, R_ROW), float32)     # dout_t[d, r] = dout[row_base+r, d]
-        k_t = cuda.shared.array((D, C_ROW), float32)        # k_t[d, c] = k[j0 + c, d]
-        v_t = cuda.shared.array((D, C_ROW), float32)        # v_t[d, c] = v[j0 + c, d]
+        q_tile = cuda.shared.array((ROWS, D_ROW), float32)  # q_tile[r, d] = q[row_base+r, d]/sqrt(D)
+        dout_tile = cuda.shared.array((ROWS, D_ROW), float32)   # dout[row_base + r, d]
+        k_tile = cuda.shared.array((COLS, D_ROW), float32)  # k_tile[c, d] = k[j0 + c, d]
+        v_tile = cuda.shared.array((COLS, D_ROW), float32)  # v_tile[c, d] = v[j0 + c, d]
         ds_t = cuda.shared.array((COLS, X_ROW), float32)    # ds_t[c, r] = dS[r, c]
         s = cuda.local.array((TM, TN), float32)
         dp = cuda.local.array((TM, TN), float32)
@@ -413,37 +470,38 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
         b, h, row_start, row_end = block_rows(H, T, rows_per_block, True)
         ty, tx = thread_position()
         for row_base in range(row_start, row_end, ROWS):
-            stage(q_t, q[b, h], row_base, ROWS, T, scale)
-            stage(dout_t, dout[b, h], row_base, ROWS, T, float32(1.0))
+            stage(q_tile, q[b, h], row_base, ROWS, T, scale)
+            stage(dout_tile, dout[b, h], row_base, ROWS, T, float32(1.0))
             for i in range(TM):
-                row = row_base + ty + i * THREADS_M
+                row = row_base + row_of(ty, i)
                 row_lse[i] = lse[b, h, row] if row < T else float32(0.0)
                 row_delta[i] = delta[b, h, row] if row < T else float32(0.0)
                 for j in range(TD):
                     acc[i, j] = float32(0.0)
             keys_end = min(row_end, row_base + ROWS)
             for j0 in range(0, keys_end, COLS):
-                stage(k_t, k[b, h], j0, COLS, T, float32(1.0))
-                stage(v_t, v[b, h], j0, COLS, T, float32(1.0))
+                stage(k_tile, k[b, h], j0, COLS, T, float32(1.0))
+                stage(v_tile, v[b, h], j0, COLS, T, float32(1.0))
                 cuda.syncthreads()
-                recompute(s, q_t, k_t, dp, dout_t, v_t)     # S = Q K^T, dP = dout V^T
-                for i in range(TM):
-                    row = row_base + ty + i * THREADS_M
+                recompute(s, q_tile, k_tile, dp, dout_tile, v_tile)  # S = Q K^T, dP = dout V^T
+                for i in range(TM):                          # dp becomes dS
+                    row = row_base + row_of(ty, i)
                     for j in range(TN):
                         col = j0 + tx + j * THREADS_N
                         ds = float32(0.0)
                         if col <= row:
                             g = dropout_factor(seed, site, threshold, keep, b, h, row, col, H, T)
                             ds = fast_exp(s[i, j] - row_lse[i]) * (g * dp[i, j] - row_delta[i])
-                        ds_t[tx + j * THREADS_N, ty + i * THREADS_M] = ds
+                        dp[i, j] = ds
+                exchange(ds_t, dp)
                 cuda.syncthreads()
-                output_product(acc, ds_t, k_t)
+                output_product(acc, ds_t, k_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
             for i in range(TM):
-                row = row_base + ty + i * THREADS_M
+                row = row_base + row_of(ty, i)
                 if row < row_end:
                     for j in range(TD):
-                        d = tx + j * THREADS_N
+                        d = dim_of(tx, j)
                         value = acc[i, j] * scale
                         if accumulate:
                             value += dq[b, h, row, d]
@@ -453,9 +511,10 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
 
 
 def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
-    thread_position, stage, scores_product, output_product = tile_functions(D, ROWS, COLS, TM, TN)
+    (thread_position, row_of, dim_of, stage, scores_product, exchange,
+     output_product) = tile_functions(D, ROWS, COLS, TM, TN)
     recompute = make_recompute(scores_product, TM, TN)
-    THREADS_M, THREADS_N, TD, X_ROW, R_ROW, C_ROW = tile_constants(D, ROWS, COLS, TM, TN)
+    THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
     def attention_dkdv_kernel(dk, dv, dout, q, k, v, lse, delta, scale, seed, site, threshold,
@@ -465,59 +524,62 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
         # diagonal on,
         #   S^T = K Q^T / sqrt(D), dP^T = V dout^T   [ROWS, COLS], TM x TN of each per thread
         #   dv_acc += (P G)^T dout,  dk_acc += dS^T Q / sqrt(D)   [ROWS, D], TM x TD each
-        k_t = cuda.shared.array((D, R_ROW), float32)        # k_t[d, r] = k[key_base + r, d]
-        v_t = cuda.shared.array((D, R_ROW), float32)        # v_t[d, r] = v[key_base + r, d]
-        q_t = cuda.shared.array((D, C_ROW), float32)        # q_t[d, c] = q[i0 + c, d] / sqrt(D)
-        dout_t = cuda.shared.array((D, C_ROW), float32)     # dout_t[d, c] = dout[i0 + c, d]
+        k_tile = cuda.shared.array((ROWS, D_ROW), float32)  # k_tile[r, d] = k[key_base + r, d]
+        v_tile = cuda.shared.array((ROWS, D_ROW), float32)  # v_tile[r, d] = v[key_base + r, d]
+        q_tile = cuda.shared.array((COLS, D_ROW), float32)  # q_tile[c, d] = q[i0 + c, d]/sqrt(D)
+        dout_tile = cuda.shared.array((COLS, D_ROW), float32)   # dout[i0 + c, d]
         pg_t = cuda.shared.array((COLS, X_ROW), float32)    # pg_t[c, r] = (P G)[i0+c, key_base+r]
         ds_t = cuda.shared.array((COLS, X_ROW), float32)    # ds_t[c, r] = dS[i0+c, key_base+r]
+        lse_tile = cuda.shared.array(COLS, float32)         # lse[i0 + c], delta[i0 + c] (not in
+        delta_tile = cuda.shared.array(COLS, float32)       # registers: live through the products)
         s = cuda.local.array((TM, TN), float32)
         dp = cuda.local.array((TM, TN), float32)
         dk_acc = cuda.local.array((TM, TD), float32)
         dv_acc = cuda.local.array((TM, TD), float32)
-        col_lse = cuda.local.array(TN, float32)
-        col_delta = cuda.local.array(TN, float32)
         B, H, T, _ = q.shape
         b, h, row_start, row_end = block_rows(H, T, rows_per_block, False)
         ty, tx = thread_position()
         for key_base in range(row_start, row_end, ROWS):
-            stage(k_t, k[b, h], key_base, ROWS, T, float32(1.0))
-            stage(v_t, v[b, h], key_base, ROWS, T, float32(1.0))
+            stage(k_tile, k[b, h], key_base, ROWS, T, float32(1.0))
+            stage(v_tile, v[b, h], key_base, ROWS, T, float32(1.0))
             for i in range(TM):
                 for j in range(TD):
                     dk_acc[i, j] = float32(0.0)
                     dv_acc[i, j] = float32(0.0)
             for i0 in range(key_base, T, COLS):              # queries i >= key_base only
-                stage(q_t, q[b, h], i0, COLS, T, scale)      # (scaled: dk needs the 1/sqrt(D) too)
-                stage(dout_t, dout[b, h], i0, COLS, T, float32(1.0))
-                for j in range(TN):
-                    query = i0 + tx + j * THREADS_N
-                    col_lse[j] = lse[b, h, query] if query < T else float32(0.0)
-                    col_delta[j] = delta[b, h, query] if query < T else float32(0.0)
+                stage(q_tile, q[b, h], i0, COLS, T, scale)   # (scaled: dk needs the 1/sqrt(D) too)
+                stage(dout_tile, dout[b, h], i0, COLS, T, float32(1.0))
+                for c in range(cuda.threadIdx.x, COLS, THREADS_M * THREADS_N):
+                    query = i0 + c
+                    lse_tile[c] = lse[b, h, query] if query < T else float32(0.0)
+                    delta_tile[c] = delta[b, h, query] if query < T else float32(0.0)
                 cuda.syncthreads()
-                recompute(s, k_t, q_t, dp, v_t, dout_t)     # S^T = K Q^T, dP^T = V dout^T
-                for i in range(TM):
-                    key = key_base + ty + i * THREADS_M
+                recompute(s, k_tile, q_tile, dp, v_tile, dout_tile)  # S^T = K Q^T, dP^T = V dout^T
+                for i in range(TM):                          # s becomes (P G)^T, dp dS^T
+                    key = key_base + row_of(ty, i)
                     for j in range(TN):
                         query = i0 + tx + j * THREADS_N
                         pg = float32(0.0)
                         ds = float32(0.0)
                         if key <= query and query < T:
-                            p = fast_exp(s[i, j] - col_lse[j])
+                            c = tx + j * THREADS_N
+                            p = fast_exp(s[i, j] - lse_tile[c])
                             g = dropout_factor(seed, site, threshold, keep, b, h, query, key, H, T)
-                            ds = p * (g * dp[i, j] - col_delta[j])
+                            ds = p * (g * dp[i, j] - delta_tile[c])
                             pg = p * g
-                        pg_t[tx + j * THREADS_N, ty + i * THREADS_M] = pg
-                        ds_t[tx + j * THREADS_N, ty + i * THREADS_M] = ds
+                        s[i, j] = pg
+                        dp[i, j] = ds
+                exchange(pg_t, s)
+                exchange(ds_t, dp)
                 cuda.syncthreads()
-                output_product(dv_acc, pg_t, dout_t)
-                output_product(dk_acc, ds_t, q_t)
+                output_product(dv_acc, pg_t, dout_tile)
+                output_product(dk_acc, ds_t, q_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
             for i in range(TM):
-                key = key_base + ty + i * THREADS_M
+                key = key_base + row_of(ty, i)
                 if key < row_end:
                     for j in range(TD):
-                        d = tx + j * THREADS_N
+                        d = dim_of(tx, j)
                         dk_value = dk_acc[i, j]
                         dv_value = dv_acc[i, j]
                         if accumulate:
@@ -547,13 +609,15 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 
 # The fast kernels' tiles per head size: (forward, dq, dk/dv), each (ROWS, COLS, TM, TN[,
 # blocks_per_sm]) as in tile_functions, picked by timing variants on the H200 (2026-11-29).
-# A block's shared memory is at most 48 KB (more needs an opt-in Numba does not expose): 44 KB
-# for the forward at D=64 (q 64x65, k and v 64x33, P 32x68 floats), 43 KB for dk/dv (k, v, q,
-# dout 64x33 each, P G and dS 32x36). In the simulator the tiles are tiny and unequal (4 x 2,
-# 2 x 4), so T=7 already crosses several tiles of each kind.
+# A block's shared memory is at most 48 KB (more needs an opt-in Numba does not expose): 44.5
+# KB for the forward at D=64 (q 64x68, k, v and P 32x68 floats, the row partials 64x8), 43 KB
+# for dk/dv (k, v, q, dout 32x68 each, P G and dS 32x36). TM must be a multiple of 4 (runs of
+# rows), and so must TD = D / (COLS/TN). In the simulator the tiles are tiny and unequal (ROWS x
+# COLS = 4 x 2, 8 x 4, 4 x 4; 1 x 2, 1 x 2 and 1 x 4 threads, the dq tile two runs of rows), so
+# T=7 crosses several tiles of most kinds.
 GPU_TILES = {64: ((64, 32, 4, 4), (32, 16, 4, 2), (32, 32, 4, 4, 6)),
              32: ((64, 32, 4, 4), (64, 32, 4, 4), (32, 32, 4, 4, 6))}
-SIMULATOR_TILES = {D: ((4, 2, 2, 1), (2, 4, 1, 2), (2, 4, 1, 2)) for D in FAST_HEAD_SIZES}
+SIMULATOR_TILES = {D: ((4, 2, 4, 1), (8, 4, 8, 2), (4, 4, 4, 1)) for D in FAST_HEAD_SIZES}
 TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 _fast_kernels = {}
 

@@ -318,11 +318,13 @@ _blocked_kernels = {}
 def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None):
     """The blocked kernel for these transposes, these (vector_a, vector_b, vector_out) and tile
     parameters (make_blocked_matmul_kernel's keyword arguments; None = the defaults)."""
-    # The 16-byte-output kernels fit 2 blocks per multiprocessor on their own (~126 registers)
-    # and run 15-20% faster without launch bounds; the 4-byte-output ones need ~140 and run
-    # faster capped at 128 (H200, 2026-11-29: docs/perf.md, v3).
+    # Launch bounds of 2 blocks per multiprocessor (at most 128 registers a thread) where they
+    # pay: the plain product (NN) fits in 128 registers unbounded and runs 5% slower bounded;
+    # the transposed ones need 139-143 and run 11-14% faster bounded, and so do the 4-byte
+    # kernels (H200, 2026-11-29: docs/perf.md, v4).
     tiles = dict(tiles or {})
-    tiles.setdefault("blocks_per_sm", 1 if vectors[2] else 2)
+    plain = not transpose_a and not transpose_b and all(vectors)
+    tiles.setdefault("blocks_per_sm", 1 if plain else 2)
     key = (transpose_a, transpose_b, vectors, tuple(sorted(tiles.items())))
     if key not in _blocked_kernels:
         _blocked_kernels[key] = make_blocked_matmul_kernel(transpose_a, transpose_b, *vectors,
