@@ -252,7 +252,7 @@ def test_residual_layernorm(rng, N, C):
 def test_gelu(rng, shape, vector, accumulate):
     x = 3 * rng.standard_normal(shape)
     out = poisoned(x.shape)
-    assert gelu.vectorizable(out.reshape(out.size)) == vector
+    assert elementwise.vectorizable(out.reshape(out.size)) == vector
     gelu.gelu_forward(out, device(x))
     want = np.empty(x.shape)
     gelu.gelu_forward_numpy(want, x)
@@ -289,9 +289,11 @@ def test_gelu_accuracy_element_by_element(n):
     assert backward_error.max() < 4, f"gelu': {backward_error.max()} at {x[backward_error.argmax()]}"
 
 
-def test_elementwise(rng):
-    a, b = rng.standard_normal((5, 9)), rng.standard_normal((5, 9))
+@pytest.mark.parametrize("shape,vector", [((6, 8), True), ((5, 9), False)])
+def test_elementwise(rng, shape, vector):
+    a, b = rng.standard_normal(shape), rng.standard_normal(shape)
     out = poisoned(a.shape)
+    assert elementwise.vectorizable(out.reshape(out.size)) == vector
     elementwise.add(out, device(a), device(b))
     assert relative_error(out.copy_to_host(), a + b) < TOLERANCE
     elementwise.add_into(out, device(a), accumulate=True)
@@ -302,9 +304,10 @@ def test_elementwise(rng):
     assert np.all(out.copy_to_host() == 0.25)
 
 
+@pytest.mark.parametrize("shape", [(ROWS, WIDTH), (5, 9)])      # 4-wide and one-element kernels
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_dropout_matches_numpy_bit_for_bit(rng, accumulate):
-    x = rng.standard_normal((ROWS, WIDTH)).astype(np.float32)
+def test_dropout_matches_numpy_bit_for_bit(rng, shape, accumulate):
+    x = rng.standard_normal(shape).astype(np.float32)
     seed = np.array([987654321], dtype=np.int64)
     out = poisoned(x.shape)
     dropout.dropout_forward(out, device(x), 0.25, device(seed, np.int64), 3)

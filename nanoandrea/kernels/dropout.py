@@ -9,12 +9,16 @@ three numbers, a given seed always drops the same elements, and the GPU and NumP
 agree bit for bit (they run the same integer hash). The hash is Chris Wellons' "lowbias32"
 32-bit mixer, applied three times; it is written once in plain Python (`mix32`) and compiled
 for the GPU from that same source.
+
+As in elementwise.py, a 4-wide kernel (16-byte loads and stores) runs when the arrays allow
+it, and a one-element kernel otherwise.
 """
 import numpy as np
 from numba import cuda, float32
 
-from .elementwise import flat
-from .launch import check, check_float32, elementwise_grid, launch
+from .elementwise import flat, pick
+from .launch import check, check_float32, launch
+from .vector import load4, store4
 
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9
@@ -50,6 +54,18 @@ def dropout_forward_kernel(out, x, seed, site, threshold, scale):
 
 
 @cuda.jit
+def dropout_forward4_kernel(out, x, seed, site, threshold, scale):
+    # out[n] = x[n] * keep(n) / (1 - p), 4 elements per thread and step
+    s = seed[0]
+    for i in range(4 * cuda.grid(1), x.size, 4 * cuda.gridsize(1)):
+        x0, x1, x2, x3 = load4(x, (i,))
+        store4(out, (i,), x0 * keep_scale(s, site, i, threshold, scale),
+               x1 * keep_scale(s, site, i + 1, threshold, scale),
+               x2 * keep_scale(s, site, i + 2, threshold, scale),
+               x3 * keep_scale(s, site, i + 3, threshold, scale))
+
+
+@cuda.jit
 def dropout_backward_kernel(dx, dout, seed, site, threshold, scale, accumulate):
     # dx[n] (+)= dout[n] * keep(n) / (1 - p): the same mask, recomputed
     for i in range(cuda.grid(1), dout.size, cuda.gridsize(1)):
@@ -57,6 +73,22 @@ def dropout_backward_kernel(dx, dout, seed, site, threshold, scale, accumulate):
         if accumulate:
             value += dx[i]
         dx[i] = value
+
+
+@cuda.jit
+def dropout_backward4_kernel(dx, dout, seed, site, threshold, scale, accumulate):
+    # dx[n] (+)= dout[n] * keep(n) / (1 - p), 4 elements per thread and step
+    s = seed[0]
+    for i in range(4 * cuda.grid(1), dout.size, 4 * cuda.gridsize(1)):
+        d0, d1, d2, d3 = load4(dout, (i,))
+        d0 *= keep_scale(s, site, i, threshold, scale)
+        d1 *= keep_scale(s, site, i + 1, threshold, scale)
+        d2 *= keep_scale(s, site, i + 2, threshold, scale)
+        d3 *= keep_scale(s, site, i + 3, threshold, scale)
+        if accumulate:
+            p0, p1, p2, p3 = load4(dx, (i,))
+            d0, d1, d2, d3 = d0 + p0, d1 + p1, d2 + p2, d3 + p3
+        store4(dx, (i,), d0, d1, d2, d3)
 
 
 def dropout_constants(p):
@@ -69,7 +101,7 @@ def dropout_forward(out, x, p, seed, site):
     check_float32(out=out, x=x)
     out, x = flat("dropout", out, x)
     threshold, scale = dropout_constants(p)
-    launch(dropout_forward_kernel, *elementwise_grid(x.size),
+    launch(*pick(dropout_forward_kernel, dropout_forward4_kernel, out, x),
            out, x, seed, np.int64(site), threshold, scale)
 
 
@@ -77,7 +109,7 @@ def dropout_backward(dx, dout, p, seed, site, accumulate=False):
     check_float32(dx=dx, dout=dout)
     dx, dout = flat("dropout backward", dx, dout)
     threshold, scale = dropout_constants(p)
-    launch(dropout_backward_kernel, *elementwise_grid(dout.size),
+    launch(*pick(dropout_backward_kernel, dropout_backward4_kernel, dx, dout),
            dx, dout, seed, np.int64(site), threshold, scale, accumulate)
 
 

@@ -22,14 +22,13 @@ def vectorizable(*arrays):
     return all(aligned16(a) for a in arrays)
 
 
-def elementwise_launch(kernel, kernel4, n, *args):
-    """Launch kernel4 over n/4 groups of 4 elements when every array in args is vectorizable,
-    else kernel over n elements; both grid-stride loops (launch.elementwise_grid)."""
-    arrays = [a for a in args if hasattr(a, "shape")]
+def pick(kernel, kernel4, *arrays):
+    """(kernel, blocks, threads) for a grid-stride loop over flat arrays of n elements: kernel4
+    over n/4 groups of 4 when they are vectorizable, else kernel over the n elements."""
+    n = arrays[0].size
     if vectorizable(*arrays):
-        launch(kernel4, *elementwise_grid(n // 4), *args)
-    else:
-        launch(kernel, *elementwise_grid(n), *args)
+        return (kernel4, *elementwise_grid(n // 4))
+    return (kernel, *elementwise_grid(n))
 
 
 @cuda.jit
@@ -93,19 +92,19 @@ def flat(name, *arrays):
 def add(out, a, b):
     check_float32(out=out, a=a, b=b)
     out, a, b = flat("add", out, a, b)
-    elementwise_launch(add_kernel, add4_kernel, out.size, out, a, b)
+    launch(*pick(add_kernel, add4_kernel, out, a, b), out, a, b)
 
 
 def add_into(out, x, accumulate=False):
     check_float32(out=out, x=x)
     out, x = flat("add_into", out, x)
-    elementwise_launch(add_into_kernel, add_into4_kernel, out.size, out, x, accumulate)
+    launch(*pick(add_into_kernel, add_into4_kernel, out, x), out, x, accumulate)
 
 
 def fill(out, value):
     check_float32(out=out)
     out, = flat("fill", out)
-    elementwise_launch(fill_kernel, fill4_kernel, out.size, out, np.float32(value))
+    launch(*pick(fill_kernel, fill4_kernel, out), out, np.float32(value))
 
 
 def add_numpy(out, a, b):

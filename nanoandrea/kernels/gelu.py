@@ -15,16 +15,16 @@ both element by element against float64.
 The work is four bytes read and four written per element, so the kernels are bound by memory
 bandwidth: when every array is 16-byte aligned and the size a multiple of 4 (always so for
 [B,T,4C]), each thread moves 4 elements with one 16-byte load and store (vector.load4/store4);
-otherwise the one-element kernels run.
+otherwise the one-element kernels run (elementwise.pick chooses).
 """
 import math
 
 import numpy as np
 from numba import cuda, float32
 
-from .elementwise import flat
-from .launch import check_float32, elementwise_grid, launch
-from .vector import aligned16, load4, store4
+from .elementwise import flat, pick
+from .launch import check_float32, launch
+from .vector import load4, store4
 
 SQRT_2_OVER_PI = float32(math.sqrt(2.0 / math.pi))
 CUBIC = float32(0.044715)
@@ -95,27 +95,17 @@ def gelu_backward4_kernel(dx, dout, x, accumulate):
         store4(dx, (i,), g0, g1, g2, g3)
 
 
-def vectorizable(*arrays):
-    """True when the 4-wide kernels may run on these flat arrays."""
-    return all(aligned16(a) for a in arrays)
-
-
 def gelu_forward(out, x):
     check_float32(out=out, x=x)
     out, x = flat("gelu", out, x)
-    if vectorizable(out, x):
-        launch(gelu_forward4_kernel, *elementwise_grid(x.size // 4), out, x)
-    else:
-        launch(gelu_forward_kernel, *elementwise_grid(x.size), out, x)
+    launch(*pick(gelu_forward_kernel, gelu_forward4_kernel, out, x), out, x)
 
 
 def gelu_backward(dx, dout, x, accumulate=False):
     check_float32(dx=dx, dout=dout, x=x)
     dx, dout, x = flat("gelu backward", dx, dout, x)
-    if vectorizable(dx, dout, x):
-        launch(gelu_backward4_kernel, *elementwise_grid(x.size // 4), dx, dout, x, accumulate)
-    else:
-        launch(gelu_backward_kernel, *elementwise_grid(x.size), dx, dout, x, accumulate)
+    launch(*pick(gelu_backward_kernel, gelu_backward4_kernel, dx, dout, x), dx, dout, x,
+           accumulate)
 
 
 def sigmoid_parts_numpy(x):

@@ -30,7 +30,7 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 warnings.filterwarnings("ignore", category=NumbaPerformanceWarning)
 
 _stream = 0          # the stream every launch goes to; 0 is the default stream
-_profile = None      # while profiling: {kernel name: [launches, milliseconds]}
+_profile = None      # while profiling: [(kernel name, start event, end event)]
 
 
 def launch(kernel, grid, block, *args):
@@ -42,22 +42,27 @@ def launch(kernel, grid, block, *args):
     start.record(_stream)
     kernel[grid, block, _stream](*args)
     end.record(_stream)
-    end.synchronize()
-    name = getattr(getattr(kernel, "py_func", kernel), "__name__", str(kernel))
-    entry = _profile.setdefault(name, [0, 0.0])
-    entry[0] += 1
-    entry[1] += cuda.event_elapsed_time(start, end)
+    _profile.append((getattr(getattr(kernel, "py_func", kernel), "__name__", str(kernel)),
+                     start, end))
 
 
 @contextmanager
 def profile():
-    """Time every launch inside the block with CUDA events (each launch waits for the last):
-    yields {kernel name: [launches, milliseconds]}. For finding where a step's time goes."""
+    """Bracket every launch inside the block with CUDA events: yields {kernel name: [launches,
+    milliseconds]}, filled in when the block ends. Nothing waits for the launches, so if the
+    GPU is kept busy ahead of Python (queue a long kernel before the block), each pair of
+    events measures its kernel's GPU time alone, not the launch's Python time."""
     global _profile
-    _profile = {}
+    _profile = []
+    times = {}
     try:
-        yield _profile
+        yield times
     finally:
+        cuda.synchronize()
+        for name, start, end in _profile:
+            entry = times.setdefault(name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += cuda.event_elapsed_time(start, end)
         _profile = None
 
 
