@@ -130,7 +130,9 @@ def bench_matmul(args):
     shapes = [("qkv/W_O  [16384x768]x[768x768]", M, 768, 768),
               ("mlp up   [16384x768]x[768x3072]", M, 3072, 768),
               ("mlp down [16384x3072]x[3072x768]", M, 768, 3072),
-              ("lm head  [16384x768]x[768x50257]", M, 50257, 768)]
+              ("lm head  [16384x768]x[768x50257]", M, 50257, 768),
+              ("12m proj [16384x384]x[384x384]", M, 384, 384),         # andrea-12m, B=64 T=256
+              ("12m down [16384x1536]x[1536x384]", M, 384, 1536)]
     rng = cupy.random.default_rng(0)
     for label, m, n, k in shapes:
         if args.quick and n == 50257:
@@ -166,12 +168,14 @@ def bench_matmul(args):
             flops = 2.0 * m * n * k
             theirs_ms = kernel_ms(theirs, args)
             ours_ms = kernel_ms(ours, args)
-            row("matmul", f"{label.split()[0]:8s} {name}", ours_ms, flops, "TFLOP/s", theirs_ms,
+            short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
+            row("matmul", f"{short:8s} {name}", ours_ms, flops, "TFLOP/s", theirs_ms,
                 "cuBLAS", f"(cuBLAS {flops / theirs_ms / 1e9:.1f} TFLOP/s, err {error:.1e})")
 
 
 # tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options)
-MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2)}
+MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
+                   "128x128": dict(), "128x96": dict(BN=96)}
 
 
 # --- attention ------------------------------------------------------------------------------

@@ -515,6 +515,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
      output_product) = tile_functions(D, ROWS, COLS, TM, TN)
     recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
+    assert THREADS_M * THREADS_N >= COLS, ("a thread per query of a tile", ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
     def attention_dkdv_kernel(dk, dv, dout, q, k, v, lse, delta, scale, seed, site, threshold,
@@ -539,6 +540,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
         B, H, T, _ = q.shape
         b, h, row_start, row_end = block_rows(H, T, rows_per_block, False)
         ty, tx = thread_position()
+        tid = cuda.threadIdx.x
         for key_base in range(row_start, row_end, ROWS):
             stage(k_tile, k[b, h], key_base, ROWS, T, float32(1.0))
             stage(v_tile, v[b, h], key_base, ROWS, T, float32(1.0))
@@ -549,23 +551,24 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
             for i0 in range(key_base, T, COLS):              # queries i >= key_base only
                 stage(q_tile, q[b, h], i0, COLS, T, scale)   # (scaled: dk needs the 1/sqrt(D) too)
                 stage(dout_tile, dout[b, h], i0, COLS, T, float32(1.0))
-                for c in range(cuda.threadIdx.x, COLS, THREADS_M * THREADS_N):
-                    query = i0 + c
-                    lse_tile[c] = lse[b, h, query] if query < T else float32(0.0)
-                    delta_tile[c] = delta[b, h, query] if query < T else float32(0.0)
+                if tid < COLS:
+                    query = i0 + tid
+                    lse_tile[tid] = lse[b, h, query] if query < T else float32(0.0)
+                    delta_tile[tid] = delta[b, h, query] if query < T else float32(0.0)
                 cuda.syncthreads()
                 recompute(s, k_tile, q_tile, dp, v_tile, dout_tile)  # S^T = K Q^T, dP^T = V dout^T
-                for i in range(TM):                          # s becomes (P G)^T, dp dS^T
-                    key = key_base + row_of(ty, i)
-                    for j in range(TN):
-                        query = i0 + tx + j * THREADS_N
+                for j in range(TN):                          # s becomes (P G)^T, dp dS^T
+                    query = i0 + tx + j * THREADS_N
+                    query_lse = lse_tile[tx + j * THREADS_N]
+                    query_delta = delta_tile[tx + j * THREADS_N]
+                    for i in range(TM):
+                        key = key_base + row_of(ty, i)
                         pg = float32(0.0)
                         ds = float32(0.0)
                         if key <= query and query < T:
-                            c = tx + j * THREADS_N
-                            p = fast_exp(s[i, j] - lse_tile[c])
+                            p = fast_exp(s[i, j] - query_lse)
                             g = dropout_factor(seed, site, threshold, keep, b, h, query, key, H, T)
-                            ds = p * (g * dp[i, j] - delta_tile[c])
+                            ds = p * (g * dp[i, j] - query_delta)
                             pg = p * g
                         s[i, j] = pg
                         dp[i, j] = ds

@@ -96,8 +96,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     THREADS_N = BN // 8
     THREADS = THREADS_M * THREADS_N
     HALF_M, HALF_N = BM // 2, BN // 2
-    A_CHUNKS = BM * BK // 4 // THREADS      # 4-float chunks of each A slice one thread loads
-    B_CHUNKS = BK * BN // 4 // THREADS
+    A_TOTAL, B_TOTAL = BM * BK // 4, BK * BN // 4      # 4-float chunks in a slice of A, of B
+    A_CHUNKS = -(-A_TOTAL // THREADS)       # how many of them one thread loads (the last
+    B_CHUNKS = -(-B_TOTAL // THREADS)       # round partly idle when THREADS does not divide)
     A_STAGED, B_STAGED = 4 * A_CHUNKS, 4 * B_CHUNKS     # floats of them, held in registers
     A_PAD = BM + 4                          # padded rows: the transposing stores avoid bank
     B_PAD = BN + 4                          # conflicts, and rows stay 16-byte aligned
@@ -119,11 +120,13 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         return x0, x1, x2, x3
 
     @cuda.jit(device=True, inline="always")
-    def load_slice(staged, x, chunks, along_k, width, vector, size, k_end, first, k0, tid):
+    def load_slice(staged, x, chunks, total, along_k, width, vector, size, k_end, first, k0, tid):
         # one operand's slice into registers, 4-float chunks: op(x)[first:first+width, k0:k0+BK]
         # (A: size M, width BM) or op(x)[k0:k0+BK, first:first+width] (B: size N, width BN)
         for r in range(chunks):
             chunk = tid + r * THREADS
+            if total % THREADS != 0 and chunk >= total:
+                continue                    # (idle in the last round)
             if along_k:                     # x[size, K]: a chunk is 4 consecutive k
                 i, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
                 x4 = read_chunk(x, size, k_end, first + i, k0 + k, vector)
@@ -134,10 +137,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 staged[4 * r + e] = x4[e]
 
     @cuda.jit(device=True, inline="always")
-    def park(tiles, buffer, staged, chunks, along_k, width, tid):
+    def park(tiles, buffer, staged, chunks, total, along_k, width, tid):
         # registers -> shared memory tiles[buffer, k, m]; chunks along k are transposed here
         for r in range(chunks):
             chunk = tid + r * THREADS
+            if total % THREADS != 0 and chunk >= total:
+                continue                    # (idle in the last round)
             if along_k:
                 m, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
                 for i in range(4):
@@ -206,10 +211,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 acc[i, j] = float32(0.0)
 
         # the first slice goes straight to buffer 0
-        load_slice(a_next, a, A_CHUNKS, A_ALONG_K, BM, vector_a, M, k_end, m0, k_start, tid)
-        load_slice(b_next, b, B_CHUNKS, B_ALONG_K, BN, vector_b, N, k_end, n0, k_start, tid)
-        park(a_tiles, 0, a_next, A_CHUNKS, A_ALONG_K, BM, tid)
-        park(b_tiles, 0, b_next, B_CHUNKS, B_ALONG_K, BN, tid)
+        load_slice(a_next, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, M, k_end, m0, k_start,
+                   tid)
+        load_slice(b_next, b, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, vector_b, N, k_end, n0, k_start,
+                   tid)
+        park(a_tiles, 0, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, tid)
+        park(b_tiles, 0, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, tid)
         cuda.syncthreads()
 
         # Unconditionally, even after the last slice (its "next" is zeros from beyond k_end, parked
@@ -219,13 +226,15 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         buffer = 0
         for k0 in range(k_start, k_end, BK):
             # issue the next slice's global loads now ...
-            load_slice(a_next, a, A_CHUNKS, A_ALONG_K, BM, vector_a, M, k_end, m0, k0 + BK, tid)
-            load_slice(b_next, b, B_CHUNKS, B_ALONG_K, BN, vector_b, N, k_end, n0, k0 + BK, tid)
+            load_slice(a_next, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, M, k_end, m0,
+                       k0 + BK, tid)
+            load_slice(b_next, b, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, vector_b, N, k_end, n0,
+                       k0 + BK, tid)
             for kk in range(0, BK, 8):      # ... and multiply the current one meanwhile
                 slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx)
             # park the next slice in the other buffer
-            park(a_tiles, 1 - buffer, a_next, A_CHUNKS, A_ALONG_K, BM, tid)
-            park(b_tiles, 1 - buffer, b_next, B_CHUNKS, B_ALONG_K, BN, tid)
+            park(a_tiles, 1 - buffer, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, tid)
+            park(b_tiles, 1 - buffer, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, tid)
             cuda.syncthreads()
             buffer = 1 - buffer
 
@@ -312,6 +321,18 @@ def split_count(M, N, K, tile, slots=RESIDENT_BLOCKS):
     return good[0] if good else max(candidates, key=fill)
 
 
+def wave_tiles(M, N, slots=RESIDENT_BLOCKS):
+    """Tile parameters for an M x N output (None: the default 128 x 128). The grid runs in
+    waves of `slots` blocks: andrea-12m's [16384, 384] outputs make 384 blocks of 128 x 128,
+    two waves the second of which leaves half the GPU idle; 512 blocks of 128 x 96 (192
+    threads, also 2 per multiprocessor) make two full waves of three-quarter-sized blocks.
+    A tile other than the default must promise at least 10% less (waves x block area)."""
+    def cost(BM, BN):
+        return blocks(blocks(M, BM) * blocks(N, BN), slots) * BM * BN
+    best = min(((128, 128), (128, 96), (96, 128)), key=lambda tile: cost(*tile))
+    return None if cost(*best) >= 0.9 * cost(128, 128) else dict(BM=best[0], BN=best[1])
+
+
 _blocked_kernels = {}
 
 
@@ -362,6 +383,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
                out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
     elif kernel == "blocked":
         vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias)))
+        if tiles is None and k_splits is None and split_count(M, N, K, (128, 128, 8)) == 1:
+            tiles = wave_tiles(M, N)
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
         splits = k_splits or split_count(M, N, K, fast.tile)
