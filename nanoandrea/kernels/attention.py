@@ -31,10 +31,11 @@ fast kernels, a range of its rows), and the launch grid supplies the parallelism
                      like a register-blocked SGEMM (tile_functions): a block takes a tile of
                      query rows, stages it in shared memory, and walks the key tiles up to the
                      diagonal. Per key tile, S = Q K^T is a small matrix product in which each
-                     thread owns a 4x4 patch in registers; the softmax is online (running row
-                     max and sum, the max shared through shared memory by the threads of a row);
-                     P goes to shared memory and O += P V is a second product, each thread
-                     owning a 4 x TD patch of O. Backward is two such kernels, no atomics: dq
+                     thread owns a 4x4 patch in registers, its operands read from shared memory
+                     16 bytes (4 floats) at a time; the softmax is online (running row max and
+                     sum, the max shared through shared memory by the threads of a row); P goes
+                     to shared memory and O += P V is a second product, each thread owning a
+                     4 x TD patch of O. Backward is two such kernels, no atomics: dq
                      (a query tile, walking key tiles) and dk/dv (a key tile, walking query
                      tiles), both recomputing P from lse. Grid (B*H, row tiles), the heaviest
                      row tiles (most keys) launched first.
