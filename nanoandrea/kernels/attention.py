@@ -155,7 +155,7 @@ def block_rows(H, T, rows_per_block, heavy_first):
     return cuda.blockIdx.x // H, cuda.blockIdx.x % H, row_start, min(T, row_start + rows_per_block)
 
 
-def tile_functions(D, ROWS, COLS, TM, TN):
+def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2):
     """The device functions a tiled kernel is built from, for one tile shape.
 
     A block owns ROWS rows (queries; keys in dk/dv) and streams tiles of COLS columns (keys;
@@ -194,9 +194,8 @@ def tile_functions(D, ROWS, COLS, TM, TN):
     C_STEP = min(CHUNKS, THREADS)       # block copies R_STEP rows, C_STEP chunks of each row
     R_STEP = THREADS // C_STEP          # per thread step
     assert CHUNKS % C_STEP == 0 and ROWS % R_STEP == 0 and COLS % R_STEP == 0, (D, ROWS, COLS)
-    # steps of the reduction per loop trip, a body small enough for the compiler to unroll
-    D_UNROLL = math.gcd(D // 4, 2)
-    C_UNROLL = math.gcd(COLS, 4 if TM * TD <= 16 else 2)
+    assert SCORE_STEPS in (1, 2) and D % (4 * SCORE_STEPS) == 0 and COLS % 4 == 0, \
+        ("steps per loop trip", D, COLS, SCORE_STEPS)
 
     @cuda.jit(device=True, inline="always")
     def thread_position():
@@ -237,24 +236,31 @@ def tile_functions(D, ROWS, COLS, TM, TN):
                     store4(tile, (r, d), zero, zero, zero, zero)
 
     @cuda.jit(device=True, inline="always")
+    def scores_step(acc, x, y, y_frag, d, ty, tx):
+        # acc[TM, TN] += sum_{d <= e < d+4} x[row_of(ty, i), e] y[tx + j*THREADS_N, e]: TN + TM
+        # 16-byte loads feed 4 * TM * TN fused multiply-adds (y's 4 x TN values are held while
+        # x's rows stream through, 4 values at a time)
+        for j in range(TN):
+            y4 = load4(y, (tx + j * THREADS_N, d))
+            for u in range(4):
+                y_frag[j, u] = y4[u]
+        for i in range(TM):
+            x4 = load4(x, (row_of(ty, i), d))
+            for u in range(4):
+                for j in range(TN):
+                    acc[i, j] += x4[u] * y_frag[j, u]
+
+    @cuda.jit(device=True, inline="always")
     def scores_product(acc, x, y):
-        # acc[TM, TN] += sum_d x[row_of(ty, i), d] y[tx + j*THREADS_N, d] over d < D, 4 d per
-        # 16-byte load: per 4 d, TM + TN loads feed 4 * TM * TN fused multiply-adds
-        # (y's 4 x TN values are held while x's rows stream through, 4 values at a time)
+        # acc[TM, TN] += sum_d x[row_of(ty, i), d] y[tx + j*THREADS_N, d] over d < D, in
+        # SCORE_STEPS steps per loop trip (a manual unroll: the compiler does not unroll a loop
+        # this large, and a trip's counting costs ~13 instructions)
         ty, tx = thread_position()
         y_frag = cuda.local.array((TN, 4), float32)
-        for d0 in range(0, D, 4 * D_UNROLL):
-            for step in range(D_UNROLL):
-                d = d0 + step * 4
-                for j in range(TN):
-                    y4 = load4(y, (tx + j * THREADS_N, d))
-                    for u in range(4):
-                        y_frag[j, u] = y4[u]
-                for i in range(TM):
-                    x4 = load4(x, (row_of(ty, i), d))
-                    for u in range(4):
-                        for j in range(TN):
-                            acc[i, j] += x4[u] * y_frag[j, u]
+        for d in range(0, D, 4 * SCORE_STEPS):
+            scores_step(acc, x, y, y_frag, d, ty, tx)
+            if SCORE_STEPS == 2:
+                scores_step(acc, x, y, y_frag, d + 4, ty, tx)
 
     @cuda.jit(device=True, inline="always")
     def exchange(tile, values):
@@ -270,27 +276,33 @@ def tile_functions(D, ROWS, COLS, TM, TN):
                        values[4 * a + 2, j], values[4 * a + 3, j])
 
     @cuda.jit(device=True, inline="always")
+    def output_step(acc, e, y, e_frag, y_frag, c, ty, tx):
+        # acc[TM, TD] += e[c, row_of(ty, i)] y[c, dim_of(tx, j)]: TM/4 + TD/4 16-byte loads
+        # feed TM * TD fused multiply-adds, the outer product of the blocked SGEMM
+        for a in range(TM // 4):
+            e4 = load4(e, (c, row_of(ty, 4 * a)))
+            for u in range(4):
+                e_frag[4 * a + u] = e4[u]
+        for a in range(TD // 4):
+            y4 = load4(y, (c, dim_of(tx, 4 * a)))
+            for u in range(4):
+                y_frag[4 * a + u] = y4[u]
+        for i in range(TM):
+            for j in range(TD):
+                acc[i, j] += e_frag[i] * y_frag[j]
+
+    @cuda.jit(device=True, inline="always")
     def output_product(acc, e, y):
         # acc[TM, TD] += sum_c e[c, row_of(ty, i)] y[c, dim_of(tx, j)] over c < COLS (e: an
-        # exchange tile, y a staged tile [COLS, D]): per c, TM/4 + TD/4 16-byte loads feed
-        # TM * TD fused multiply-adds, as in the blocked SGEMM
+        # exchange tile, y a staged tile [COLS, D]). Four steps per loop trip, as above
         ty, tx = thread_position()
         e_frag = cuda.local.array(TM, float32)
         y_frag = cuda.local.array(TD, float32)
-        for c0 in range(0, COLS, C_UNROLL):
-            for step in range(C_UNROLL):
-                c = c0 + step
-                for a in range(TM // 4):
-                    e4 = load4(e, (c, row_of(ty, 4 * a)))
-                    for u in range(4):
-                        e_frag[4 * a + u] = e4[u]
-                for a in range(TD // 4):
-                    y4 = load4(y, (c, dim_of(tx, 4 * a)))
-                    for u in range(4):
-                        y_frag[4 * a + u] = y4[u]
-                for i in range(TM):
-                    for j in range(TD):
-                        acc[i, j] += e_frag[i] * y_frag[j]
+        for c in range(0, COLS, 4):
+            output_step(acc, e, y, e_frag, y_frag, c, ty, tx)
+            output_step(acc, e, y, e_frag, y_frag, c + 1, ty, tx)
+            output_step(acc, e, y, e_frag, y_frag, c + 2, ty, tx)
+            output_step(acc, e, y, e_frag, y_frag, c + 3, ty, tx)
 
     return (thread_position, row_of, dim_of, stage, scores_product, exchange,
             output_product)
@@ -512,8 +524,10 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
 
 
 def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
+    # one step per trip of the scores products: with two, ptxas spills (outside the products)
+    # under the 168 registers that 6 blocks of 64 threads leave a thread
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
-     output_product) = tile_functions(D, ROWS, COLS, TM, TN)
+     output_product) = tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=1)
     recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
     assert THREADS_M * THREADS_N >= COLS, ("a thread per query of a tile", ROWS, COLS, TM, TN)
@@ -615,13 +629,14 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 # blocks_per_sm]) as in tile_functions, picked by timing variants on the H200 (2026-11-29).
 # A block's shared memory is at most 48 KB (more needs an opt-in Numba does not expose): 44.5
 # KB for the forward at D=64 (q 64x68, k, v and P 32x68 floats, the row partials 64x8), 43 KB
-# for dk/dv (k, v, q, dout 32x68 each, P G and dS 32x36). TM must be a multiple of 4 (runs of
-# rows), and so must TD = D / (COLS/TN). In the simulator the tiles are tiny and unequal (ROWS x
-# COLS = 4 x 2, 8 x 4, 4 x 4; 1 x 2, 1 x 2 and 1 x 4 threads, the dq tile two runs of rows), so
-# T=7 crosses several tiles of most kinds.
+# for dk/dv (k, v, q, dout 32x68 each, P G and dS 32x36). TM, COLS and TD = D / (COLS/TN) must
+# be multiples of 4 (runs of 4 rows and head dimensions, four steps per trip of the output
+# product). In the simulator the tiles are tiny and unequal (ROWS x COLS = 4 x 4, 8 x 4, 4 x 4;
+# 1 x 2, 1 x 2 and 1 x 4 threads, the dq tile two runs of rows), so T=7 crosses two tiles of
+# most kinds.
 GPU_TILES = {64: ((64, 32, 4, 4), (32, 16, 4, 2), (32, 32, 4, 4, 6)),
              32: ((64, 32, 4, 4), (64, 32, 4, 4), (32, 32, 4, 4, 6))}
-SIMULATOR_TILES = {D: ((4, 2, 4, 1), (8, 4, 8, 2), (4, 4, 4, 1)) for D in FAST_HEAD_SIZES}
+SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1)) for D in FAST_HEAD_SIZES}
 TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 _fast_kernels = {}
 
