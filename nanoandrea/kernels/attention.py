@@ -182,7 +182,8 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2):
       output_product  O += E^T Y, the sum over the COLS columns: e[c, r] and y_tile[c, d] are
                       both k-major (c the outer index), so per c, TM/4 + TD/4 16-byte loads
                       feed TM * TD multiply-adds: the SGEMM's outer product.
-    Every tile's row length is padded(n): 16-byte aligned rows, no bank conflicts.
+    Every tile's row length is padded(n): 16-byte aligned rows, no bank conflicts. The products
+    take SCORE_STEPS (1 or 2) steps of 4 d, or 4 columns c, per loop trip, unrolled by hand.
     """
     THREADS_M = ROWS // TM
     THREADS_N = COLS // TN
@@ -204,12 +205,13 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2):
 
     @cuda.jit(device=True, inline="always")
     def row_of(ty, i):
-        # the tile row of this thread's i-th row (of TM): runs of 4, THREADS_M runs apart
+        # the tile row of this thread's i-th row (of TM): runs of 4, 4*THREADS_M rows apart
         return (i // 4) * (4 * THREADS_M) + ty * 4 + i % 4
 
     @cuda.jit(device=True, inline="always")
     def dim_of(tx, j):
-        # the head dimension of this thread's j-th output column (of TD): runs of 4 likewise
+        # the head dimension of this thread's j-th output column (of TD): runs of 4, 4*THREADS_N
+        # dimensions apart
         return (j // 4) * (4 * THREADS_N) + tx * 4 + j % 4
 
     @cuda.jit(device=True, inline="always")
