@@ -61,7 +61,9 @@ def test_matmul(rng, kernel, k_splits, transpose_a, transpose_b):
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
 def test_matmul_192_thread_tiles(rng, tiles, transpose_a, transpose_b):
     """128 x 96 and 96 x 128 block tiles (192 threads): one operand's slice has 256 chunks of
-    4 floats, so the last round of loads leaves some threads idle."""
+    4 floats, so the last round of loads leaves some threads idle. (Tried for andrea-12m's
+    [16384, 384] outputs, whose 128 x 128 grid leaves half a wave idle: slower on the H200,
+    docs/perf.md v4, so no launch picks them on its own.)"""
     M, N, K = (100, 110, 20) if not GPU else (1000, 389, 771)
     a = rng.standard_normal((K, M) if transpose_a else (M, K))
     b = rng.standard_normal((N, K) if transpose_b else (K, N))
@@ -72,14 +74,6 @@ def test_matmul_192_thread_tiles(rng, tiles, transpose_a, transpose_b):
     want = np.zeros((M, N))
     matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b)
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
-
-
-@pytest.mark.parametrize("M,N,tiles", [(16384, 384, dict(BM=128, BN=96)), (16384, 768, None),
-                                       (16384, 3072, None), (16384, 50257, None)])
-def test_wave_tiles(M, N, tiles):
-    """andrea-12m's [16384, 384] outputs take 128 x 96 tiles (two full waves instead of one
-    and a half); andrea-120m's shapes fill their waves with the default tile."""
-    assert matmul.wave_tiles(M, N) == tiles
 
 
 def test_matmul_rejects_bad_shapes():

@@ -45,11 +45,12 @@ class Mismatch(Exception):
 def event_time_ms(fn, warmup=3, repeat=10, calls=1):
     """Median milliseconds of one fn() between two CUDA events on the default stream.
 
-    calls > 1: each timing covers `calls` back-to-back calls (and is divided by calls), and one
-    more call is queued before the start event. The GPU then runs them without waiting for
-    Python between launches (a Numba launch costs ~30 us of host time, a launcher that checks
-    shapes more): this measures the kernels' GPU time, which is what a CUDA-graph replay pays.
-    Both sides of a comparison are timed the same way."""
+    calls > 1: each timing covers `calls` back-to-back calls (and is divided by calls), queued
+    while the GPU is still busy with ~6 ms of other work. The GPU then runs them without
+    waiting for Python between launches (a Numba launch costs ~30 us of host time, a launcher
+    that checks shapes more, which for small kernels is more than their GPU time): this
+    measures the kernels' GPU time, which is what a CUDA-graph replay pays. Both sides of a
+    comparison are timed the same way."""
     for _ in range(warmup):
         fn()
     cuda.synchronize()
@@ -62,7 +63,7 @@ def event_time_ms(fn, warmup=3, repeat=10, calls=1):
     for _ in range(repeat):
         start, end = cuda.event(), cuda.event()
         if calls > 1:
-            fn()                        # the GPU is busy with this while the timed calls queue
+            keep_gpu_busy(6)            # the GPU is busy with this while the timed calls queue
         start.record()
         for _ in range(calls):
             fn()

@@ -35,10 +35,6 @@ def kernels():
         yield (f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}",
                matmul._blocked_kernel(ta, tb, (True, True, True)),     # as the launcher picks it
                (A3, A2, A2, A1, BOOL, BOOL, int64))
-    for ta, tb in ((False, False), (False, True)):          # andrea-12m's [16384, 384] outputs
-        yield (f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'} 128x96",
-               matmul._blocked_kernel(ta, tb, (True, True, True), dict(BN=96)),
-               (A3, A2, A2, A1, BOOL, BOOL, int64))
     yield ("blocked matmul NT, 4-byte loads and stores",       # the LM head of an odd vocabulary
            matmul.make_blocked_matmul_kernel(False, True, False, False, False, blocks_per_sm=2),
            (A3, A2, A2, A1, BOOL, BOOL, int64))

@@ -321,18 +321,6 @@ def split_count(M, N, K, tile, slots=RESIDENT_BLOCKS):
     return good[0] if good else max(candidates, key=fill)
 
 
-def wave_tiles(M, N, slots=RESIDENT_BLOCKS):
-    """Tile parameters for an M x N output (None: the default 128 x 128). The grid runs in
-    waves of `slots` blocks: andrea-12m's [16384, 384] outputs make 384 blocks of 128 x 128,
-    two waves the second of which leaves half the GPU idle; 512 blocks of 128 x 96 (192
-    threads, also 2 per multiprocessor) make two full waves of three-quarter-sized blocks.
-    A tile other than the default must promise at least 10% less (waves x block area)."""
-    def cost(BM, BN):
-        return blocks(blocks(M, BM) * blocks(N, BN), slots) * BM * BN
-    best = min(((128, 128), (128, 96), (96, 128)), key=lambda tile: cost(*tile))
-    return None if cost(*best) >= 0.9 * cost(128, 128) else dict(BM=best[0], BN=best[1])
-
-
 _blocked_kernels = {}
 
 
@@ -383,8 +371,6 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
                out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
     elif kernel == "blocked":
         vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias)))
-        if tiles is None and k_splits is None and split_count(M, N, K, (128, 128, 8)) == 1:
-            tiles = wave_tiles(M, N)
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
         splits = k_splits or split_count(M, N, K, fast.tile)

@@ -24,7 +24,8 @@ def aligned16(array):
     (last axis) hold a multiple of 4 float32s: then every load4 at a column j % 4 == 0 is legal."""
     if SIMULATOR:
         return array.shape[len(array.shape) - 1] % 4 == 0
-    address = array.__cuda_array_interface__["data"][0]
+    address = array.device_ctypes_pointer.value or 0     # (not __cuda_array_interface__,
+                                                         # which builds a dict each call)
     return address % 16 == 0 and array.shape[len(array.shape) - 1] % 4 == 0
 
 
