@@ -380,7 +380,9 @@ def bench_profile(args):
     step()
     cuda.synchronize()
     with profile() as times:
-        keep_gpu_busy(100)          # the GPU works on this while Python queues the step
+        keep_gpu_busy(400)          # the GPU works on this while Python queues the step
+                                    # (an eager 12m step takes 75-120 ms of Python; with 100
+                                    # ms here the profile summed to 66 ms for a 45 ms step)
         step()
     total = sum(ms for _, ms in times.values())
     for name, (count, ms) in sorted(times.items(), key=lambda kv: -kv[1][1]):
