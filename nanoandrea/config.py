@@ -7,6 +7,9 @@ class ConfigError(ValueError):
     """A configuration that cannot make a model; the message says what to change."""
 
 
+VOCAB_MULTIPLE = 64
+
+
 @dataclass
 class GPTConfig:
     n_layer: int
@@ -19,6 +22,15 @@ class GPTConfig:
     @property
     def head_size(self):        # D
         return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self):
+        """Vp: rows of the token-embedding storage and columns of the logits, the vocabulary
+        rounded up to a multiple of VOCAB_MULTIPLE (llm.c's Vp): every row of the logits then
+        starts on a 16-byte boundary and the LM head's matmuls move 16 bytes at a time (GPT-2's
+        50257 is odd). The padded rows are zero and the loss and sampling ignore their columns,
+        so the model's function is the unpadded one."""
+        return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
     def validate(self):
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):

@@ -9,7 +9,9 @@
                 4. merge heads                       [B,H,T,D] -> [B,T,C], the concat
                 5. output projection                 Y.W_O mixes the heads
     mlp:        gelu(x.W_fc + b) . W_proj + b        width 4C
-The LM head is tied to the token embedding: logits = x . wte^T.
+The LM head is tied to the token embedding: logits = x . wte^T. wte is stored with Vp rows, the
+vocabulary padded to a multiple of 64 (config.padded_vocab_size; the extra rows are zero), so
+the logits are [B,T,Vp]; the loss and sampling use the first V columns only.
 Dropout (training only, probability config.dropout) as GPT-2: after the embedding, on the
 attention probabilities, and on each residual branch before it is added.
 """
@@ -40,7 +42,8 @@ class GPT:
 
     def forward(self, idx, targets=None, train=False, loss_grad=None):
         """idx: a TokenBatch (nanoandrea.batch; its targets, if it has them, give the loss), or
-        int arrays [B,T] on the host, idx and targets. Returns (logits [B,T,V], loss [1] or None).
+        int arrays [B,T] on the host, idx and targets. Returns (logits [B,T,Vp], loss [1] or
+        None): logits[..., :V] are the vocabulary's, the rest padding (see the module's doc).
         loss_grad: the gradient loss.backward will be given, if known (training): the loss
         then computes the logits' gradient in its forward pass."""
         if isinstance(idx, TokenBatch):
@@ -56,9 +59,9 @@ class GPT:
         normed = ops.layernorm(x, *self.norm("h.0.ln_1"))
         for layer in range(self.config.n_layer):
             x, normed = self.block(x, normed, layer, p)       # normed: ln_f(x) after the last
-        logits = ops.linear(normed, self["wte"], transpose_weight=True)       # [B,T,V]
+        logits = ops.linear(normed, self["wte"], transpose_weight=True)       # [B,T,Vp]
         loss = (None if batch.targets is None else
-                ops.cross_entropy(logits, batch.targets, loss_grad))
+                ops.cross_entropy(logits, batch.targets, loss_grad, self.config.vocab_size))
         return logits, loss
 
     def block(self, x, normed, layer, p):

@@ -196,13 +196,15 @@ def embedding(batch, wte, wpe):
     return record(out, [wte, wpe], backward)
 
 
-def cross_entropy(logits, targets, loss_grad=None):
-    """Mean softmax cross-entropy of logits[..., V] against int32 targets on the backend (a
-    TokenBatch's, or host ids [...]). loss_grad: the gradient backward will be given (a [1]
-    array); then the gradient of the logits is computed now, in the same pass."""
+def cross_entropy(logits, targets, loss_grad=None, vocab=None):
+    """Mean softmax cross-entropy of logits[..., Vp] against int32 targets on the backend (a
+    TokenBatch's, or host ids [...]). vocab: the classes are the first `vocab` columns, the
+    rest padding (the model's padded vocabulary); None: all Vp. loss_grad: the gradient
+    backward will be given (a [1] array); then the gradient of the logits is computed now, in
+    the same pass."""
     backend = logits.backend
     V = logits.shape[-1]
-    rows = logits.data.reshape(-1, V)                                 # [N, V]
+    rows = logits.data.reshape(-1, V)                                 # [N, Vp]
     N = rows.shape[0]
     if isinstance(targets, np.ndarray):
         targets = backend.to_device(targets.reshape(N), np.int32)
@@ -212,7 +214,7 @@ def cross_entropy(logits, targets, loss_grad=None):
     if loss_grad is not None and grad_enabled() and logits.requires_grad:
         dlogits = backend.empty((N, V))
         backend.crossentropy_forward_backward(loss.data, losses, lse, dlogits, rows, targets,
-                                              loss_grad)
+                                              loss_grad, vocab)
 
         def backward():
             if loss.grad is not loss_grad:
@@ -222,11 +224,11 @@ def cross_entropy(logits, targets, loss_grad=None):
             else:
                 backend.add_into(logits.grad, dlogits.reshape(logits.shape), accumulate=True)
     else:
-        backend.crossentropy_forward(loss.data, losses, lse, rows, targets)
+        backend.crossentropy_forward(loss.data, losses, lse, rows, targets, vocab)
 
         def backward():
             dlogits, accumulate = grad_slot(logits)
             backend.crossentropy_backward(dlogits.reshape(-1, V), loss.grad, rows, lse,
-                                          targets, accumulate=accumulate)
+                                          targets, accumulate=accumulate, vocab=vocab)
 
     return record(loss, [logits], backward)

@@ -34,12 +34,19 @@ class ParamSpec:
     shape: tuple
     decay: bool          # AdamW weight decay applies
     init: str            # "normal", "residual" (scaled normal), "zeros", "ones"
+    stored_rows: int = None   # rows kept in the store when more than shape[0]: the extra rows
+                              # are padding, zero, outside the model's function (wte: Vp rows)
+
+    @property
+    def stored_shape(self):
+        return self.shape if self.stored_rows is None else (self.stored_rows, *self.shape[1:])
 
 
 def parameter_layout(config):
     """Every parameter of the model, matrices (decayed) first."""
     C, L = config.n_embd, config.n_layer
-    matrices = [ParamSpec("wte", (config.vocab_size, C), True, "normal")]
+    matrices = [ParamSpec("wte", (config.vocab_size, C), True, "normal",
+                          stored_rows=config.padded_vocab_size)]
     others = [ParamSpec("wpe", (config.block_size, C), False, "normal")]
     for i in range(L):
         h = f"h.{i}."
@@ -70,7 +77,7 @@ class ParameterStore:
         offset = 0
         for spec in self.layout:          # each view starts on a 16-byte boundary (ALIGN floats),
             self.offsets[spec.name] = offset    # so kernels may read it 16 bytes at a time
-            offset = aligned(offset + math.prod(spec.shape))
+            offset = aligned(offset + math.prod(spec.stored_shape))
             if spec.decay:
                 self.n_decay = offset      # the decayed matrices (and their padding) come first
         self.size = offset                 # padding entries stay 0: no gradient ever moves them
@@ -81,9 +88,14 @@ class ParameterStore:
                                           name=spec.name)
                         for spec in self.layout}
 
+    @property
+    def count(self):
+        """The number of parameters: without the alignment gaps and padded rows of the buffer."""
+        return sum(math.prod(spec.shape) for spec in self.layout)
+
     def _view(self, flat, spec):
         start = self.offsets[spec.name]
-        return flat[start:start + math.prod(spec.shape)].reshape(spec.shape)
+        return flat[start:start + math.prod(spec.stored_shape)].reshape(spec.stored_shape)
 
     def __getitem__(self, name):
         return self.tensors[name]
@@ -98,7 +110,7 @@ class ParameterStore:
         values = np.zeros(self.size, dtype=np.float32)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for spec in self.layout:
-            n = math.prod(spec.shape)
+            n = math.prod(spec.shape)               # (the padded rows after these stay 0)
             start = self.offsets[spec.name]
             if spec.init in ("normal", "residual"):
                 std = 0.02 if spec.init == "normal" else residual_std
@@ -117,8 +129,15 @@ class ParameterStore:
         self.backend.fill(self.grads, 0.0)
 
     def state_dict(self):
-        """{name: host array} of the parameters."""
-        flat = self.backend.to_host(self.params)
+        """{name: host array} of the parameters (their own shapes: without padded rows)."""
+        return self._host_views(self.params)
+
+    def grad_dict(self):
+        """{name: host array} of the gradients, shaped as state_dict()."""
+        return self._host_views(self.grads)
+
+    def _host_views(self, flat_device):
+        flat = self.backend.to_host(flat_device)
         return {spec.name: flat[self.offsets[spec.name]:
                                 self.offsets[spec.name] + math.prod(spec.shape)].reshape(spec.shape)
                 for spec in self.layout}

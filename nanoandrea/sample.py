@@ -25,8 +25,9 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
         for _ in range(max_new_tokens):
             context = ids[:, -block:]
             logits, _ = model.forward(context)
-            last = np.stack([model.backend.to_host(logits.data[b, -1])           # [B, V]
+            last = np.stack([model.backend.to_host(logits.data[b, -1])           # [B, Vp]
                              for b in range(ids.shape[0])]).astype(np.float64)
+            last = last[:, :model.config.vocab_size]      # without the padded vocabulary
             if temperature <= 0:
                 next_ids = last.argmax(axis=-1)
             else:

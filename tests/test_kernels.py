@@ -404,6 +404,36 @@ def test_crossentropy(rng, scale):
         assert relative_error(got.copy_to_host(), expected) < TOLERANCE
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_crossentropy_ignores_padded_vocabulary(rng, fused):
+    """Logits [N, Vp] of which the first V are classes (the model's padded vocabulary): the
+    loss is the cross-entropy of logits[:, :V], and the padding columns get gradient 0, even
+    when their logits are large."""
+    N, Vp, V = (6, 40, 37) if not GPU else (16384, 50304, 50257)
+    logits = rng.standard_normal((N, Vp))
+    logits[:, V:] = 30.0
+    targets = rng.integers(0, V, size=N).astype(np.int32)
+    dloss = np.array([0.7])
+    loss, losses, lse, dlogits = poisoned(1), poisoned(N), poisoned(N), poisoned((N, Vp))
+    if fused:
+        crossentropy.crossentropy_forward_backward(loss, losses, lse, dlogits, device(logits),
+                                                   device(targets, np.int32), device(dloss), V)
+    else:
+        crossentropy.crossentropy_forward(loss, losses, lse, device(logits),
+                                          device(targets, np.int32), V)
+        crossentropy.crossentropy_backward(dlogits, device(dloss), device(logits), lse,
+                                           device(targets, np.int32), vocab=V)
+    want = [np.empty(1), np.empty(N), np.empty(N), np.empty((N, V))]    # unpadded, no vocab
+    crossentropy.crossentropy_forward_backward_numpy(*want, logits[:, :V].copy(), targets, dloss)
+    for got, expected in zip((loss, losses, lse), want):
+        assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+    got = dlogits.copy_to_host()
+    assert relative_error(got[:, :V], want[3]) < TOLERANCE and np.all(got[:, V:] == 0)
+    twin = [np.empty(1), np.empty(N), np.empty(N), np.empty((N, Vp))]   # the twin agrees
+    crossentropy.crossentropy_forward_backward_numpy(*twin, logits, targets, dloss, V)
+    assert relative_error(twin[0], want[0]) < 1e-12 and np.all(twin[3][:, V:] == 0)
+
+
 def test_adamw_and_grad_norm(rng):
     P, n_decay = (1000, 600) if not GPU else (10_770_816, 10_000_000)
     params, grads = rng.standard_normal(P), rng.standard_normal(P)

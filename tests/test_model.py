@@ -26,10 +26,7 @@ def our_loss_and_grads(model, idx, targets, fused_loss=False):
     one = model.backend.to_device(np.ones(1, model.backend.dtype))
     _, loss = model.forward(idx, targets, loss_grad=one if fused_loss else None)
     loss.backward(one)
-    grads = model.backend.to_host(model.params.grads)
-    store = model.params
-    return loss.item(), {name: grads[store.offsets[name]:store.offsets[name] + p.data.size]
-                         .reshape(p.shape) for name, p in store.tensors.items()}
+    return loss.item(), model.params.grad_dict()
 
 
 def assert_grads_close(grads, want_grads, tolerance):
@@ -117,7 +114,30 @@ def test_parameter_breakdown_of_andrea_120m():
 def test_parameter_breakdown_counts_what_the_model_allocates():
     config = get_preset("tiny")
     model = GPT(config, get_backend("numpy"))
-    assert dict(parameter_breakdown(config))["total"] == model.params.size
+    assert dict(parameter_breakdown(config))["total"] == model.params.count
+
+
+def test_padded_vocabulary_rows_stay_zero_and_out_of_the_model(rng):
+    """wte keeps Vp = 64 rows for the tiny preset's 37 tokens: the 27 extra rows start at zero,
+    get no gradient, so AdamW (weight decay included) leaves them at zero; checkpoints and the
+    PyTorch oracle see [37, C]."""
+    from nanoandrea.optim import AdamW
+    config = get_preset("tiny")
+    model = GPT(config, get_backend("numpy", np.float64), seed=5)
+    assert config.padded_vocab_size == 64 and model["wte"].shape == (64, config.n_embd)
+    optimizer = AdamW(model.params, lr=1e-2, weight_decay=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        _, loss = model.forward(*batch(rng, config, 2, config.block_size), train=True)
+        loss.backward()
+        optimizer.step()
+    wte = model["wte"].numpy()
+    assert np.all(wte[37:] == 0) and np.all(model["wte"].grad[37:] == 0) and wte[:37].any()
+    state = model.params.state_dict()
+    assert state["wte"].shape == (37, config.n_embd)
+    copy = GPT(config, get_backend("numpy", np.float64), seed=6)
+    copy.params.load_state_dict(state)
+    assert np.array_equal(copy["wte"].numpy(), wte)
 
 
 @pytest.mark.parametrize("changes,message", [

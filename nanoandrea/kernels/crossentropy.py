@@ -1,6 +1,7 @@
 """Softmax cross-entropy over the vocabulary, fused: the probabilities are never stored.
 
-    logits : [N,V]    (N = B*T positions)      targets: int32 [N]
+    logits : [N,Vp]   (N = B*T positions; the first V columns are the vocabulary's, the rest
+                      padding, Vp >= V: config.padded_vocab_size)      targets: int32 [N]
     losses : [N]      losses[n] = lse[n] - logits[n, targets[n]]
     lse    : [N]      log sum_v exp(logits[n, v]), saved for backward
     loss   : [1]      mean of losses
@@ -11,6 +12,8 @@ times. The log-sum-exp is computed in one pass with a running max (online softma
 Backward of the mean loss (dloss: [1], the upstream gradient, usually 1):
     dlogits[n, v] = (exp(logits[n, v] - lse[n]) - [v == targets[n]]) * dloss / N
 The max is subtracted before exp, so logits of magnitude 100 (or 1e4) are fine in float32.
+Padding columns (v >= V) are outside the softmax: their gradient is written as 0 (the LM head's
+backward multiplies the whole padded row).
 """
 import math
 
@@ -25,13 +28,13 @@ NEG_INF = float32(-np.inf)
 
 
 @cuda.jit(device=True, inline="always")
-def row_logsumexp(logits, n, scratch):
-    # log sum_v exp(logits[n, v]) in ONE pass over the row: each thread keeps a running max m
+def row_logsumexp(logits, n, V, scratch):
+    # log sum_{v<V} exp(logits[n, v]) in ONE pass over the row: each thread keeps a running max m
     # and sum s of exp(x - m) over its elements (rescaling s when m grows), then the block
     # combines them: M = max of the m's, S = sum of s * exp(m - M).
     m = NEG_INF
     s = float32(0.0)
-    for v in range(cuda.threadIdx.x, logits.shape[1], cuda.blockDim.x):
+    for v in range(cuda.threadIdx.x, V, cuda.blockDim.x):
         x = logits[n, v]
         if x > m:
             s = s * math.exp(m - x) + float32(1.0)
@@ -44,49 +47,56 @@ def row_logsumexp(logits, n, scratch):
 
 
 @cuda.jit
-def crossentropy_forward_kernel(losses, lse, logits, targets):
-    # losses[N], lse[N] from logits[N,V]; one block per row, threads stride over V
+def crossentropy_forward_kernel(losses, lse, logits, targets, V):
+    # losses[N], lse[N] from logits[N,Vp] (classes v < V); one block per row, threads stride
+    # over the row
     scratch = cuda.shared.array(MAX_THREADS, float32)
     n = cuda.blockIdx.x
-    row_lse = row_logsumexp(logits, n, scratch)
+    row_lse = row_logsumexp(logits, n, V, scratch)
     if cuda.threadIdx.x == 0:
         lse[n] = row_lse
         losses[n] = row_lse - logits[n, targets[n]]
 
 
 @cuda.jit
-def crossentropy_fused_kernel(losses, lse, dlogits, logits, targets, dloss):
+def crossentropy_fused_kernel(losses, lse, dlogits, logits, targets, dloss, V):
     # forward and backward at once, as llm.c's fused classifier: losses[N], lse[N] and
-    # dlogits[N,V] = (softmax - onehot) * dloss[0] / N, where dloss is the gradient the loss
+    # dlogits[N,Vp] = (softmax - onehot) * dloss[0] / N (0 in the padding columns v >= V),
+    # where dloss is the gradient the loss
     # will be given (known before the backward pass in training). Two reads of the row (its
     # log-sum-exp, then the gradient) instead of three; one block per row.
     scratch = cuda.shared.array(MAX_THREADS, float32)
     n = cuda.blockIdx.x
-    row_lse = row_logsumexp(logits, n, scratch)
+    row_lse = row_logsumexp(logits, n, V, scratch)
     target = targets[n]
     if cuda.threadIdx.x == 0:
         lse[n] = row_lse
         losses[n] = row_lse - logits[n, target]
     scale = dloss[0] / logits.shape[0]
     for v in range(cuda.threadIdx.x, logits.shape[1], cuda.blockDim.x):
-        grad = math.exp(logits[n, v] - row_lse)
-        if v == target:
-            grad -= float32(1.0)
+        grad = float32(0.0)
+        if v < V:
+            grad = math.exp(logits[n, v] - row_lse)
+            if v == target:
+                grad -= float32(1.0)
         dlogits[n, v] = grad * scale
 
 
 @cuda.jit
-def crossentropy_backward_kernel(dlogits, logits, lse, targets, dloss, accumulate):
-    # dlogits[N,V] (+)= (softmax - onehot) * dloss[0] / N; one block per row
+def crossentropy_backward_kernel(dlogits, logits, lse, targets, dloss, accumulate, V):
+    # dlogits[N,Vp] (+)= (softmax - onehot) * dloss[0] / N, 0 in the padding columns v >= V;
+    # one block per row
     n = cuda.blockIdx.x
-    N, V = logits.shape
+    N = logits.shape[0]
     scale = dloss[0] / N
     row_lse = lse[n]
     target = targets[n]
-    for v in range(cuda.threadIdx.x, V, cuda.blockDim.x):
-        grad = math.exp(logits[n, v] - row_lse)
-        if v == target:
-            grad -= float32(1.0)
+    for v in range(cuda.threadIdx.x, logits.shape[1], cuda.blockDim.x):
+        grad = float32(0.0)
+        if v < V:
+            grad = math.exp(logits[n, v] - row_lse)
+            if v == target:
+                grad -= float32(1.0)
         grad *= scale
         if accumulate:
             grad += dlogits[n, v]
@@ -105,52 +115,62 @@ def mean_kernel(out, x):
         out[0] = total / x.shape[0]
 
 
-def _check(logits, targets, **rows):
-    check(len(logits.shape) == 2, f"cross-entropy: logits must be [N,V], got {logits.shape}")
+def _check(logits, targets, vocab, **rows):
+    """V: the number of classes, the first `vocab` columns of the logits (None: all of them)."""
+    check(len(logits.shape) == 2, f"cross-entropy: logits must be [N,Vp], got {logits.shape}")
     N = logits.shape[0]
     check_shape("cross-entropy targets", targets, (N,))
     for name, array in rows.items():
         check_shape(f"cross-entropy {name}", array, logits.shape if name == "dlogits" else (N,))
+    V = logits.shape[1] if vocab is None else vocab
+    check(1 <= V <= logits.shape[1], f"cross-entropy: vocab {V} outside 1..{logits.shape[1]}")
+    return V
 
 
-def crossentropy_forward(loss, losses, lse, logits, targets):
-    """loss[1] = mean cross-entropy; losses[N] per position; lse[N] saved for backward."""
+def crossentropy_forward(loss, losses, lse, logits, targets, vocab=None):
+    """loss[1] = mean cross-entropy; losses[N] per position; lse[N] saved for backward.
+    vocab: the classes are logits[:, :vocab] (the rest is padding); None: every column."""
     check_float32(loss=loss, losses=losses, lse=lse, logits=logits)
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
-    _check(logits, targets, losses=losses, lse=lse)
-    launch(crossentropy_forward_kernel, logits.shape[0], THREADS, losses, lse, logits, targets)
+    V = _check(logits, targets, vocab, losses=losses, lse=lse)
+    launch(crossentropy_forward_kernel, logits.shape[0], THREADS, losses, lse, logits, targets,
+           V)
     launch(mean_kernel, 1, THREADS, loss, losses)
 
 
-def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, dloss):
+def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, dloss,
+                                  vocab=None):
     """crossentropy_forward and crossentropy_backward (=) in one pass over the logits, for a
     loss whose gradient dloss[1] is known before backward."""
     check_float32(loss=loss, losses=losses, lse=lse, dlogits=dlogits, logits=logits, dloss=dloss)
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
-    _check(logits, targets, losses=losses, lse=lse, dlogits=dlogits)
+    V = _check(logits, targets, vocab, losses=losses, lse=lse, dlogits=dlogits)
     launch(crossentropy_fused_kernel, logits.shape[0], THREADS, losses, lse, dlogits, logits,
-           targets, dloss)
+           targets, dloss, V)
     launch(mean_kernel, 1, THREADS, loss, losses)
 
 
-def crossentropy_backward(dlogits, dloss, logits, lse, targets, accumulate=False):
+def crossentropy_backward(dlogits, dloss, logits, lse, targets, accumulate=False, vocab=None):
     check_float32(dlogits=dlogits, dloss=dloss, logits=logits, lse=lse)
-    _check(logits, targets, dlogits=dlogits, lse=lse)
+    V = _check(logits, targets, vocab, dlogits=dlogits, lse=lse)
     launch(crossentropy_backward_kernel, logits.shape[0], THREADS,
-           dlogits, logits, lse, targets, dloss, accumulate)
+           dlogits, logits, lse, targets, dloss, accumulate, V)
 
 
-def crossentropy_forward_numpy(loss, losses, lse, logits, targets):
-    _check(logits, targets, losses=losses, lse=lse)
-    m = logits.max(axis=1, keepdims=True)
-    lse[...] = (m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True)))[:, 0]
+def crossentropy_forward_numpy(loss, losses, lse, logits, targets, vocab=None):
+    V = _check(logits, targets, vocab, losses=losses, lse=lse)
+    classes = logits[:, :V]
+    m = classes.max(axis=1, keepdims=True)
+    lse[...] = (m + np.log(np.exp(classes - m).sum(axis=1, keepdims=True)))[:, 0]
     losses[...] = lse - logits[np.arange(logits.shape[0]), targets]
     loss[...] = losses.mean()
 
 
-def crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, accumulate=False):
-    _check(logits, targets, dlogits=dlogits, lse=lse)
+def crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, accumulate=False,
+                                vocab=None):
+    V = _check(logits, targets, vocab, dlogits=dlogits, lse=lse)
     grad = np.exp(logits - lse[:, None])
+    grad[:, V:] = 0.0                                       # padding: outside the softmax
     grad[np.arange(logits.shape[0]), targets] -= 1.0
     grad *= dloss[0] / logits.shape[0]
     if accumulate:
@@ -159,6 +179,7 @@ def crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, accumulate
         dlogits[...] = grad
 
 
-def crossentropy_forward_backward_numpy(loss, losses, lse, dlogits, logits, targets, dloss):
-    crossentropy_forward_numpy(loss, losses, lse, logits, targets)
-    crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets)
+def crossentropy_forward_backward_numpy(loss, losses, lse, dlogits, logits, targets, dloss,
+                                        vocab=None):
+    crossentropy_forward_numpy(loss, losses, lse, logits, targets, vocab)
+    crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, vocab=vocab)
