@@ -176,8 +176,7 @@ def bench_matmul(args):
 
 
 # tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options)
-MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
-                   "128x128": dict(), "128x96": dict(BN=96)}
+MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2)}
 
 
 # --- attention ------------------------------------------------------------------------------
@@ -197,14 +196,17 @@ def bench_attention(args):
                            ((B, H, T, D), (B, H, T), (B, H, T)))
         dq, dk, dv = (cuda.device_array((B, H, T, D), np.float32) for _ in range(3))
         label = f"[{B},{H},{T},{D}]"
-        for kernel, rows in attention_variants(D, T):
+        for kernel, rows, tiles, variant in attention_variants(D, T, args.variants):
             def forward():
                 attention_kernels.attention_forward(out, lse, Q, K, V, kernel=kernel,
-                                                    rows_per_block=rows)
+                                                    rows_per_block=rows, tiles=tiles)
 
             def backward():
                 attention_kernels.attention_backward(dq, dk, dv, delta, DOUT, Q, K, V, out, lse,
-                                                     kernel=kernel, rows_per_block=rows)
+                                                     kernel=kernel, rows_per_block=rows,
+                                                     tiles=tiles)
+            for array in (out, dq, dk, dv):         # poisoned: an element left unwritten fails
+                torch.as_tensor(array, device="cuda").fill_(float("nan"))
             forward()
             backward()
             ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
@@ -237,7 +239,7 @@ def bench_attention(args):
                 torch.autograd.grad(y, (qs, ks, vs), dout)
 
             flops_fwd = 4.0 * B * H * T * T * D / 2           # causal: half the score matrix
-            name = f"{label} {kernel}{'' if rows is None else f' rows={rows}'}"
+            name = f"{label} {kernel}{'' if rows is None else f' rows={rows}'}{variant}"
             row("attention", name + " fwd", kernel_ms(forward, args), flops_fwd, "TFLOP/s",
                 kernel_ms(torch_forward, args), "SDPA")
             row("attention", name + " fwd+bwd", kernel_ms(lambda: (forward(), backward()), args),
@@ -259,13 +261,26 @@ def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):
             for name, got, want in zip(("out", "dq", "dk", "dv"), ours, [want_out, *grads])}
 
 
-def attention_variants(D, T):
-    """(kernel, rows_per_block): the reference where it is not too slow to wait for, the fast
-    kernels with their default query tile and with one block per (batch, head)."""
-    variants = [("reference", None)] if D == 72 or T <= 256 else []
+def attention_variants(D, T, tile_variants=False):
+    """(kernel, rows_per_block, tiles, label): the reference where it is not too slow to wait
+    for, the fast kernels with their default query tile and with one block per (batch, head);
+    with tile_variants, other tiles too (ATTENTION_TILE_VARIANTS)."""
+    variants = [("reference", None, None, "")] if D == 72 or T <= 256 else []
     if D in attention_kernels.FAST_HEAD_SIZES:
-        variants += [("fast", None), ("fast", T)]
+        variants += [("fast", None, None, ""), ("fast", T, None, "")]
+        if tile_variants:
+            variants += [("fast", None, tiles, f" [{name}]")
+                         for name, tiles in ATTENTION_TILE_VARIANTS.get(D, {}).items()]
     return variants
+
+
+# other tiles of the fast attention kernels for --variants, as attention_forward's `tiles`
+# (forward, dq, dk/dv); each compiled for sm_90 with ptxas first (2026-11-29: no spills, at
+# most 48 KB of shared memory): dq 32x32 168 registers 39 KB, dq 64x16 128 registers 48 KB,
+# forward 32x32 128 registers 32 KB
+ATTENTION_TILE_VARIANTS = {64: {"dq 32x32": (None, (32, 32, 4, 4), None),
+                                "dq 64x16": (None, (64, 16, 4, 2), None),
+                                "fwd 32x32": ((32, 32, 4, 4), None, None)}}
 
 
 # --- end to end -------------------------------------------------------------------------------

@@ -643,11 +643,13 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 _fast_kernels = {}
 
 
-def _fast(D):
-    """The fast kernels (forward, dq, dk/dv) for head size D, compiled once."""
-    if D not in _fast_kernels:
-        _fast_kernels[D] = make_attention_kernels(D)
-    return _fast_kernels[D]
+def _fast(D, tiles=None):
+    """The fast kernels (forward, dq, dk/dv) for head size D, compiled once per tiles: None (the
+    defaults, TILES[D]) or (forward_tile, dq_tile, dkdv_tile), each None or a tile."""
+    key = (D, tiles)
+    if key not in _fast_kernels:
+        _fast_kernels[key] = make_attention_kernels(D, *(tiles or ()))
+    return _fast_kernels[key]
 
 
 def _check_attention(q, k, v, **others):
@@ -678,7 +680,7 @@ def dropout_arguments(p, seed, site):
 
 
 def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dropout_p=0.0,
-                      seed=None, site=0):
+                      seed=None, site=0, tiles=None):
     """out = causal softmax(q k^T / sqrt(D)) v for every (batch, head); lse saved for backward.
     dropout_p > 0 drops attention probabilities (seed: int64[1] on the device, site: an int).
 
@@ -686,6 +688,8 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
     the kernel's ROWS; default ROWS (one tile per block, so that B*H*T/ROWS blocks fill the
     GPU); rows_per_block=T gives one block per (batch, head). The backward takes the same
     argument (query rows per dq block, key rows per dk/dv block; default its own ROWS).
+    tiles (fast kernels): other tiles than TILES[D], as make_attention_kernels takes them
+    ((forward, dq, dk/dv), None for a default); for trying tile shapes (tools/bench.py).
     """
     check_float32(out=out, lse=lse, q=q, k=k, v=v)
     B, H, T, D = _check_attention(q, k, v, out=out, lse=lse)
@@ -695,16 +699,17 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
         launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale,
                *drop)
         return
-    forward = _fast(D)[0]
+    forward = _fast(D, tiles)[0]
     rows = min(T, rows_per_block or forward.rows)
     launch(forward, (B * H, blocks(T, rows)), forward.threads, out, lse, q, k, v, scale, *drop,
            rows)
 
 
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
-                       kernel="auto", rows_per_block=None, dropout_p=0.0, seed=None, site=0):
-    """dq, dk, dv (+)= the gradients of attention_forward (same dropout arguments); delta
-    [B,H,T] is scratch."""
+                       kernel="auto", rows_per_block=None, dropout_p=0.0, seed=None, site=0,
+                       tiles=None):
+    """dq, dk, dv (+)= the gradients of attention_forward (same dropout and tiles arguments);
+    delta [B,H,T] is scratch."""
     check_float32(dq=dq, dk=dk, dv=dv, delta=delta, dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     B, H, T, D = _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
                                   delta=delta)
@@ -714,7 +719,7 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         launch(attention_backward_reference_kernel, B * H, THREADS,
                dq, dk, dv, delta, dout, q, k, v, out, lse, scale, *drop, accumulate)
         return
-    _, dq_kernel, dkdv_kernel = _fast(D)
+    _, dq_kernel, dkdv_kernel = _fast(D, tiles)
     launch(attention_delta_kernel, blocks(B * H * T, THREADS), THREADS, delta, dout, out)
     rows = min(T, rows_per_block or dq_kernel.rows)
     launch(dq_kernel, (B * H, blocks(T, rows)), dq_kernel.threads,
@@ -758,7 +763,7 @@ def _dropout_factors(shape, dropout_p, seed, site):
 
 
 def attention_forward_numpy(out, lse, q, k, v, kernel="auto", rows_per_block=None,
-                            dropout_p=0.0, seed=None, site=0):
+                            dropout_p=0.0, seed=None, site=0, tiles=None):
     _check_attention(q, k, v, out=out, lse=lse)
     p, lse[...] = _probabilities(q, k)
     out[...] = (p * _dropout_factors(p.shape, dropout_p, seed, site)) @ v
@@ -766,7 +771,7 @@ def attention_forward_numpy(out, lse, q, k, v, kernel="auto", rows_per_block=Non
 
 def attention_backward_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
                              kernel="auto", rows_per_block=None, dropout_p=0.0, seed=None,
-                             site=0):
+                             site=0, tiles=None):
     _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse, delta=delta)
     D = q.shape[-1]
     p, _ = _probabilities(q, k, lse)
