@@ -155,10 +155,10 @@ def attention_cases():
     return cases
 
 
-def check_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p):
+def check_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p, tiles=None):
     """attention_forward, then attention_backward (= and +=), against the NumPy twins."""
     seed = np.array([424242], dtype=np.int64)
-    drop = dict(dropout_p=dropout_p, seed=device(seed, np.int64), site=5)
+    drop = dict(dropout_p=dropout_p, seed=device(seed, np.int64), site=5, tiles=tiles)
     drop_numpy = dict(drop, seed=seed)
     q, k, v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(4))
     out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
@@ -198,6 +198,13 @@ def test_attention_gpu_tiles(rng, monkeypatch, D):
     monkeypatch.setattr(attention, "TILES", attention.GPU_TILES)
     monkeypatch.setattr(attention, "_fast_kernels", {})
     check_attention(rng, D, "fast", None, 1, 1, 40, 0.3)
+
+
+@pytest.mark.parametrize("D,name", [(D, name) for D, variants in attention.TILE_VARIANTS.items()
+                                    for name in variants])
+def test_attention_tile_variants(rng, D, name):
+    """The other tiles tools/bench.py times (--variants) compute the same function."""
+    check_attention(rng, D, "fast", None, 1, 1, 40, 0.3, tiles=attention.TILE_VARIANTS[D][name])
 
 
 def test_attention_fast_kernel_refuses_other_head_sizes():

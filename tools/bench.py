@@ -264,23 +264,14 @@ def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):
 def attention_variants(D, T, tile_variants=False):
     """(kernel, rows_per_block, tiles, label): the reference where it is not too slow to wait
     for, the fast kernels with their default query tile and with one block per (batch, head);
-    with tile_variants, other tiles too (ATTENTION_TILE_VARIANTS)."""
+    with tile_variants, other tiles too (attention.TILE_VARIANTS)."""
     variants = [("reference", None, None, "")] if D == 72 or T <= 256 else []
     if D in attention_kernels.FAST_HEAD_SIZES:
         variants += [("fast", None, None, ""), ("fast", T, None, "")]
         if tile_variants:
             variants += [("fast", None, tiles, f" [{name}]")
-                         for name, tiles in ATTENTION_TILE_VARIANTS.get(D, {}).items()]
+                         for name, tiles in attention_kernels.TILE_VARIANTS.get(D, {}).items()]
     return variants
-
-
-# other tiles of the fast attention kernels for --variants, as attention_forward's `tiles`
-# (forward, dq, dk/dv); each compiled for sm_90 with ptxas first (2026-11-29: no spills, at
-# most 48 KB of shared memory): dq 32x32 168 registers 39 KB, dq 64x16 128 registers 48 KB,
-# forward 32x32 128 registers 32 KB
-ATTENTION_TILE_VARIANTS = {64: {"dq 32x32": (None, (32, 32, 4, 4), None),
-                                "dq 64x16": (None, (64, 16, 4, 2), None),
-                                "fwd 32x32": ((32, 32, 4, 4), None, None)}}
 
 
 # --- end to end -------------------------------------------------------------------------------

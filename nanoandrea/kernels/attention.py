@@ -640,6 +640,14 @@ GPU_TILES = {64: ((64, 32, 4, 4), (32, 16, 4, 2), (32, 32, 4, 4, 6)),
              32: ((64, 32, 4, 4), (64, 32, 4, 4), (32, 32, 4, 4, 6))}
 SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1)) for D in FAST_HEAD_SIZES}
 TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
+# Other tiles worth timing against GPU_TILES (tools/bench.py --variants), as attention_forward's
+# `tiles` (forward, dq, dk/dv; None keeps the default). ptxas, sm_90 (2026-11-29): no spills,
+# at most 48 KB of shared memory: dq 32x32 168 registers 39 KB (16 LDS.128 per 128 FFMA in
+# its score loop, where 32x16 has 12 per 64), dq 64x16 128 registers 48 KB, forward 32x32
+# 128 registers 32 KB (more blocks per multiprocessor than 64x32's 150 registers 45 KB).
+TILE_VARIANTS = {64: {"dq 32x32": (None, (32, 32, 4, 4), None),
+                      "dq 64x16": (None, (64, 16, 4, 2), None),
+                      "fwd 32x32": ((32, 32, 4, 4), None, None)}}
 _fast_kernels = {}
 
 
