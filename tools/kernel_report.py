@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numba import cuda, float32, int64, types  # noqa: E402
 
-from nanoandrea.kernels import attention, layernorm, matmul  # noqa: E402
+from nanoandrea.kernels import attention, gelu, layernorm, matmul  # noqa: E402
 
 A1, A2, A3, A4 = float32[::1], float32[:, ::1], float32[:, :, ::1], float32[:, :, :, ::1]
 I1 = int64[::1]
@@ -50,6 +50,14 @@ def kernels():
                                                 int64, BOOL)
     yield "attention reference forward", attention.attention_forward_reference_kernel, \
         (A4, A3, A4, A4, A4, float32, *DROP)
+    warp = layernorm.warp_kernels(6)                         # C = 768: 6 groups of 4 per lane
+    yield "layernorm warp forward C<=768", warp.forward, (A2, A1, A1, A2, A1, A1, float32)
+    yield "residual + layernorm warp forward C<=768", warp.residual_forward, \
+        (A2, A2, A1, A1, A2, A2, A1, A1, float32)
+    yield "layernorm warp backward C<=768", warp.backward, \
+        (A2, A2, A2, A2, A2, A1, A1, A1, BOOL)
+    yield "gelu forward, 16-byte", gelu.gelu_forward4_kernel, (A1, A1)
+    yield "gelu backward, 16-byte", gelu.gelu_backward4_kernel, (A1, A1, A1, BOOL)
     yield "layernorm forward", layernorm.layernorm_forward_kernel, (A2, A1, A1, A2, A1, A1, float32)
     yield "residual + layernorm forward", layernorm.residual_layernorm_forward_kernel, \
         (A2, A2, A1, A1, A2, A2, A1, A1, float32)

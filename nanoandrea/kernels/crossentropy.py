@@ -46,6 +46,18 @@ def row_logsumexp(logits, n, V, scratch):
     return row_max + math.log(block_sum(s, scratch))
 
 
+@cuda.jit(device=True, inline="always")
+def class_gradient(logits, n, v, V, row_lse, target):
+    # d loss_n / d logits[n, v] for a loss of weight 1: softmax - onehot for a class (v < V),
+    # 0 for a padding column
+    grad = float32(0.0)
+    if v < V:
+        grad = math.exp(logits[n, v] - row_lse)
+        if v == target:
+            grad -= float32(1.0)
+    return grad
+
+
 @cuda.jit
 def crossentropy_forward_kernel(losses, lse, logits, targets, V):
     # losses[N], lse[N] from logits[N,Vp] (classes v < V); one block per row, threads stride
@@ -74,12 +86,7 @@ def crossentropy_fused_kernel(losses, lse, dlogits, logits, targets, dloss, V):
         losses[n] = row_lse - logits[n, target]
     scale = dloss[0] / logits.shape[0]
     for v in range(cuda.threadIdx.x, logits.shape[1], cuda.blockDim.x):
-        grad = float32(0.0)
-        if v < V:
-            grad = math.exp(logits[n, v] - row_lse)
-            if v == target:
-                grad -= float32(1.0)
-        dlogits[n, v] = grad * scale
+        dlogits[n, v] = class_gradient(logits, n, v, V, row_lse, target) * scale
 
 
 @cuda.jit
@@ -92,12 +99,7 @@ def crossentropy_backward_kernel(dlogits, logits, lse, targets, dloss, accumulat
     row_lse = lse[n]
     target = targets[n]
     for v in range(cuda.threadIdx.x, logits.shape[1], cuda.blockDim.x):
-        grad = float32(0.0)
-        if v < V:
-            grad = math.exp(logits[n, v] - row_lse)
-            if v == target:
-                grad -= float32(1.0)
-        grad *= scale
+        grad = class_gradient(logits, n, v, V, row_lse, target) * scale
         if accumulate:
             grad += dlogits[n, v]
         dlogits[n, v] = grad

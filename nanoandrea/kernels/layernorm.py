@@ -108,6 +108,16 @@ def _make_warp_kernels(V):
               dict(launch_bounds=(WARP * WARPS, backward_blocks_per_sm(V))))
 
     @cuda.jit(device=True, inline="always")
+    def load_row(values, x, row):
+        # values[4 k + i] = x[row, 4 (lane + 32 k) + i]: this lane's groups of 4 columns
+        lane = cuda.threadIdx.x
+        for k in range(V):
+            col = 4 * (lane + WARP * k)
+            if col < x.shape[1]:
+                values[4 * k], values[4 * k + 1], values[4 * k + 2], values[4 * k + 3] = \
+                    load4(x, (row, col))
+
+    @cuda.jit(device=True, inline="always")
     def normalize_warp_row(out, mean, rstd, values, total, weight, bias, eps, row):
         # The forward after a row is loaded: values (this lane's columns of row `row`) add up
         # to `total`; writes out[row, :], mean[row], rstd[row]. Every lane of the warp calls it.
@@ -148,11 +158,7 @@ def _make_warp_kernels(V):
         C = x.shape[1]
         lane = cuda.threadIdx.x
         values = cuda.local.array(SIZE, float32)
-        for k in range(V):
-            col = 4 * (lane + WARP * k)
-            if col < C:
-                values[4 * k], values[4 * k + 1], values[4 * k + 2], values[4 * k + 3] = \
-                    load4(x, (row, col))
+        load_row(values, x, row)
         total = float32(0.0)
         for k in range(V):
             if 4 * (lane + WARP * k) < C:
@@ -171,13 +177,8 @@ def _make_warp_kernels(V):
         lane = cuda.threadIdx.x
         values = cuda.local.array(SIZE, float32)
         other = cuda.local.array(SIZE, float32)
-        for k in range(V):
-            col = 4 * (lane + WARP * k)
-            if col < C:
-                values[4 * k], values[4 * k + 1], values[4 * k + 2], values[4 * k + 3] = \
-                    load4(a, (row, col))
-                other[4 * k], other[4 * k + 1], other[4 * k + 2], other[4 * k + 3] = \
-                    load4(b, (row, col))
+        load_row(values, a, row)
+        load_row(other, b, row)
         total = float32(0.0)
         for k in range(V):
             col = 4 * (lane + WARP * k)
@@ -207,12 +208,8 @@ def _make_warp_kernels(V):
             dbias_sum[i] = float32(0.0)
         for row in range(cuda.blockIdx.x * cuda.blockDim.y + warp, N,
                          cuda.gridDim.x * cuda.blockDim.y):
-            for k in range(V):
-                col = 4 * (lane + WARP * k)
-                if col < C:
-                    xhat[4 * k], xhat[4 * k + 1], xhat[4 * k + 2], xhat[4 * k + 3] = \
-                        load4(x, (row, col))
-                    g[4 * k], g[4 * k + 1], g[4 * k + 2], g[4 * k + 3] = load4(dout, (row, col))
+            load_row(xhat, x, row)
+            load_row(g, dout, row)
             row_mean = mean[row]
             row_rstd = rstd[row]
             sum_g = float32(0.0)
@@ -237,11 +234,7 @@ def _make_warp_kernels(V):
                         j = 4 * k + i
                         g[j] = row_rstd * (g[j] - mean_g - xhat[j] * mean_g_xhat)
             if accumulate:
-                for k in range(V):
-                    col = 4 * (lane + WARP * k)
-                    if col < C:
-                        xhat[4 * k], xhat[4 * k + 1], xhat[4 * k + 2], xhat[4 * k + 3] = \
-                            load4(dx, (row, col))
+                load_row(xhat, dx, row)
                 for k in range(V):
                     if 4 * (lane + WARP * k) < C:
                         for i in range(4):
