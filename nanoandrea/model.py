@@ -95,8 +95,8 @@ class GPT:
 
     def mlp(self, x, layer):
         m = f"h.{layer}.mlp."
-        x = ops.linear(x, self[m + "c_fc.weight"], self[m + "c_fc.bias"])     # [B,T,4C]
-        x = ops.gelu(x)
+        x = ops.linear(x, self[m + "c_fc.weight"], self[m + "c_fc.bias"],      # [B,T,4C]
+                       activation="gelu")          # gelu(x . W_fc + b), in the matmul's epilogue
         return ops.linear(x, self[m + "c_proj.weight"], self[m + "c_proj.bias"])
 
     def loss(self, idx, targets):

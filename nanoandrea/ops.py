@@ -15,18 +15,30 @@ def _new(like, shape, dtype=None):
     return Tensor(like.backend.empty(shape, dtype), like.backend)
 
 
-def linear(x, weight, bias=None, transpose_weight=False):
-    """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight)."""
+def linear(x, weight, bias=None, transpose_weight=False, activation=None):
+    """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight).
+    activation="gelu": gelu of that, computed in the matmul's epilogue (the MLP's first layer);
+    the pre-activation is kept for the backward."""
     backend = x.backend
     K = x.shape[-1]
     N = weight.shape[0] if transpose_weight else weight.shape[1]
     rows = x.data.reshape(-1, K)                                   # [N_rows, K]
     out = _new(x, x.shape[:-1] + (N,))
-    backend.matmul(out.data.reshape(-1, N), rows, weight.data,
-                   None if bias is None else bias.data, transpose_b=transpose_weight)
+    pre = None
+    if activation == "gelu":
+        pre = backend.empty(out.shape)                             # x . W + b, before GELU
+    elif activation is not None:
+        raise ValueError(f"linear: unknown activation {activation!r}")
+    backend.matmul((out.data if pre is None else pre).reshape(-1, N), rows, weight.data,
+                   None if bias is None else bias.data, transpose_b=transpose_weight,
+                   gelu_out=None if pre is None else out.data.reshape(-1, N))
 
     def backward():
         dy = out.grad.reshape(-1, N)
+        if pre is not None:                                         # through GELU first
+            dpre = backend.empty(pre.shape)
+            backend.gelu_backward(dpre, out.grad, pre)
+            dy = dpre.reshape(-1, N)
         if x.requires_grad:                                         # dX = dY . W^T
             dx, accumulate = grad_slot(x)
             backend.matmul(dx.reshape(-1, K), dy, weight.data,

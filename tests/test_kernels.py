@@ -57,6 +57,21 @@ def test_matmul(rng, kernel, k_splits, transpose_a, transpose_b):
         assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
+@pytest.mark.parametrize("kernel,k_splits", [("tiled", None), ("blocked", None), ("blocked", 2)])
+def test_matmul_with_gelu(rng, kernel, k_splits):
+    """gelu_out: the MLP's activation, in the blocked kernel's epilogue (after the sum of the
+    slices with split-K; after the tiled kernel), beside the pre-activation."""
+    M, N, K = (12, 20, 16) if not GPU else (1024, 1536, 384)
+    a, b, bias = rng.standard_normal((M, K)), rng.standard_normal((K, N)), rng.standard_normal(N)
+    out, activated = poisoned((M, N)), poisoned((M, N))
+    matmul.matmul(out, device(a), device(b), device(bias), kernel=kernel, k_splits=k_splits,
+                  gelu_out=activated)
+    want, want_activated = np.zeros((M, N)), np.zeros((M, N))
+    matmul.matmul_numpy(want, a, b, bias, gelu_out=want_activated)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+    assert relative_error(activated.copy_to_host(), want_activated) < TOLERANCE
+
+
 @pytest.mark.parametrize("tiles", [dict(BN=96), dict(BM=96)])
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
 def test_matmul_192_thread_tiles(rng, tiles, transpose_a, transpose_b):

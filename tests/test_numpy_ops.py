@@ -53,6 +53,17 @@ def test_linear(rng, transpose_weight, with_bias):
     check_gradients(lambda x, w, b=None: ops.linear(x, w, b, transpose_weight), inputs, rng)
 
 
+def test_linear_with_gelu(rng):
+    """activation="gelu": gelu(x . W + b) in one op (the MLP's first layer), whose backward goes
+    through GELU's derivative at the kept pre-activation."""
+    inputs = dict(x=rng.standard_normal((2, 3, 4)), w=rng.standard_normal((4, 5)),
+                  b=rng.standard_normal(5))
+    check_gradients(lambda x, w, b: ops.linear(x, w, b, activation="gelu"), inputs, rng)
+    x, w, b = (Tensor(inputs[name], NP64) for name in "xwb")
+    want = ops.gelu(ops.linear(x, w, b)).data
+    assert np.allclose(ops.linear(x, w, b, activation="gelu").data, want, rtol=1e-14, atol=0)
+
+
 def test_split_and_merge_heads(rng):
     check_gradients(lambda x: ops.split_heads(x, 3), dict(x=rng.standard_normal((2, 4, 6))), rng)
     check_gradients(lambda x: ops.merge_heads(x), dict(x=rng.standard_normal((2, 3, 4, 2))), rng)

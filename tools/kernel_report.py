@@ -34,14 +34,17 @@ def kernels():
     for ta, tb in ((False, False), (False, True), (True, False)):
         yield (f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}",
                matmul._blocked_kernel(ta, tb, (True, True, True)),     # as the launcher picks it
-               (A3, A2, A2, A1, BOOL, BOOL, int64))
+               (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
+    yield ("blocked matmul NN, GELU epilogue",                  # the MLP's first layer
+           matmul._blocked_kernel(False, False, (True, True, True), gelu=True),
+           (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
     yield ("blocked matmul NT, 4-byte loads and stores",       # the LM head of an odd vocabulary
            matmul.make_blocked_matmul_kernel(False, True, False, False, False, blocks_per_sm=2),
-           (A3, A2, A2, A1, BOOL, BOOL, int64))
+           (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
     yield "blocked matmul NN, 2 blocks/SM", matmul.make_blocked_matmul_kernel(
-        False, False, blocks_per_sm=2), (A3, A2, A2, A1, BOOL, BOOL, int64)
+        False, False, blocks_per_sm=2), (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
     yield "blocked matmul NN BK=16", matmul.make_blocked_matmul_kernel(False, False, BK=16), \
-        (A3, A2, A2, A1, BOOL, BOOL, int64)
+        (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
     for D in attention.FAST_HEAD_SIZES:
         forward, dq, dkdv = attention.make_attention_kernels(D)
         yield f"attention forward D={D}", forward, (A4, A3, A4, A4, A4, float32, *DROP, int64)

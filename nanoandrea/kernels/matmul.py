@@ -8,6 +8,7 @@ Every linear layer of the model is one call (activations [B,T,C] are viewed as [
                  dW[K,N] += X^T . dY                    transpose_a=True, accumulate=True
                  db[N]   += sum of dY's rows            sum_rows
     LM head      logits[M,V] = X[M,C] . wte[V,C]^T      transpose_b=True (tied to the embedding)
+    MLP up       H[M,4C] = X . W + b, G = gelu(H)       gelu_out=G: GELU in the epilogue
 
 `accumulate` says whether out is overwritten (=) or added to (+=): gradients of parameters
 accumulate into the flat gradient buffer, and a tensor used twice sums its two gradients.
@@ -28,6 +29,7 @@ from numba import cuda, float32
 
 import numpy as np
 
+from .gelu import gelu_forward, gelu_forward_numpy, gelu_value
 from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
                      elementwise_grid, launch)
 from .vector import aligned16, load4, store4
@@ -73,7 +75,8 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 
 
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
-                               vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1):
+                               vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
+                               gelu=False):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
@@ -90,7 +93,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     vector_a, vector_b: read that operand from global memory 16 bytes at a time (its rows a
     multiple of 4 floats, 16-byte aligned), else 4 bytes at a time. vector_out: the same for
     the output (and the bias). blocks_per_sm > 1: launch bounds that cap the registers so that
-    many blocks fit on a multiprocessor (2: at most 128 registers a thread).
+    many blocks fit on a multiprocessor (2: at most 128 registers a thread). gelu: the
+    epilogue also writes gelu(out) to gelu_out (the MLP's activation); a separate kernel, so
+    that the others keep an epilogue small enough to be unrolled (with GELU in every kernel
+    behind a run-time flag, the row loop stayed rolled and the accumulators went to the stack).
     """
     THREADS_M = BM // 8
     THREADS_N = BN // 8
@@ -181,13 +187,49 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk + 6, ty, tx)
         outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk + 7, ty, tx)
 
+    @cuda.jit(device=True, inline="always")
+    def store_row(out, gelu_out, acc, b_frag, i, z, m0, n0, ty, tx, M, N, accumulate):
+        # the epilogue for the thread's i-th row: out[z, row, its 8 columns] (+)= acc[i, :] +
+        # its bias (in b_frag), and gelu of that into gelu_out when the kernel has the GELU
+        row = m0 + (i // 4) * HALF_M + ty * 4 + i % 4
+        if vector_out:                  # 16 bytes at a time: out[row, col:col+4]
+            for half_n in range(2):
+                col = n0 + half_n * HALF_N + tx * 4
+                j = half_n * 4
+                if row < M and col < N:
+                    v0 = acc[i, j] + b_frag[j]
+                    v1 = acc[i, j + 1] + b_frag[j + 1]
+                    v2 = acc[i, j + 2] + b_frag[j + 2]
+                    v3 = acc[i, j + 3] + b_frag[j + 3]
+                    if accumulate:
+                        o = load4(out, (z, row, col))
+                        v0 += o[0]
+                        v1 += o[1]
+                        v2 += o[2]
+                        v3 += o[3]
+                    store4(out, (z, row, col), v0, v1, v2, v3)
+                    if gelu:
+                        store4(gelu_out, (row, col), gelu_value(v0), gelu_value(v1),
+                               gelu_value(v2), gelu_value(v3))
+        else:                           # 4 bytes at a time
+            for j in range(8):
+                col = n0 + (j // 4) * HALF_N + tx * 4 + j % 4
+                if row < M and col < N:
+                    value = acc[i, j] + b_frag[j]
+                    if accumulate:
+                        value += out[z, row, col]
+                    out[z, row, col] = value
+                    if gelu:
+                        gelu_out[row, col] = gelu_value(value)
+
     # (the simulator's cuda.jit takes no launch_bounds)
     bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if blocks_per_sm > 1 and not SIMULATOR else {}
 
     @cuda.jit(**bounds)
-    def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split):
+    def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, gelu_out):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), where Kz is
         # the z-th slice of k_per_split columns of K (split-K; S = 1 when K is not split).
+        # gelu (S = 1): also gelu_out[M,N] = gelu(out[0]), in the epilogue; else not read.
         # grid (N/BN, M/BM, S), block THREADS
         a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
         b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
@@ -250,32 +292,17 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 for j in range(4):
                     if col + j < N:
                         b_frag[half_n * 4 + j] = bias[col + j]
-        for i in range(8):
-            row = m0 + (i // 4) * HALF_M + ty * 4 + i % 4
-            if vector_out:                  # 16 bytes at a time: out[row, col:col+4]
-                for half_n in range(2):
-                    col = n0 + half_n * HALF_N + tx * 4
-                    j = half_n * 4
-                    if row < M and col < N:
-                        v0 = acc[i, j] + b_frag[j]
-                        v1 = acc[i, j + 1] + b_frag[j + 1]
-                        v2 = acc[i, j + 2] + b_frag[j + 2]
-                        v3 = acc[i, j + 3] + b_frag[j + 3]
-                        if accumulate:
-                            o = load4(out, (z, row, col))
-                            v0 += o[0]
-                            v1 += o[1]
-                            v2 += o[2]
-                            v3 += o[3]
-                        store4(out, (z, row, col), v0, v1, v2, v3)
-            else:                           # 4 bytes at a time
-                for j in range(8):
-                    col = n0 + (j // 4) * HALF_N + tx * 4 + j % 4
-                    if row < M and col < N:
-                        value = acc[i, j] + b_frag[j]
-                        if accumulate:
-                            value += out[z, row, col]
-                        out[z, row, col] = value
+        # the 8 rows written out (as slice_product), so that acc is indexed by constants and
+        # stays in registers however long the epilogue (with GELU, a rolled loop put it on
+        # the stack)
+        store_row(out, gelu_out, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
 
     blocked_matmul_kernel.threads = THREADS
     blocked_matmul_kernel.launch_bounds = bounds.get("launch_bounds")
@@ -324,9 +351,10 @@ def split_count(M, N, K, tile, slots=RESIDENT_BLOCKS):
 _blocked_kernels = {}
 
 
-def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None):
+def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False):
     """The blocked kernel for these transposes, these (vector_a, vector_b, vector_out) and tile
-    parameters (make_blocked_matmul_kernel's keyword arguments; None = the defaults)."""
+    parameters (make_blocked_matmul_kernel's keyword arguments; None = the defaults), with or
+    without the GELU epilogue."""
     # Launch bounds of 2 blocks per multiprocessor (at most 128 registers a thread) where they
     # pay: the plain product (NN) fits in 128 registers unbounded and runs 5% slower bounded;
     # the transposed ones need 139-143 and run 11-14% faster bounded, and so do the 4-byte
@@ -334,6 +362,7 @@ def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None):
     tiles = dict(tiles or {})
     plain = not transpose_a and not transpose_b and all(vectors)
     tiles.setdefault("blocks_per_sm", 1 if plain else 2)
+    tiles["gelu"] = gelu
     key = (transpose_a, transpose_b, vectors, tuple(sorted(tiles.items())))
     if key not in _blocked_kernels:
         _blocked_kernels[key] = make_blocked_matmul_kernel(transpose_a, transpose_b, *vectors,
@@ -354,13 +383,19 @@ def _check_matmul(out, a, b, bias, transpose_a, transpose_b):
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-           kernel="auto", k_splits=None, tiles=None):
+           kernel="auto", k_splits=None, tiles=None, gelu_out=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias). kernel: "auto", "blocked" or "tiled" (the reference).
+    gelu_out[M,N]: also gelu(out), the MLP's activation: written by the blocked kernel's
+    epilogue (the pre-activation out is kept for GELU's backward), by a GELU kernel after the
+    others.
 
     Blocked kernel only: k_splits, slices of K computed in parallel (None: split_count chooses);
     tiles, a dict of make_blocked_matmul_kernel's tile parameters (None: the defaults)."""
-    check_float32(out=out, a=a, b=b, bias=bias)
+    check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b)
+    has_gelu = gelu_out is not None
+    if has_gelu:
+        check_shape("matmul gelu_out", gelu_out, (M, N))
     if kernel == "auto":
         kernel = "tiled" if SIMULATOR else "blocked"
     has_bias = bias is not None
@@ -370,7 +405,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE),
                out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
     elif kernel == "blocked":
-        vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias)))
+        vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias))
+                   and (not has_gelu or aligned16(gelu_out)))
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
         splits = k_splits or split_count(M, N, K, fast.tile)
@@ -378,19 +414,25 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         splits = blocks(K, k_per_split)
         grid = (blocks(N, BN), blocks(M, BM), splits)
         if splits == 1:
+            if has_gelu:
+                fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles,
+                                       gelu=True)
             launch(fast, grid, fast.threads, out.reshape(1, M, N), a, b, bias, has_bias,
-                   accumulate, k_per_split)
-        else:                   # partial products per K slice, then their sum in a fixed order
-            partials = cuda.device_array((splits, M, N), dtype=np.float32, stream=current_stream())
-            launch(fast, grid, fast.threads, partials, a, b, bias, False, False, k_per_split)
-            launch(sum_splits_kernel, *elementwise_grid(M * N), out, partials, bias, has_bias,
-                   accumulate)
+                   accumulate, k_per_split, gelu_out if has_gelu else a)
+            return
+        # partial products per K slice, then their sum in a fixed order
+        partials = cuda.device_array((splits, M, N), dtype=np.float32, stream=current_stream())
+        launch(fast, grid, fast.threads, partials, a, b, bias, False, False, k_per_split, a)
+        launch(sum_splits_kernel, *elementwise_grid(M * N), out, partials, bias, has_bias,
+               accumulate)
     else:
         raise ValueError(f"matmul: unknown kernel {kernel!r}")
+    if has_gelu:                # (the tiled kernel, or split-K: GELU after the sum)
+        gelu_forward(gelu_out, out)
 
 
 def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-                 kernel="auto", k_splits=None, tiles=None):
+                 kernel="auto", k_splits=None, tiles=None, gelu_out=None):
     _check_matmul(out, a, b, bias, transpose_a, transpose_b)
     product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
     if bias is not None:
@@ -399,6 +441,8 @@ def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
         out += product
     else:
         out[...] = product
+    if gelu_out is not None:
+        gelu_forward_numpy(gelu_out, out)
 
 
 # --- sum over rows: the bias gradient (and the position-embedding gradient) ----------------
