@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device session on the H200 (see docs/gpu-runs.md): the quality run of issue 3, the test
 # suite on the GPU, and where a training step's time goes. Logs and results go to $OUT.
-#   usage: bash tools/h200_session.sh [train|tests|profile|bench ...]   (default: all but bench)
+#   usage: bash tools/h200_session.sh [train|tests|profile|bench|variants ...]
+#          (default: train tests profile; each call of the device tool has 10 minutes, so e.g.
+#          "tests bench" in one call and "variants train" in the next)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit 1
@@ -22,5 +24,8 @@ for step in ${steps[@]}; do
       timeout 120 python3 tools/bench.py --only profile 2>&1 | tee $OUT/profile.log | tail -30 ;;
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
+    variants)   # the matmul and attention tile variants, each checked, then timed
+      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention --variants \
+          --json $OUT/variants.json 2>&1 | tee $OUT/variants.log | grep -A80 "^summary" ;;
   esac
 done
