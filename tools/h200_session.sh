@@ -19,7 +19,7 @@ for step in ${steps[@]}; do
           --stop-at ${STOP_AT:-1750} --eval-iters 40 --log-interval 50 2>&1 | tee $OUT/train.log
       cp /tmp/shakespeare/metrics.jsonl /tmp/shakespeare/loss.png /tmp/shakespeare/samples.txt $OUT/ ;;
     tests)
-      timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:warnings tests 2>&1 | tee $OUT/pytest.log | tail -15 ;;
+      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:warnings tests 2>&1 | tee $OUT/pytest.log | tail -15 ;;
     profile)
       timeout 120 python3 tools/bench.py --only profile 2>&1 | tee $OUT/profile.log | tail -30 ;;
     bench)
