@@ -160,6 +160,13 @@ def bench_matmul(args):
                       out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles), theirs, out)
                  for name, ta, tb, out, a, b, theirs in products
                  for variant, tiles in variants.items()]
+        if args.variants and n < 50257:     # the weight gradient with half and twice the slices
+            chosen = matmul_kernels.split_count(k, n, m, (128, 128, 8))   # of K split_count picks
+            for splits in sorted({max(1, chosen // 2), 2 * chosen} - {chosen}):
+                cases.append((f"bwd dW=X^T.dY [k_splits={splits}]",
+                              lambda splits=splits: matmul_kernels.matmul(
+                                  out_dw, X, DY, transpose_a=True, k_splits=splits),
+                              lambda: x.T @ dy, out_dw))
         for name, ours, theirs, out in cases:
             cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails
             ours()
