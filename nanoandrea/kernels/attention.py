@@ -327,7 +327,8 @@ def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None):
     """Forward, dq and dk/dv kernels for head size D (a compile-time constant).
 
     Each tile is (ROWS, COLS, TM, TN) as in tile_functions, optionally with a fifth entry
-    blocks_per_sm (see launch_bounds); the defaults are TILES[D]. Each kernel has attributes
+    blocks_per_sm (see launch_bounds), and for dk/dv a sixth, its scores steps per loop trip
+    (default 1); the defaults are TILES[D]. Each kernel has attributes
     `threads` (its block) and `rows` (its ROWS: rows of a block when rows_per_block is not given).
     """
     forward_tile, dq_tile, dkdv_tile = (given or default for given, default in
@@ -525,11 +526,11 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
     return with_shape(attention_dq_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
 
-def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
-    # one step per trip of the scores products: with two, ptxas spills (outside the products)
-    # under the 168 registers that 6 blocks of 64 threads leave a thread
+def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1):
+    # score_steps per trip of the scores products: one by default; with two, ptxas spills
+    # (outside the products) under the 168 registers that 6 blocks of 64 threads leave a thread
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
-     output_product) = tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=1)
+     output_product) = tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=score_steps)
     recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
     assert THREADS_M * THREADS_N >= COLS, ("a thread per query of a tile", ROWS, COLS, TM, TN)
@@ -644,10 +645,13 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # `tiles` (forward, dq, dk/dv; None keeps the default). ptxas, sm_90 (2026-11-29): no spills,
 # at most 48 KB of shared memory: dq 32x32 168 registers 39 KB (16 LDS.128 per 128 FFMA in
 # its score loop, where 32x16 has 12 per 64), dq 64x16 128 registers 48 KB, forward 32x32
-# 128 registers 32 KB (more blocks per multiprocessor than 64x32's 150 registers 45 KB).
+# 128 registers 32 KB (more blocks per multiprocessor than 64x32's 150 registers 45 KB); dk/dv
+# with two scores steps a trip at 4 blocks per multiprocessor: 242 registers, no spills (at 5
+# or 6 blocks it spills 32 bytes). A dk/dv tile's sixth entry is its scores steps.
 TILE_VARIANTS = {64: {"dq 32x32": (None, (32, 32, 4, 4), None),
                       "dq 64x16": (None, (64, 16, 4, 2), None),
-                      "fwd 32x32": ((32, 32, 4, 4), None, None)}}
+                      "fwd 32x32": ((32, 32, 4, 4), None, None),
+                      "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2))}}
 _fast_kernels = {}
 
 
