@@ -57,6 +57,25 @@ def test_matmul(rng, kernel, k_splits, transpose_a, transpose_b):
         assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
+@pytest.mark.parametrize("stages,k_splits", [(2, None), (3, None), (3, 2)])
+def test_matmul_cp_async_pipeline(rng, stages, k_splits):
+    """The weight-gradient product (a[K,M]^T . b[K,N]) with its slices copied by cp.async,
+    `stages` in flight: K not a multiple of the slice, M and N not of the tile, split-K."""
+    M, N, K = (12, 20, 44) if not GPU else (1000, 388, 4100)
+    a, b = rng.standard_normal((K, M)), rng.standard_normal((K, N))
+    out, prior = output_and_prior(rng, (M, N), True)
+    matmul.matmul(out, device(a), device(b), transpose_a=True, accumulate=True,
+                  kernel="blocked", k_splits=k_splits, tiles=dict(stages=stages))
+    want = prior.astype(np.float64)
+    matmul.matmul_numpy(want, a, b, transpose_a=True, accumulate=True)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
+def test_matmul_cp_async_pipeline_refuses_rows_along_k():
+    with pytest.raises(ValueError, match="cp.async pipeline"):
+        matmul.make_blocked_matmul_kernel(False, False, stages=3)
+
+
 @pytest.mark.parametrize("kernel,k_splits", [("tiled", None), ("blocked", None), ("blocked", 2)])
 def test_matmul_with_gelu(rng, kernel, k_splits):
     """gelu_out: the MLP's activation, in the blocked kernel's epilogue (after the sum of the

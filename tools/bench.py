@@ -162,10 +162,14 @@ def bench_matmul(args):
                  for variant, tiles in variants.items()]
         if args.variants and n < 50257:     # the weight gradient with half and twice the slices
             chosen = matmul_kernels.split_count(k, n, m, (128, 128, 8))   # of K split_count picks
-            for splits in sorted({max(1, chosen // 2), 2 * chosen} - {chosen}):
-                cases.append((f"bwd dW=X^T.dY [k_splits={splits}]",
-                              lambda splits=splits: matmul_kernels.matmul(
-                                  out_dw, X, DY, transpose_a=True, k_splits=splits),
+            dw_variants = [(f"k_splits={splits}", splits, None) for splits in
+                           sorted({max(1, chosen // 2), 2 * chosen} - {chosen})]
+            dw_variants += [(f"cp.async, {stages} stages", None, dict(stages=stages))
+                            for stages in (3, 4)]     # ... and with its slices copied by cp.async
+            for variant, splits, tiles in dw_variants:
+                cases.append((f"bwd dW=X^T.dY [{variant}]",
+                              lambda splits=splits, tiles=tiles: matmul_kernels.matmul(
+                                  out_dw, X, DY, transpose_a=True, k_splits=splits, tiles=tiles),
                               lambda: x.T @ dy, out_dw))
         for name, ours, theirs, out in cases:
             cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails

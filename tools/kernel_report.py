@@ -35,6 +35,9 @@ def kernels():
         yield (f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}",
                matmul._blocked_kernel(ta, tb, (True, True, True)),     # as the launcher picks it
                (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
+    yield ("blocked matmul TN, cp.async 3 stages",              # a weight gradient, pipelined
+           matmul._blocked_kernel(True, False, (True, True, True), dict(stages=3)),
+           (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
     yield ("blocked matmul NN, GELU epilogue",                  # the MLP's first layer
            matmul._blocked_kernel(False, False, (True, True, True), gelu=True),
            (A3, A2, A2, A1, BOOL, BOOL, int64, A2))

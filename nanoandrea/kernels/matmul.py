@@ -29,6 +29,7 @@ from numba import cuda, float32
 
 import numpy as np
 
+from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_forward, gelu_forward_numpy, gelu_value
 from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
                      elementwise_grid, launch)
@@ -76,7 +77,7 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
                                vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
-                               gelu=False):
+                               gelu=False, stages=0):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
@@ -97,6 +98,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     epilogue also writes gelu(out) to gelu_out (the MLP's activation); a separate kernel, so
     that the others keep an epilogue small enough to be unrolled (with GELU in every kernel
     behind a run-time flag, the row loop stayed rolled and the accumulators went to the stack).
+    stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
+    through registers, `stages` of them in flight (a pipeline); only for operands whose rows
+    run along M or N (transpose_a and not transpose_b: the weight gradients), read 16 bytes at
+    a time.
     """
     THREADS_M = BM // 8
     THREADS_N = BN // 8
@@ -110,6 +115,11 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     B_PAD = BN + 4                          # conflicts, and rows stay 16-byte aligned
     A_ALONG_K = not transpose_a             # a[M,K]: its 4-float chunks run along k
     B_ALONG_K = transpose_b                 # b[N,K]: likewise
+    if stages and (A_ALONG_K or B_ALONG_K or not vector_a or not vector_b or stages < 2):
+        raise ValueError("matmul: the cp.async pipeline takes 2 or more stages of operands "
+                         "whose aligned rows run along M or N (transpose_a, not transpose_b)")
+    WAIT_FOR_OLDEST = wait_copies(stages - 2) if stages else None
+    WAIT_FOR_ALL = wait_copies(0)
 
     @cuda.jit(device=True, inline="always")
     def read_chunk(x, rows, cols, r, c, vector):
@@ -222,6 +232,33 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                     if gelu:
                         gelu_out[row, col] = gelu_value(value)
 
+    @cuda.jit(device=True, inline="always")
+    def epilogue(out, gelu_out, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N):
+        # the bias of this thread's columns (or zeros) into b_frag, then its 8 rows of out
+        for half_n in range(2):
+            col = n0 + half_n * HALF_N + tx * 4
+            for j in range(4):
+                b_frag[half_n * 4 + j] = float32(0.0)
+            if has_bias and vector_out and col < N:
+                y = load4(bias, (col,))
+                for j in range(4):
+                    b_frag[half_n * 4 + j] = y[j]
+            elif has_bias:
+                for j in range(4):
+                    if col + j < N:
+                        b_frag[half_n * 4 + j] = bias[col + j]
+        # the 8 rows written out (as slice_product), so that acc is indexed by constants and
+        # stays in registers however long the epilogue (with GELU, a rolled loop put it on
+        # the stack)
+        store_row(out, gelu_out, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_out, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
+
     # (the simulator's cuda.jit takes no launch_bounds)
     bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if blocks_per_sm > 1 and not SIMULATOR else {}
 
@@ -280,34 +317,74 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             cuda.syncthreads()
             buffer = 1 - buffer
 
-        for half_n in range(2):             # the bias of this thread's columns, or zeros
-            col = n0 + half_n * HALF_N + tx * 4
-            for j in range(4):
-                b_frag[half_n * 4 + j] = float32(0.0)
-            if has_bias and vector_out and col < N:
-                y = load4(bias, (col,))
-                for j in range(4):
-                    b_frag[half_n * 4 + j] = y[j]
-            elif has_bias:
-                for j in range(4):
-                    if col + j < N:
-                        b_frag[half_n * 4 + j] = bias[col + j]
-        # the 8 rows written out (as slice_product), so that acc is indexed by constants and
-        # stays in registers however long the epilogue (with GELU, a rolled loop put it on
-        # the stack)
-        store_row(out, gelu_out, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
+        epilogue(out, gelu_out, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
 
-    blocked_matmul_kernel.threads = THREADS
-    blocked_matmul_kernel.launch_bounds = bounds.get("launch_bounds")
-    blocked_matmul_kernel.tile = (BM, BN, BK)
-    return blocked_matmul_kernel
+    @cuda.jit(device=True, inline="always")
+    def copy_slice(tiles, stage, x, chunks, total, width, size, k_end, first, k0, tid):
+        # one operand's slice x[k0:k0+BK, first:first+width] (x[K, size], rows along M or N)
+        # into tiles[stage] with cp.async, 16 bytes per chunk; zeros outside x[:k_end, :size]
+        for r in range(chunks):
+            chunk = tid + r * THREADS
+            if total % THREADS != 0 and chunk >= total:
+                continue
+            k, i = chunk // (width // 4), (chunk % (width // 4)) * 4
+            valid = k0 + k < k_end and first + i < size
+            copy16_async(tiles, (stage, k, i), x, (k0 + k if valid else 0,
+                                                   first + i if valid else 0), valid)
+
+    @cuda.jit(**bounds)
+    def pipelined_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, gelu_out):
+        # as blocked_matmul_kernel, for a[K,M], b[K,N]; `stages` slices in flight
+        a_tiles = cuda.shared.array((stages, BK, A_PAD), float32)
+        b_tiles = cuda.shared.array((stages, BK, B_PAD), float32)
+        acc = cuda.local.array((8, 8), float32)
+        a_frag = cuda.local.array(8, float32)
+        b_frag = cuda.local.array(8, float32)
+        M, N = out.shape[1], out.shape[2]
+        K = a.shape[0]
+        z = cuda.blockIdx.z
+        k_start = z * k_per_split
+        k_end = min(K, k_start + k_per_split)
+        tid = cuda.threadIdx.x
+        ty = tid // THREADS_N
+        tx = tid % THREADS_N
+        m0 = cuda.blockIdx.y * BM
+        n0 = cuda.blockIdx.x * BN
+        for i in range(8):
+            for j in range(8):
+                acc[i, j] = float32(0.0)
+
+        # the first stages - 1 slices start on their way, a group each
+        for s in range(stages - 1):
+            copy_slice(a_tiles, s, a, A_CHUNKS, A_TOTAL, BM, M, k_end, m0, k_start + s * BK, tid)
+            copy_slice(b_tiles, s, b, B_CHUNKS, B_TOTAL, BN, N, k_end, n0, k_start + s * BK, tid)
+            commit_copies()
+        stage = 0
+        for k0 in range(k_start, k_end, BK):
+            WAIT_FOR_OLDEST()       # this thread's copies of slice k0 have landed ...
+            cuda.syncthreads()      # ... and everyone's; everyone is done with the last slice
+            # so its stage takes the slice stages - 1 ahead (zeros past k_end: groups stay even)
+            ahead = stage - 1 if stage > 0 else stages - 1      # (stage + stages - 1) % stages
+            copy_slice(a_tiles, ahead, a, A_CHUNKS, A_TOTAL, BM, M, k_end, m0,
+                       k0 + (stages - 1) * BK, tid)
+            copy_slice(b_tiles, ahead, b, B_CHUNKS, B_TOTAL, BN, N, k_end, n0,
+                       k0 + (stages - 1) * BK, tid)
+            commit_copies()
+            for kk in range(0, BK, 8):
+                slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, stage, kk, ty, tx)
+            stage = stage + 1 if stage + 1 < stages else 0       # (no 64-bit modulo)
+        WAIT_FOR_ALL()              # no copy may land in shared memory after the block ends
+
+        epilogue(out, gelu_out, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
+
+    if stages:
+        kernel = pipelined_matmul_kernel
+    else:
+        kernel = blocked_matmul_kernel
+    kernel.threads = THREADS
+    kernel.launch_bounds = bounds.get("launch_bounds")
+    kernel.tile = (BM, BN, BK)
+    return kernel
 
 
 @cuda.jit

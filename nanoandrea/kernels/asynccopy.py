@@ -1,0 +1,104 @@
+"""Asynchronous copies from global to shared memory (`cp.async`, sm_80 and later), for kernels.
+
+    copy16_async(dst, (i, .., j), src, (r, .., c), valid)
+        dst[i, .., j:j+4] = src[r, .., c:c+4] if valid else 0      16 bytes, started, not waited for
+    commit_copies()          the copies started since the last commit form one group
+    wait_copies(n)()         wait until at most n groups are still in flight (n: a Python int)
+
+A register-staged copy (load into registers, later store to shared memory) ties up its registers
+until the store, and its load must be issued early by hand to hide the latency. `cp.async` goes
+straight from global to shared memory: the thread keeps computing, several slices can be in
+flight at once (a pipeline of stages), and no registers are spent on them. The data is in shared
+memory for the whole block only after the issuing threads have waited for their groups AND the
+block has passed a barrier.
+
+Numba has no API for it, so these are Numba intrinsics whose code is inline PTX (llvmlite
+InlineAsm), as kernels/vector.py's load4 and store4 are LLVM IR:
+    cp.async.cg.shared.global [dst], [src], 16, src_size;    (src_size 0: 16 zero bytes written)
+The array pointers Numba holds are generic addresses; `cvta.to.shared` and `cvta.to.global` turn
+them into the state spaces the instruction takes. The caller guarantees 16-byte alignment of
+both addresses (rows of a multiple of 4 floats, aligned bases: vector.aligned16) and, even when
+valid is False, that src's index is inside the array (nothing is read then; the address stays
+legal).
+
+Under the CUDA simulator there is no PTX: the copy happens at once (a legal schedule of an
+asynchronous copy), and committing and waiting do nothing.
+"""
+from .launch import SIMULATOR
+
+if SIMULATOR:
+    def copy16_async(dst, dst_index, src, src_index, valid):
+        *outer, j = dst_index
+        *rows, c = src_index
+        for e in range(4):
+            dst[tuple(outer) + (j + e,)] = src[tuple(rows) + (c + e,)] if valid else 0.0
+
+    def commit_copies():
+        pass
+
+    def wait_copies(n):
+        def wait():
+            pass
+        return wait
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    from .vector import _check, _element_pointer
+
+    I32, I64 = ir.IntType(32), ir.IntType(64)
+    COPY16 = """{
+    .reg .u64 shared_64, global_address;
+    .reg .u32 shared_address;
+    cvta.to.shared.u64 shared_64, $0;
+    cvt.u32.u64 shared_address, shared_64;
+    cvta.to.global.u64 global_address, $1;
+    cp.async.cg.shared.global [shared_address], [global_address], 16, $2;
+}"""
+
+    def _asm(builder, text, constraints, arguments, kinds):
+        function = ir.InlineAsm(ir.FunctionType(ir.VoidType(), kinds), text, constraints,
+                                side_effect=True)
+        builder.call(function, arguments)
+
+    @intrinsic
+    def copy16_async(typingctx, dst, dst_index, src, src_index, valid):
+        _check(dst, dst_index)
+        _check(src, src_index)
+
+        def codegen(context, builder, signature, args):
+            dst_pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                           signature.args[1], args[1])
+            src_pointer = _element_pointer(context, builder, signature.args[2], args[2],
+                                           signature.args[3], args[3])
+            is_valid = context.cast(builder, args[4], signature.args[4], types.boolean)
+            size = builder.select(is_valid, ir.Constant(I32, 16), ir.Constant(I32, 0))
+            _asm(builder, COPY16, "l,l,r,~{memory}",
+                 [builder.ptrtoint(dst_pointer, I64), builder.ptrtoint(src_pointer, I64), size],
+                 [I64, I64, I32])
+
+        return types.void(dst, dst_index, src, src_index, valid), codegen
+
+    @intrinsic
+    def commit_copies(typingctx):
+        def codegen(context, builder, signature, args):
+            _asm(builder, "cp.async.commit_group;", "~{memory}", [], [])
+
+        return types.void(), codegen
+
+    _waits = {}
+
+    def wait_copies(n):
+        """The intrinsic that waits until at most n groups of this thread's copies are in
+        flight (n is part of the instruction, so one intrinsic per n)."""
+        if n not in _waits:
+            @intrinsic
+            def wait(typingctx):
+                def codegen(context, builder, signature, args):
+                    _asm(builder, f"cp.async.wait_group {int(n)};", "~{memory}", [], [])
+
+                return types.void(), codegen
+            _waits[n] = wait
+        return _waits[n]
