@@ -233,6 +233,20 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                         gelu_out[row, col] = gelu_value(value)
 
     @cuda.jit(device=True, inline="always")
+    def block_start(acc, K, k_per_split):
+        # zeroes the accumulators; returns where this block and thread work: the K slice
+        # [k_start, k_end) (split-K: blockIdx.z), the output tile's first row m0 and column
+        # n0, the thread's index tid and its place (ty, tx) on the THREADS_M x THREADS_N grid
+        for i in range(8):
+            for j in range(8):
+                acc[i, j] = float32(0.0)
+        z = cuda.blockIdx.z
+        k_start = z * k_per_split
+        tid = cuda.threadIdx.x
+        return (z, k_start, min(K, k_start + k_per_split), tid, tid // THREADS_N, tid % THREADS_N,
+                cuda.blockIdx.y * BM, cuda.blockIdx.x * BN)
+
+    @cuda.jit(device=True, inline="always")
     def epilogue(out, gelu_out, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N):
         # the bias of this thread's columns (or zeros) into b_frag, then its 8 rows of out
         for half_n in range(2):
@@ -277,17 +291,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         b_next = cuda.local.array(B_STAGED, float32)
         M, N = out.shape[1], out.shape[2]
         K = a.shape[0] if transpose_a else a.shape[1]
-        z = cuda.blockIdx.z
-        k_start = z * k_per_split
-        k_end = min(K, k_start + k_per_split)
-        tid = cuda.threadIdx.x
-        ty = tid // THREADS_N
-        tx = tid % THREADS_N
-        m0 = cuda.blockIdx.y * BM
-        n0 = cuda.blockIdx.x * BN
-        for i in range(8):
-            for j in range(8):
-                acc[i, j] = float32(0.0)
+        z, k_start, k_end, tid, ty, tx, m0, n0 = block_start(acc, K, k_per_split)
 
         # the first slice goes straight to buffer 0
         load_slice(a_next, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, M, k_end, m0, k_start,
@@ -342,17 +346,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         b_frag = cuda.local.array(8, float32)
         M, N = out.shape[1], out.shape[2]
         K = a.shape[0]
-        z = cuda.blockIdx.z
-        k_start = z * k_per_split
-        k_end = min(K, k_start + k_per_split)
-        tid = cuda.threadIdx.x
-        ty = tid // THREADS_N
-        tx = tid % THREADS_N
-        m0 = cuda.blockIdx.y * BM
-        n0 = cuda.blockIdx.x * BN
-        for i in range(8):
-            for j in range(8):
-                acc[i, j] = float32(0.0)
+        z, k_start, k_end, tid, ty, tx, m0, n0 = block_start(acc, K, k_per_split)
 
         # the first stages - 1 slices start on their way, a group each
         for s in range(stages - 1):
