@@ -306,8 +306,21 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2):
             output_step(acc, e, y, e_frag, y_frag, c + 2, ty, tx)
             output_step(acc, e, y, e_frag, y_frag, c + 3, ty, tx)
 
+    @cuda.jit(device=True, inline="always")
+    def store_rows(x, acc, b, h, first, end, scale, accumulate, ty, tx):
+        # x[b, h, first + row_of(ty, i), dim_of(tx, j)] (+)= acc[i, j] * scale, rows below end
+        for i in range(TM):
+            row = first + row_of(ty, i)
+            if row < end:
+                for j in range(TD):
+                    d = dim_of(tx, j)
+                    value = acc[i, j] * scale
+                    if accumulate:
+                        value += x[b, h, row, d]
+                    x[b, h, row, d] = value
+
     return (thread_position, row_of, dim_of, stage, scores_product, exchange,
-            output_product)
+            output_product, store_rows)
 
 
 def make_recompute(scores_product, TM, TN):
@@ -370,7 +383,7 @@ def launch_bounds(threads, blocks_per_sm):
 
 def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
-     output_product) = tile_functions(D, ROWS, COLS, TM, TN)
+     output_product, _) = tile_functions(D, ROWS, COLS, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, P_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
@@ -460,7 +473,7 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
 
 def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
-     output_product) = tile_functions(D, ROWS, COLS, TM, TN)
+     output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN)
     recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
@@ -513,15 +526,7 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
                 cuda.syncthreads()
                 output_product(acc, ds_t, k_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
-            for i in range(TM):
-                row = row_base + row_of(ty, i)
-                if row < row_end:
-                    for j in range(TD):
-                        d = dim_of(tx, j)
-                        value = acc[i, j] * scale
-                        if accumulate:
-                            value += dq[b, h, row, d]
-                        dq[b, h, row, d] = value
+            store_rows(dq, acc, b, h, row_base, row_end, scale, accumulate, ty, tx)
 
     return with_shape(attention_dq_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
@@ -530,7 +535,8 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1):
     # score_steps per trip of the scores products: one by default; with two, ptxas spills
     # (outside the products) under the 168 registers that 6 blocks of 64 threads leave a thread
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
-     output_product) = tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=score_steps)
+     output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN,
+                                                  SCORE_STEPS=score_steps)
     recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
     assert THREADS_M * THREADS_N >= COLS, ("a thread per query of a tile", ROWS, COLS, TM, TN)
@@ -596,18 +602,8 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1):
                 output_product(dv_acc, pg_t, dout_tile)
                 output_product(dk_acc, ds_t, q_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
-            for i in range(TM):
-                key = key_base + row_of(ty, i)
-                if key < row_end:
-                    for j in range(TD):
-                        d = dim_of(tx, j)
-                        dk_value = dk_acc[i, j]
-                        dv_value = dv_acc[i, j]
-                        if accumulate:
-                            dk_value += dk[b, h, key, d]
-                            dv_value += dv[b, h, key, d]
-                        dk[b, h, key, d] = dk_value
-                        dv[b, h, key, d] = dv_value
+            store_rows(dk, dk_acc, b, h, key_base, row_end, float32(1.0), accumulate, ty, tx)
+            store_rows(dv, dv_acc, b, h, key_base, row_end, float32(1.0), accumulate, ty, tx)
 
     return with_shape(attention_dkdv_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
