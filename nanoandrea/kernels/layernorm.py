@@ -118,11 +118,16 @@ def _make_warp_kernels(V):
                     load4(x, (row, col))
 
     @cuda.jit(device=True, inline="always")
-    def normalize_warp_row(out, mean, rstd, values, total, weight, bias, eps, row):
-        # The forward after a row is loaded: values (this lane's columns of row `row`) add up
-        # to `total`; writes out[row, :], mean[row], rstd[row]. Every lane of the warp calls it.
+    def normalize_warp_row(out, mean, rstd, values, weight, bias, eps, row):
+        # The forward after a row is loaded into values (this lane's columns of row `row`):
+        # writes out[row, :], mean[row], rstd[row]. Every lane of the warp calls it.
         C = out.shape[1]
         lane = cuda.threadIdx.x
+        total = float32(0.0)
+        for k in range(V):
+            if 4 * (lane + WARP * k) < C:
+                for i in range(4):
+                    total += values[4 * k + i]
         row_mean = warp_sum(total) / float32(C)
         total = float32(0.0)
         for k in range(V):
@@ -155,16 +160,9 @@ def _make_warp_kernels(V):
         row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
         if row >= x.shape[0]:
             return
-        C = x.shape[1]
-        lane = cuda.threadIdx.x
         values = cuda.local.array(SIZE, float32)
         load_row(values, x, row)
-        total = float32(0.0)
-        for k in range(V):
-            if 4 * (lane + WARP * k) < C:
-                for i in range(4):
-                    total += values[4 * k + i]
-        normalize_warp_row(out, mean, rstd, values, total, weight, bias, eps, row)
+        normalize_warp_row(out, mean, rstd, values, weight, bias, eps, row)
 
     @cuda.jit
     def residual_forward(resid, out, mean, rstd, a, b, weight, bias, eps):
@@ -179,16 +177,14 @@ def _make_warp_kernels(V):
         other = cuda.local.array(SIZE, float32)
         load_row(values, a, row)
         load_row(other, b, row)
-        total = float32(0.0)
         for k in range(V):
             col = 4 * (lane + WARP * k)
             if col < C:
                 for i in range(4):
                     values[4 * k + i] += other[4 * k + i]
-                    total += values[4 * k + i]
                 store4(resid, (row, col), values[4 * k], values[4 * k + 1], values[4 * k + 2],
                        values[4 * k + 3])
-        normalize_warp_row(out, mean, rstd, values, total, weight, bias, eps, row)
+        normalize_warp_row(out, mean, rstd, values, weight, bias, eps, row)
 
     @cuda.jit(**bounds)
     def backward(dx, dweight_partials, dbias_partials, dout, x, weight, mean, rstd, accumulate):
