@@ -28,7 +28,7 @@ from .kernels import launch
 
 class TrainStep:
     def __init__(self, model, optimizer, batch_size, block_size, grad_accum=1, train=True,
-                 cuda_graph=True, loss_scale=None):
+                 cuda_graph=True):
         self.model = model
         self.optimizer = optimizer
         self.backend = backend = model.backend
