@@ -13,13 +13,17 @@ Sections:
   attention  forward and forward+backward against torch's scaled_dot_product_attention (float32)
   small      the fused memory-bound kernels (residual + layernorm, GELU, cross-entropy with its
              gradient, AdamW with clipping) against PyTorch's ops, in GB/s
-  e2e        training tokens/s of a full step (forward, backward, AdamW) against a PyTorch GPT-2
-             of identical shape (fused AdamW, SDPA, float32, TF32 off)
+  e2e        training tokens/s of full steps (forward, backward, AdamW) against a PyTorch GPT-2
+             of identical shape (fused AdamW, SDPA, float32, TF32 off): consecutive steps
+             between two events, as a training run has them (no wait for the GPU per step)
   train      andrea-12m on tiny Shakespeare for a few steps: the loss must fall
+  kernels    (only when asked for) each kernel's GPU time in a training step, ours and
+             PyTorch's, through torch.profiler
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -287,7 +291,12 @@ def attention_variants(D, T, tile_variants=False):
 
 # --- end to end -------------------------------------------------------------------------------
 
-def bench_e2e(args):
+E2E_CASES = [("andrea-12m", 64, 256, 4096), ("andrea-120m", 16, 1024, 50257)]
+
+
+def e2e_cases(args):
+    """(preset, B, T, our step(graph), PyTorch's step) of each end-to-end case: the same
+    config, the same batch, AdamW on both sides."""
     import torch
     from nanoandrea.backend import get_backend
     from nanoandrea.config import get_preset
@@ -297,41 +306,109 @@ def bench_e2e(args):
     from nanoandrea.torch_gpt import TorchGPT
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    print("end to end: a training step (forward, backward, AdamW), float32")
-    cases = [("andrea-12m", 64, 256, 4096), ("andrea-120m", 16, 1024, 50257)]
-    for preset, B, T, V in cases:
-        if args.quick and preset == "andrea-120m":
+    for preset, B, T, V in E2E_CASES:
+        if (args.quick and preset == "andrea-120m") or (args.models and preset not in args.models):
             continue
         config = get_preset(preset, vocab_size=V, block_size=T)
         rng = np.random.default_rng(0)
         idx = rng.integers(0, V, size=(B, T)).astype(np.int32)
         targets = rng.integers(0, V, size=(B, T)).astype(np.int32)
-        tokens = B * T
-        # ours: the step eagerly (every launch from Python), then captured as a CUDA graph
         model = GPT(config, get_backend("cuda"), seed=0)
         optimizer = AdamW(model.params, lr=1e-4)
-        ours_ms = {}
-        for graph in (False, True):
+
+        def ours(graph, model=model, optimizer=optimizer, B=B, T=T, batch=(idx, targets)):
             step = TrainStep(model, optimizer, B, T, train=False, cuda_graph=graph)
-            ours_ms[graph] = event_time_ms(lambda: step([(idx, targets)], [0], 1e-4),
-                                           warmup=3, repeat=args.e2e_repeat)
-        # PyTorch
+            return lambda: step([batch], [0], 1e-4)
         reference = TorchGPT(config, device="cuda")
         torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-4, fused=True)
         tidx, ttargets = (torch.as_tensor(a, device="cuda").long() for a in (idx, targets))
 
-        def torch_step():
+        def theirs(reference=reference, torch_optimizer=torch_optimizer, tidx=tidx,
+                   ttargets=ttargets):
             torch_optimizer.zero_grad(set_to_none=True)
             _, loss = reference(tidx, ttargets)
             loss.backward()
             torch_optimizer.step()
-        torch_ms = event_time_ms(torch_step, warmup=2, repeat=args.e2e_repeat)
+        yield preset, B, T, config, ours, theirs
+
+
+def steps_time_ms(step, repeat, warmup=3, seconds=0.5):
+    """Milliseconds per training step, steady state: consecutive steps (about `seconds` of them)
+    between two CUDA events, nothing waiting for the GPU between them, as in training, where
+    the host prepares the next step while the GPU runs this one; the median over `repeat`."""
+    for _ in range(warmup):
+        step()
+    cuda.synchronize()
+    began = time.perf_counter()
+    step()
+    cuda.synchronize()
+    steps = max(3, round(seconds / (time.perf_counter() - began)))
+    times = []
+    for _ in range(repeat):
+        cuda.synchronize()
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end) / steps)
+    return statistics.median(times)
+
+
+def bench_e2e(args):
+    print("end to end: training steps (forward, backward, AdamW), float32, steady state")
+    for preset, B, T, config, ours, theirs in e2e_cases(args):
+        tokens = B * T
+        # ours: the step eagerly (every launch from Python), then captured as a CUDA graph
+        ours_ms = {graph: steps_time_ms(ours(graph), args.e2e_repeat) for graph in (False, True)}
+        torch_ms = steps_time_ms(theirs, args.e2e_repeat)
         flops = flops_per_token(config) * tokens
         for graph, ms in ours_ms.items():
             row("e2e", f"{preset} B={B} T={T} step, {'graph' if graph else 'eager'}", ms,
                 flops, "TFLOP/s", torch_ms, "PyTorch",
                 f"ours {tokens / ms * 1e3:,.0f} tok/s (MFU {mfu(flops, ms)}), PyTorch "
                 f"{tokens / torch_ms * 1e3:,.0f} tok/s (MFU {mfu(flops, torch_ms)})")
+
+
+def kernel_name(name):
+    """A readable kernel name: Numba's arrive demangled as nanoandrea::kernels::matmul::
+    make_blocked_matmul_kernel::_3clocals_3e::blocked_matmul_kernel[abi:v12][abi:cw51c...](...);
+    keep module.function (and the factory that made a closure kernel)."""
+    if "nanoandrea::" not in name:
+        return name[:60]
+    name = re.sub(r"\[abi:[^]]*\]", "", name.split("(")[0]).replace("::_3clocals_3e", "")
+    return ".".join(name.split("::")[2:])
+
+
+def bench_kernels(args):
+    """Each kernel's GPU time in one training step, ours and PyTorch's side by side, recorded
+    by the CUDA profiling interface (through torch.profiler: it sees every kernel of the
+    process, Numba's too). Our step runs eagerly here: the same kernels a graph replays."""
+    from torch.profiler import ProfilerActivity, profile
+    steps = 3
+    for preset, B, T, config, ours, theirs in e2e_cases(args):
+        for side, fn in (("ours", ours(False)), ("PyTorch", theirs)):
+            for _ in range(3):
+                fn()
+            cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    fn()
+                cuda.synchronize()
+            totals = {}
+            for event in prof.events():
+                if event.device_type.name != "CUDA":
+                    continue
+                entry = totals.setdefault(kernel_name(event.name), [0, 0.0])
+                entry[0] += 1
+                entry[1] += event.time_range.elapsed_us() / 1e3
+            total = sum(ms for _, ms in totals.values())
+            print(f"kernels: {preset} B={B} T={T}, {side}: {total / steps:.2f} ms of kernels "
+                  f"per step")
+            for name, (count, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:args.top]:
+                print(f"  {name:60s} {count // steps:4d}/step {ms / steps:8.3f} ms "
+                      f"{1e3 * ms / count:9.1f} us each {100 * ms / total:5.1f}%")
 
 
 def mfu(flops, ms):
@@ -520,16 +597,19 @@ def bench_small(args):
 
 
 SECTIONS = {"profile": bench_profile, "matmul": bench_matmul, "attention": bench_attention,
-            "small": bench_small, "e2e": bench_e2e, "train": bench_train}
+            "small": bench_small, "e2e": bench_e2e, "train": bench_train,
+            "kernels": bench_kernels}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", default=",".join(SECTIONS))
+    parser.add_argument("--only", default=",".join(s for s in SECTIONS if s != "kernels"))
+    parser.add_argument("--top", type=int, default=25, help="kernels: how many to list")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--e2e-repeat", type=int, default=5)
     parser.add_argument("--train-steps", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="skip the largest shapes")
+    parser.add_argument("--models", default=None, help="e2e: only these presets (comma list)")
     parser.add_argument("--variants", action="store_true", help="time matmul tile variants too")
     parser.add_argument("--cache", default=None, help="folder for prepared data")
     parser.add_argument("--json", default=None, help="write the rows here")
