@@ -12,6 +12,7 @@ from numba import cuda
 from conftest import GPU, relative_error
 from nanoandrea.kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding,
                                 gelu, heads, layernorm, matmul)
+from nanoandrea.kernels.launch import launch
 
 TOLERANCE = 2e-5 if not GPU else 1e-4      # float32 kernels against a float64 reference
 
@@ -161,21 +162,56 @@ def test_sum_rows(rng, accumulate):
 
 # --- split / merge heads ---------------------------------------------------------------------------
 
+def device_at(array, offset):
+    """A device copy of `array` whose first element sits `offset` floats past the start of its
+    allocation: offset 1 makes it not 16-byte aligned (on a GPU; the simulator has no addresses)."""
+    flat = np.zeros(offset + array.size, dtype=np.float32)
+    flat[offset:] = array.reshape(-1)
+    return cuda.to_device(flat)[offset:].reshape(array.shape)
+
+
+def recording_launches(monkeypatch, module):
+    """The list of the kernels `module` launches from now on, in order (they still run)."""
+    launched = []
+
+    def record(kernel, *arguments):
+        launched.append(kernel)
+        launch(kernel, *arguments)
+
+    monkeypatch.setattr(module, "launch", record)
+    return launched
+
+
+# (B, T, H, D): D % 4 == 0 takes the 16-byte kernels (in the simulator D=64 gives a block 2 rows
+# tall, so T=7 spans two blocks, the second part empty), other D the one-element kernels
+HEADS_CASES = ([(2, 7, 3, 8), (2, 7, 2, 64), (2, 7, 3, 6)] if not GPU else
+               [(64, 256, 12, 32), (16, 1024, 12, 64), (16, 256, 12, 30)])
+
+
+@pytest.mark.parametrize("B,T,H,D", HEADS_CASES)
+@pytest.mark.parametrize("offset", [0, 1])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_split_and_merge_heads(rng, accumulate):
-    B, T, H, D = (2, 7, 3, 8) if not GPU else (64, 256, 12, 32)
-    x = rng.standard_normal((B, T, H * D))
-    out, prior = output_and_prior(rng, (B, H, T, D), accumulate)
-    heads.split_heads(out, device(x), accumulate)
+def test_split_and_merge_heads(rng, monkeypatch, B, T, H, D, offset, accumulate):
+    """Bit for bit the NumPy twins (a copy, or one float32 add); offset 1: arrays not 16-byte
+    aligned, which on a GPU must take the one-element kernels."""
+    launched = recording_launches(monkeypatch, heads)
+    x = rng.standard_normal((B, T, H * D)).astype(np.float32)
+    prior = rng.standard_normal((B, H, T, D)).astype(np.float32)
+    out = device_at(prior, offset) if accumulate else poisoned((B, H, T, D))
+    heads.split_heads(out, device_at(x, offset), accumulate)
     want = prior.copy()
     heads.split_heads_numpy(want, x, accumulate)
-    assert relative_error(out.copy_to_host(), want) < TOLERANCE
-    y = rng.standard_normal((B, H, T, D))
-    out, prior = output_and_prior(rng, (B, T, H * D), accumulate)
-    heads.merge_heads(out, device(y), accumulate)
+    assert np.array_equal(out.copy_to_host(), want)
+    y = rng.standard_normal((B, H, T, D)).astype(np.float32)
+    prior = rng.standard_normal((B, T, H * D)).astype(np.float32)
+    out = device_at(prior, offset) if accumulate else poisoned((B, T, H * D))
+    heads.merge_heads(out, device_at(y, offset), accumulate)
     want = prior.copy()
     heads.merge_heads_numpy(want, y, accumulate)
-    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+    assert np.array_equal(out.copy_to_host(), want)
+    four_wide = D % 4 == 0 and not (GPU and offset)
+    assert launched == ([heads.split_heads4_kernel, heads.merge_heads4_kernel] if four_wide else
+                        [heads.split_heads_kernel, heads.merge_heads_kernel])
 
 
 def test_merge_inverts_split(rng):
@@ -250,6 +286,29 @@ def test_attention_gpu_tiles(rng, monkeypatch, D):
 def test_attention_tile_variants(rng, D, name):
     """The other tiles tools/bench.py times (--variants) compute the same function."""
     check_attention(rng, D, "fast", None, 1, 1, 40, 0.3, tiles=attention.TILE_VARIANTS[D][name])
+
+
+# D % 4 == 0 up to 4 * 32 takes the warp kernel (D=8: two lanes of the warp hold data), other D the
+# one-thread kernel
+DELTA_HEAD_SIZES = [8, 72, 6, 136] if not GPU else [32, 64, 72, 30, 136]
+
+
+@pytest.mark.parametrize("D", DELTA_HEAD_SIZES)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_attention_delta(rng, monkeypatch, D, offset):
+    """delta = dout . out per row (the scratch of the fast backward); offset 1: rows not 16-byte
+    aligned, which on a GPU must take the one-thread kernel. N = B*H*T = 30 rows: the last warp
+    of the simulator's warp kernel (4 rows) holds two."""
+    B, H, T = (2, 3, 5) if not GPU else (64, 12, 256)
+    launched = recording_launches(monkeypatch, attention)
+    dout, out = rng.standard_normal((B, H, T, D)), rng.standard_normal((B, H, T, D))
+    delta = poisoned((B, H, T))
+    attention.attention_delta(delta, device_at(dout.astype(np.float32), offset),
+                              device_at(out.astype(np.float32), offset))
+    assert relative_error(delta.copy_to_host(), (dout * out).sum(axis=-1)) < TOLERANCE
+    four_wide = D % 4 == 0 and D <= 128 and not (GPU and offset)
+    assert launched == [attention.attention_delta4_kernel if four_wide else
+                        attention.attention_delta_kernel]
 
 
 def test_attention_fast_kernel_refuses_other_head_sizes():

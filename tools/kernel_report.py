@@ -6,8 +6,9 @@ registers, spills, stack frame (local memory) and shared memory.
 Needs NVVM from a CUDA toolkit (CUDA_HOME), ptxas and NVRTC (a toolkit's, or the pip wheels of
 the `tools` extra), but no GPU. A register-blocked kernel whose accumulators land in local
 memory shows a stack frame here long before it shows up as a slow timing on the device.
---sass disassembles each kernel (cuobjdump) and describes its loops: how many instructions an
-inner loop spends besides its FFMAs is the first thing to read about a matmul.
+--sass disassembles each kernel (cuobjdump), counts its global loads and stores by width
+(LDG.E.128 is a 16-byte load) and describes its loops: how many instructions an inner loop
+spends besides its FFMAs is the first thing to read about a matmul.
 """
 import argparse
 import os
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numba import cuda, float32, int64, types  # noqa: E402
 
-from nanoandrea.kernels import attention, gelu, layernorm, matmul  # noqa: E402
+from nanoandrea.kernels import attention, gelu, heads, layernorm, matmul  # noqa: E402
 
 A1, A2, A3, A4 = float32[::1], float32[:, ::1], float32[:, :, ::1], float32[:, :, :, ::1]
 I1 = int64[::1]
@@ -56,6 +57,12 @@ def kernels():
                                                 int64, BOOL)
     yield "attention reference forward", attention.attention_forward_reference_kernel, \
         (A4, A3, A4, A4, A4, float32, *DROP)
+    yield "attention_delta4 (16-byte)", attention.attention_delta4_kernel, (A1, A2, A2)
+    yield "attention_delta (4-byte)", attention.attention_delta_kernel, (A3, A4, A4)
+    yield "split_heads4 (16-byte)", heads.split_heads4_kernel, (A4, A4, BOOL)
+    yield "merge_heads4 (16-byte)", heads.merge_heads4_kernel, (A4, A4, BOOL)
+    yield "split_heads (4-byte)", heads.split_heads_kernel, (A4, A3, BOOL)
+    yield "merge_heads (4-byte)", heads.merge_heads_kernel, (A3, A4, BOOL)
     warp = layernorm.warp_kernels(6)                         # C = 768: 6 groups of 4 per lane
     yield "layernorm warp forward C<=768", warp.forward, (A2, A1, A1, A2, A1, A1, float32)
     yield "residual + layernorm warp forward C<=768", warp.residual_forward, \
@@ -86,16 +93,32 @@ def cuda_tool(name):
     return found
 
 
-def loops(cubin):
-    """One line per loop of the kernel's SASS (a backward branch): its instructions, how many
-    are FFMA, shared-memory loads and barriers. Inner loops first."""
+def disassemble(cubin):
+    """[(address, instruction)] of the kernel's SASS (cuobjdump)."""
     cuobjdump = cuda_tool("cuobjdump")
     environment = dict(os.environ, NVDISASM_PATH=str(Path(cuda_tool("nvdisasm")).parent))
     sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True,
                           check=True, env=environment).stdout
-    code = [(int(m.group(1), 16), m.group(2)) for m in
+    return [(int(m.group(1), 16), m.group(2)) for m in
             (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+([^;]*);", line) for line in sass.splitlines())
             if m]
+
+
+def global_accesses(code):
+    """One line counting the kernel's global loads and stores by kind (LDG.E.128: 16 bytes,
+    LDG.E: 4), as they stand in the code (an access in a loop counts once)."""
+    kinds = {}
+    for _, text in code:
+        kind = re.search(r"\b((?:LDG|STG)\.[A-Z0-9.]+)", text)
+        if kind:
+            kinds[kind.group(1)] = kinds.get(kind.group(1), 0) + 1
+    return "global memory: " + (", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+                                or "none")
+
+
+def loops(code):
+    """One line per loop of the kernel's SASS (a backward branch): its instructions, how many
+    are FFMA, shared-memory loads and barriers. Inner loops first."""
     index = {address: i for i, (address, _) in enumerate(code)}
     for i, (address, text) in enumerate(code):
         branch = re.search(r"BRA (0x[0-9a-f]+)", text)
@@ -127,7 +150,8 @@ def main():
                      if "registers" in line or "spill" in line]
             print(f"{name:32s} {' | '.join(lines) or result.stderr.strip()}")
             if args.sass and result.returncode == 0:
-                for line in loops(cubin):
+                code = disassemble(cubin)
+                for line in [global_accesses(code), *loops(code)]:
                     print(f"{'':32s}   {line}")
 
 

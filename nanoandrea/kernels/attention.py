@@ -39,6 +39,9 @@ fast kernels, a range of its rows), and the launch grid supplies the parallelism
                      (a query tile, walking key tiles) and dk/dv (a key tile, walking query
                      tiles), both recomputing P from lse. Grid (B*H, row tiles), the heaviest
                      row tiles (most keys) launched first.
+                     Before them, delta (attention_delta): a warp per DELTA_ROWS rows, 16-byte
+                     loads, the lanes' sums met in warp shuffles (layernorm.warp_sum); a thread
+                     per row for unaligned rows.
 """
 import math
 
@@ -47,7 +50,8 @@ from numba import cuda, float32, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
-from .vector import load4, store4
+from .layernorm import WARP, warp_sum
+from .vector import aligned16, load4, store4
 
 NEG_INF = float32(-np.inf)
 LOG2E = float32(1.0 / math.log(2.0))
@@ -608,9 +612,15 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1):
     return with_shape(attention_dkdv_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
 
+# --- delta_i = dout_i . out_i, before the fast backward kernels ---------------------------------
+
+DELTA_WARPS = 2 if SIMULATOR else 4     # the warp kernel: warps per block,
+DELTA_ROWS = 4                          # and rows per warp (their loads all in flight at once)
+
+
 @cuda.jit
 def attention_delta_kernel(delta, dout, out):
-    # delta[B,H,T] = dout . out along D; one thread per row
+    # delta[B,H,T] = dout . out along D; one thread per row, 4-byte loads (any D, any alignment)
     B, H, T, D = out.shape
     r = cuda.grid(1)
     if r < B * H * T:
@@ -620,9 +630,44 @@ def attention_delta_kernel(delta, dout, out):
         delta[b, h, i] = row_dot(dout, out, b, h, i, i, D)
 
 
+@cuda.jit
+def attention_delta4_kernel(delta, dout, out):
+    # delta[N] = dout[N,D] . out[N,D] along D (N = B*H*T rows), D % 4 == 0, D <= 4 * WARP, rows
+    # 16-byte aligned. block (WARP, DELTA_WARPS): a warp takes DELTA_ROWS consecutive rows, lane
+    # l holds d = 4l..4l+3 of each (lanes past D/4 count zero), so a row is one coalesced
+    # 16-byte load per array and lane; then each row's sum meets in warp_sum.
+    # All 2 DELTA_ROWS loads of a lane are in flight at once: no `if` per row (a row past N is
+    # row N-1 again, not stored), and every load before the first product (ptxas, sm_90: with
+    # the products next to their loads, a row's product waited for its loads before the next
+    # rows' loads went out; behind an `if` per row, every row waited for the one before).
+    # The sum's order, fixed: each lane adds its 4 products in order of d, then warp_sum's
+    # butterfly adds the lanes (not the one-thread kernel's order: the two differ by rounding).
+    N, D = out.shape
+    lane = cuda.threadIdx.x
+    d = 4 * lane
+    first = (cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y) * DELTA_ROWS
+    g = cuda.local.array((DELTA_ROWS, 4), float32)       # dout, out of this lane's 4 d
+    o = cuda.local.array((DELTA_ROWS, 4), float32)       # in each row
+    partial = cuda.local.array(DELTA_ROWS, float32)      # and their dot product
+    for r in range(DELTA_ROWS):
+        partial[r] = float32(0.0)
+    if d < D:
+        for r in range(DELTA_ROWS):                      # every load first, ...
+            row = min(first + r, N - 1)
+            g[r, 0], g[r, 1], g[r, 2], g[r, 3] = load4(dout, (row, d))
+            o[r, 0], o[r, 1], o[r, 2], o[r, 3] = load4(out, (row, d))
+        for r in range(DELTA_ROWS):                      # ... then the products
+            for i in range(4):
+                partial[r] += g[r, i] * o[r, i]
+    for r in range(DELTA_ROWS):
+        total = warp_sum(partial[r])                     # every lane of the warp calls it
+        if lane == 0 and first + r < N:
+            delta[first + r] = total
+
+
 # --- launchers ---------------------------------------------------------------------------------
 
-THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the delta kernel's)
+THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the one-thread delta's)
 
 # The fast kernels' tiles per head size: (forward, dq, dk/dv), each (ROWS, COLS, TM, TN[,
 # blocks_per_sm]) as in tile_functions, picked by timing variants on the H200 (2026-11-29).
@@ -713,6 +758,19 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
            rows)
 
 
+def attention_delta(delta, dout, out):
+    """delta[B,H,T] = dout . out along D (dout, out [B,H,T,D]): the warp kernel on 16-byte
+    aligned rows of D % 4 == 0, D <= 4 * WARP floats, else a thread per row."""
+    B, H, T, D = out.shape
+    N = B * H * T
+    dout_rows, out_rows = dout.reshape(N, D), out.reshape(N, D)
+    if D <= 4 * WARP and aligned16(dout_rows) and aligned16(out_rows):
+        launch(attention_delta4_kernel, blocks(N, DELTA_WARPS * DELTA_ROWS),
+               (WARP, DELTA_WARPS), delta.reshape(N), dout_rows, out_rows)
+    else:
+        launch(attention_delta_kernel, blocks(N, THREADS), THREADS, delta, dout, out)
+
+
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
                        kernel="auto", rows_per_block=None, dropout_p=0.0, seed=None, site=0,
                        tiles=None):
@@ -728,7 +786,7 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
                dq, dk, dv, delta, dout, q, k, v, out, lse, scale, *drop, accumulate)
         return
     _, dq_kernel, dkdv_kernel = _fast(D, tiles)
-    launch(attention_delta_kernel, blocks(B * H * T, THREADS), THREADS, delta, dout, out)
+    attention_delta(delta, dout, out)
     rows = min(T, rows_per_block or dq_kernel.rows)
     launch(dq_kernel, (B * H, blocks(T, rows)), dq_kernel.threads,
            dq, dout, q, k, v, lse, delta, scale, *drop, rows, accumulate)

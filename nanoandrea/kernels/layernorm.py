@@ -55,9 +55,13 @@ def backward_blocks_per_sm(V):
 if SIMULATOR:
     # The simulator has no shuffles: lanes meet in a list, with a barrier of the warp's 32
     # threads (each simulated GPU thread is a Python thread) before and after reading it.
+    # A device function, so that `cuda` in it is the simulated one when a kernel of another
+    # module calls it (the simulator swaps `cuda` in the globals of the kernel's module and of
+    # each device function it calls).
     _warps = {}
     _warps_lock = threading.Lock()
 
+    @cuda.jit(device=True)
     def warp_sum(value):
         index = cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y
                                                       + cuda.blockDim.y * cuda.threadIdx.z)
