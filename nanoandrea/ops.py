@@ -17,32 +17,30 @@ def _new(like, shape, dtype=None):
 
 def linear(x, weight, bias=None, transpose_weight=False, activation=None):
     """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight).
-    activation="gelu": gelu of that, computed in the matmul's epilogue (the MLP's first layer);
-    the pre-activation is kept for the backward."""
+    activation="gelu": gelu of that (the MLP's first layer), computed in the matmul's epilogue
+    and recorded as two ops, the linear layer then GELU: returns a GeluOutput."""
     backend = x.backend
     K = x.shape[-1]
     N = weight.shape[0] if transpose_weight else weight.shape[1]
     rows = x.data.reshape(-1, K)                                   # [N_rows, K]
-    out = _new(x, x.shape[:-1] + (N,))
-    pre = None
-    if activation == "gelu":
-        pre = backend.empty(out.shape)                             # x . W + b, before GELU
-    elif activation is not None:
+    y = _new(x, x.shape[:-1] + (N,))                               # x . W + b
+    if activation not in (None, "gelu"):
         raise ValueError(f"linear: unknown activation {activation!r}")
-    backend.matmul((out.data if pre is None else pre).reshape(-1, N), rows, weight.data,
-                   None if bias is None else bias.data, transpose_b=transpose_weight,
-                   gelu_out=None if pre is None else out.data.reshape(-1, N))
+    g = GeluOutput(y) if activation == "gelu" else None            # gelu(y), the same kernel
+    backend.matmul(y.data.reshape(-1, N), rows, weight.data, None if bias is None else bias.data,
+                   transpose_b=transpose_weight,
+                   gelu_out=None if g is None else g.data.reshape(-1, N))
 
     def backward():
-        dy = out.grad.reshape(-1, N)
-        if pre is not None:                                         # through GELU first
-            dpre = backend.empty(pre.shape)
-            backend.gelu_backward(dpre, out.grad, pre)
-            dy = dpre.reshape(-1, N)
+        dy = y.grad.reshape(-1, N)
         if x.requires_grad:                                         # dX = dY . W^T
-            dx, accumulate = grad_slot(x)
-            backend.matmul(dx.reshape(-1, K), dy, weight.data,
-                           transpose_b=not transpose_weight, accumulate=accumulate)
+            if isinstance(x, GeluOutput):                           # x = gelu(pre): d(pre) =
+                dx, accumulate = grad_slot(x.pre)                   # (dY . W^T) * gelu'(pre),
+                pre = x.pre.data.reshape(-1, K)                     # GELU's backward fused
+            else:
+                (dx, accumulate), pre = grad_slot(x), None
+            backend.matmul(dx.reshape(-1, K), dy, weight.data, transpose_b=not transpose_weight,
+                           accumulate=accumulate, gelu_input=pre)
         if weight.requires_grad:
             dw, accumulate = grad_slot(weight)
             if transpose_weight:                                    # dW[N,K] = dY^T . X
@@ -54,7 +52,21 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
             backend.sum_rows(db, dy, accumulate=accumulate)
 
     inputs = [x, weight] + ([bias] if bias is not None else [])
-    return record(out, inputs, backward)
+    y = record(y, inputs, backward)
+    return y if g is None else record(g, [y], _gelu_backward(g, y))
+
+
+class GeluOutput(Tensor):
+    """gelu(pre) from linear(activation="gelu"), which keeps `pre`, the Tensor of the
+    pre-activation: the linear layer that takes this tensor as its input (the MLP's W_proj)
+    writes pre's gradient itself, GELU's backward in its dX product's epilogue, and no
+    gradient of this tensor is made. GELU's own backward then runs only if one reaches it from
+    another use (gradients add, and gelu' is linear in them, so either order is exact)."""
+    __slots__ = ("pre",)
+
+    def __init__(self, pre):
+        super().__init__(pre.backend.empty(pre.shape), pre.backend)
+        self.pre = pre
 
 
 def split_heads(x, n_head):
@@ -136,12 +148,15 @@ def _layernorm_backward(out, x, weight, bias, mean, rstd):
 def gelu(x):
     out = _new(x, x.shape)
     x.backend.gelu_forward(out.data, x.data)
+    return record(out, [x], _gelu_backward(out, x))
 
+
+def _gelu_backward(out, x):
     def backward():
         dx, accumulate = grad_slot(x)
         x.backend.gelu_backward(dx, out.grad, x.data, accumulate=accumulate)
 
-    return record(out, [x], backward)
+    return backward
 
 
 def add(a, b):

@@ -103,6 +103,26 @@ def test_matmul_with_gelu(rng, kernel, k_splits):
     assert relative_error(activated.copy_to_host(), want_activated) < TOLERANCE
 
 
+@pytest.mark.parametrize("kernel,k_splits,M,N,K,accumulate", [
+    ("blocked", None, 32, 48, 40, False),   # 16-byte: GELU's backward in the epilogue
+    ("blocked", None, 33, 47, 40, True),    # 4-byte out (N % 4 != 0): the same, element-wise
+    ("blocked", 2, 32, 48, 40, True),       # split-K: the sum of the slices first, then gelu'
+    ("tiled", None, 12, 20, 16, True)])     # likewise after the reference kernel
+def test_matmul_with_gelu_backward(rng, kernel, k_splits, M, N, K, accumulate):
+    """gelu_input: the MLP's dH = (dY . W^T) * gelu'(H), out (+)= (a . b^T) * gelu'(gelu_input),
+    the input-gradient product (transpose_b) with GELU's backward after it."""
+    if GPU:                                 # several tiles, N % 4 kept
+        M, N, K = 32 * M, 32 * N + N % 4, 8 * K
+    a, b = rng.standard_normal((M, K)), rng.standard_normal((N, K))
+    pre = 3 * rng.standard_normal((M, N))
+    out, prior = output_and_prior(rng, (M, N), accumulate)
+    matmul.matmul(out, device(a), device(b), transpose_b=True, accumulate=accumulate,
+                  kernel=kernel, k_splits=k_splits, gelu_input=device(pre))
+    want = prior.astype(np.float64)
+    matmul.matmul_numpy(want, a, b, transpose_b=True, accumulate=accumulate, gelu_input=pre)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
 @pytest.mark.parametrize("tiles", [dict(BN=96), dict(BM=96)])
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
 def test_matmul_192_thread_tiles(rng, tiles, transpose_a, transpose_b):

@@ -64,6 +64,34 @@ def test_linear_with_gelu(rng):
     assert np.allclose(ops.linear(x, w, b, activation="gelu").data, want, rtol=1e-14, atol=0)
 
 
+@pytest.mark.parametrize("also_used", [None, "before", "after"])
+def test_mlp_gelu_backward_in_the_next_linear(rng, also_used):
+    """gelu(x . W_fc + b) . W_proj + b: the second linear writes the pre-activation's gradient
+    itself (dH . W_proj^T times gelu'), GELU's own backward is skipped. also_used: the GELU's
+    output also goes into a residual add recorded before or after the second linear (so its
+    gradient reaches GELU's backward before or after the fused one), and the two still sum."""
+    inputs = dict(x=rng.standard_normal((2, 3, 4)), w_fc=rng.standard_normal((4, 6)),
+                  b_fc=rng.standard_normal(6), w_proj=rng.standard_normal((6, 4)),
+                  b_proj=rng.standard_normal(4))
+    if also_used:
+        inputs["w_side"] = rng.standard_normal((6, 4))
+
+    made = []
+
+    def build(x, w_fc, b_fc, w_proj, b_proj, w_side=None):
+        g = ops.linear(x, w_fc, b_fc, activation="gelu")
+        made.append(g)
+        if also_used == "before":
+            side = ops.linear(ops.add(g, g), w_side)
+        y = ops.linear(g, w_proj, b_proj)
+        if also_used == "after":
+            side = ops.linear(ops.add(g, g), w_side)
+        return y if also_used is None else ops.add(y, side)
+
+    check_gradients(build, inputs, rng)
+    assert (made[0].grad is None) == (also_used is None)    # alone, no gradient of gelu's output
+
+
 def test_split_and_merge_heads(rng):
     check_gradients(lambda x: ops.split_heads(x, 3), dict(x=rng.standard_normal((2, 4, 6))), rng)
     check_gradients(lambda x: ops.merge_heads(x), dict(x=rng.standard_normal((2, 3, 4, 2))), rng)

@@ -42,6 +42,9 @@ def kernels():
     yield ("blocked matmul NN, GELU epilogue",                  # the MLP's first layer
            matmul._blocked_kernel(False, False, (True, True, True), gelu=True),
            (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
+    yield ("blocked matmul NT, GELU-backward epilogue",         # the MLP's dH, times gelu'(H)
+           matmul._blocked_kernel(False, True, (True, True, True), gelu_grad=True),
+           (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
     yield ("blocked matmul NT, 4-byte loads and stores",       # the LM head of an odd vocabulary
            matmul.make_blocked_matmul_kernel(False, True, False, False, False, blocks_per_sm=2),
            (A3, A2, A2, A1, BOOL, BOOL, int64, A2))

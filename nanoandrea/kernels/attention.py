@@ -678,7 +678,7 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 # product). In the simulator the tiles are tiny and unequal (ROWS x COLS = 4 x 4, 8 x 4, 4 x 4;
 # 1 x 2, 1 x 2 and 1 x 4 threads, the dq tile two runs of rows), so T=7 crosses two tiles of
 # most kinds.
-GPU_TILES = {64: ((64, 32, 4, 4), (32, 16, 4, 2), (32, 32, 4, 4, 6)),
+GPU_TILES = {64: ((64, 32, 4, 4), (32, 32, 4, 4), (32, 32, 4, 4, 6)),
              32: ((64, 32, 4, 4), (64, 32, 4, 4), (32, 32, 4, 4, 6))}
 SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1)) for D in FAST_HEAD_SIZES}
 TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
@@ -689,7 +689,10 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # 128 registers 32 KB (more blocks per multiprocessor than 64x32's 150 registers 45 KB); dk/dv
 # with two scores steps a trip at 4 blocks per multiprocessor: 242 registers, no spills (at 5
 # or 6 blocks it spills 32 bytes). A dk/dv tile's sixth entry is its scores steps.
-TILE_VARIANTS = {64: {"dq 32x32": (None, (32, 32, 4, 4), None),
+# Measured at [16,12,1024,64] forward+backward (H200, 2026-11-29, session 4): dq 32x32 4.558
+# ms (now the default), dq 64x16 4.583, the former dq 32x16 4.709; forward 32x32 1.059 ms
+# forward against 64x32's 0.979.
+TILE_VARIANTS = {64: {"dq 32x16": (None, (32, 16, 4, 2), None),
                       "dq 64x16": (None, (64, 16, 4, 2), None),
                       "fwd 32x32": ((32, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2))}}

@@ -9,6 +9,8 @@ Every linear layer of the model is one call (activations [B,T,C] are viewed as [
                  db[N]   += sum of dY's rows            sum_rows
     LM head      logits[M,V] = X[M,C] . wte[V,C]^T      transpose_b=True (tied to the embedding)
     MLP up       H[M,4C] = X . W + b, G = gelu(H)       gelu_out=G: GELU in the epilogue
+    MLP down     dH[M,4C] = (dY . W^T) * gelu'(H)       gelu_input=H: GELU's backward in the
+                                                        epilogue (the product is dG)
 
 `accumulate` says whether out is overwritten (=) or added to (+=): gradients of parameters
 accumulate into the flat gradient buffer, and a tensor used twice sums its two gradients.
@@ -30,7 +32,8 @@ from numba import cuda, float32
 import numpy as np
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
-from .gelu import gelu_forward, gelu_forward_numpy, gelu_value
+from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
+                   gelu_forward_numpy, gelu_value)
 from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
                      elementwise_grid, launch)
 from .vector import aligned16, load4, store4
@@ -77,7 +80,7 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
                                vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
-                               gelu=False, stages=0):
+                               gelu=False, gelu_grad=False, stages=0):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
@@ -95,9 +98,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     multiple of 4 floats, 16-byte aligned), else 4 bytes at a time. vector_out: the same for
     the output (and the bias). blocks_per_sm > 1: launch bounds that cap the registers so that
     many blocks fit on a multiprocessor (2: at most 128 registers a thread). gelu: the
-    epilogue also writes gelu(out) to gelu_out (the MLP's activation); a separate kernel, so
-    that the others keep an epilogue small enough to be unrolled (with GELU in every kernel
-    behind a run-time flag, the row loop stayed rolled and the accumulators went to the stack).
+    epilogue also writes gelu(out) to `hidden` (the MLP's activation); gelu_grad: it multiplies
+    out by gelu'(hidden) (hidden the MLP's pre-activation, read 16 bytes at a time as out is
+    written), so that the product of GELU's output gradient is its input's gradient. Separate
+    kernels, so that the others keep an epilogue small enough to be unrolled (with GELU in every
+    kernel behind a run-time flag, the row loop stayed rolled and the accumulators went to the
+    stack).
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline); only for operands whose rows
     run along M or N (transpose_a and not transpose_b: the weight gradients), read 16 bytes at
@@ -115,6 +121,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     B_PAD = BN + 4                          # conflicts, and rows stay 16-byte aligned
     A_ALONG_K = not transpose_a             # a[M,K]: its 4-float chunks run along k
     B_ALONG_K = transpose_b                 # b[N,K]: likewise
+    if gelu and gelu_grad:
+        raise ValueError("matmul: one GELU epilogue, forward (gelu) or backward (gelu_grad)")
     if stages and (A_ALONG_K or B_ALONG_K or not vector_a or not vector_b or stages < 2):
         raise ValueError("matmul: the cp.async pipeline takes 2 or more stages of operands "
                          "whose aligned rows run along M or N (transpose_a, not transpose_b)")
@@ -198,9 +206,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk + 7, ty, tx)
 
     @cuda.jit(device=True, inline="always")
-    def store_row(out, gelu_out, acc, b_frag, i, z, m0, n0, ty, tx, M, N, accumulate):
+    def store_row(out, hidden, acc, b_frag, i, z, m0, n0, ty, tx, M, N, accumulate):
         # the epilogue for the thread's i-th row: out[z, row, its 8 columns] (+)= acc[i, :] +
-        # its bias (in b_frag), and gelu of that into gelu_out when the kernel has the GELU
+        # its bias (in b_frag), times gelu'(hidden) with gelu_grad; gelu of it into hidden
+        # with gelu
         row = m0 + (i // 4) * HALF_M + ty * 4 + i % 4
         if vector_out:                  # 16 bytes at a time: out[row, col:col+4]
             for half_n in range(2):
@@ -211,6 +220,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                     v1 = acc[i, j + 1] + b_frag[j + 1]
                     v2 = acc[i, j + 2] + b_frag[j + 2]
                     v3 = acc[i, j + 3] + b_frag[j + 3]
+                    if gelu_grad:
+                        h = load4(hidden, (row, col))
+                        v0 *= gelu_derivative(h[0])
+                        v1 *= gelu_derivative(h[1])
+                        v2 *= gelu_derivative(h[2])
+                        v3 *= gelu_derivative(h[3])
                     if accumulate:
                         o = load4(out, (z, row, col))
                         v0 += o[0]
@@ -219,18 +234,20 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                         v3 += o[3]
                     store4(out, (z, row, col), v0, v1, v2, v3)
                     if gelu:
-                        store4(gelu_out, (row, col), gelu_value(v0), gelu_value(v1),
+                        store4(hidden, (row, col), gelu_value(v0), gelu_value(v1),
                                gelu_value(v2), gelu_value(v3))
         else:                           # 4 bytes at a time
             for j in range(8):
                 col = n0 + (j // 4) * HALF_N + tx * 4 + j % 4
                 if row < M and col < N:
                     value = acc[i, j] + b_frag[j]
+                    if gelu_grad:
+                        value *= gelu_derivative(hidden[row, col])
                     if accumulate:
                         value += out[z, row, col]
                     out[z, row, col] = value
                     if gelu:
-                        gelu_out[row, col] = gelu_value(value)
+                        hidden[row, col] = gelu_value(value)
 
     @cuda.jit(device=True, inline="always")
     def block_start(acc, K, k_per_split):
@@ -247,7 +264,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 cuda.blockIdx.y * BM, cuda.blockIdx.x * BN)
 
     @cuda.jit(device=True, inline="always")
-    def epilogue(out, gelu_out, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N):
+    def epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N):
         # the bias of this thread's columns (or zeros) into b_frag, then its 8 rows of out
         for half_n in range(2):
             col = n0 + half_n * HALF_N + tx * 4
@@ -264,23 +281,25 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         # the 8 rows written out (as slice_product), so that acc is indexed by constants and
         # stays in registers however long the epilogue (with GELU, a rolled loop put it on
         # the stack)
-        store_row(out, gelu_out, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, gelu_out, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
 
     # (the simulator's cuda.jit takes no launch_bounds)
     bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if blocks_per_sm > 1 and not SIMULATOR else {}
 
     @cuda.jit(**bounds)
-    def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, gelu_out):
+    def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), where Kz is
         # the z-th slice of k_per_split columns of K (split-K; S = 1 when K is not split).
-        # gelu (S = 1): also gelu_out[M,N] = gelu(out[0]), in the epilogue; else not read.
+        # hidden[M,N], S = 1: with gelu, gelu(out[0]) is written to it; with gelu_grad, the
+        # product (+ bias) is multiplied by gelu'(hidden) before it is added or stored; else
+        # not read.
         # grid (N/BN, M/BM, S), block THREADS
         a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
         b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
@@ -321,7 +340,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             cuda.syncthreads()
             buffer = 1 - buffer
 
-        epilogue(out, gelu_out, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
+        epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
 
     @cuda.jit(device=True, inline="always")
     def copy_slice(tiles, stage, x, chunks, total, width, size, k_end, first, k0, tid):
@@ -337,7 +356,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                                                    first + i if valid else 0), valid)
 
     @cuda.jit(**bounds)
-    def pipelined_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, gelu_out):
+    def pipelined_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
         # as blocked_matmul_kernel, for a[K,M], b[K,N]; `stages` slices in flight
         a_tiles = cuda.shared.array((stages, BK, A_PAD), float32)
         b_tiles = cuda.shared.array((stages, BK, B_PAD), float32)
@@ -369,7 +388,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             stage = stage + 1 if stage + 1 < stages else 0       # (no 64-bit modulo)
         WAIT_FOR_ALL()              # no copy may land in shared memory after the block ends
 
-        epilogue(out, gelu_out, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
+        epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
 
     if stages:
         kernel = pipelined_matmul_kernel
@@ -422,10 +441,10 @@ def split_count(M, N, K, tile, slots=RESIDENT_BLOCKS):
 _blocked_kernels = {}
 
 
-def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False):
+def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False, gelu_grad=False):
     """The blocked kernel for these transposes, these (vector_a, vector_b, vector_out) and tile
     parameters (make_blocked_matmul_kernel's keyword arguments; None = the defaults), with or
-    without the GELU epilogue."""
+    without a GELU epilogue (forward: gelu, backward: gelu_grad)."""
     # Launch bounds of 2 blocks per multiprocessor (at most 128 registers a thread) where they
     # pay: the plain product (NN) fits in 128 registers unbounded and runs 5% slower bounded;
     # the transposed ones need 139-143 and run 11-14% faster bounded, and so do the 4-byte
@@ -434,6 +453,7 @@ def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False):
     plain = not transpose_a and not transpose_b and all(vectors)
     tiles.setdefault("blocks_per_sm", 1 if plain else 2)
     tiles["gelu"] = gelu
+    tiles["gelu_grad"] = gelu_grad
     key = (transpose_a, transpose_b, vectors, tuple(sorted(tiles.items())))
     if key not in _blocked_kernels:
         _blocked_kernels[key] = make_blocked_matmul_kernel(transpose_a, transpose_b, *vectors,
@@ -441,7 +461,7 @@ def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False):
     return _blocked_kernels[key]
 
 
-def _check_matmul(out, a, b, bias, transpose_a, transpose_b):
+def _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input):
     check(len(out.shape) == 2 and len(a.shape) == 2 and len(b.shape) == 2,
           f"matmul: out, a, b must be 2-D, got {out.shape}, {a.shape}, {b.shape}")
     M, N = out.shape
@@ -450,65 +470,79 @@ def _check_matmul(out, a, b, bias, transpose_a, transpose_b):
     check_shape("matmul b", b, (N, K) if transpose_b else (K, N))
     if bias is not None:
         check_shape("matmul bias", bias, (N,))
+    check(gelu_out is None or gelu_input is None, "matmul: gelu_out or gelu_input, not both")
+    for name, hidden in (("gelu_out", gelu_out), ("gelu_input", gelu_input)):
+        if hidden is not None:
+            check_shape(f"matmul {name}", hidden, (M, N))
     return M, N, K
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-           kernel="auto", k_splits=None, tiles=None, gelu_out=None):
+           kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias). kernel: "auto", "blocked" or "tiled" (the reference).
     gelu_out[M,N]: also gelu(out), the MLP's activation: written by the blocked kernel's
     epilogue (the pre-activation out is kept for GELU's backward), by a GELU kernel after the
     others.
+    gelu_input[M,N]: GELU's backward too: the product is the gradient of gelu(gelu_input)
+    (dG = dY . W_proj^T, the MLP's hidden layer) and out gets that of gelu_input (H, the
+    pre-activation): out (+)= gelu'(gelu_input) * (op(a) . op(b) + bias), in the blocked
+    kernel's epilogue, else the product first and gelu_backward after it.
 
     Blocked kernel only: k_splits, slices of K computed in parallel (None: split_count chooses);
     tiles, a dict of make_blocked_matmul_kernel's tile parameters (None: the defaults)."""
-    check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out)
-    M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b)
-    has_gelu = gelu_out is not None
-    if has_gelu:
-        check_shape("matmul gelu_out", gelu_out, (M, N))
+    check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
+    M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     if kernel == "auto":
         kernel = "tiled" if SIMULATOR else "blocked"
+    if kernel not in ("tiled", "blocked"):
+        raise ValueError(f"matmul: unknown kernel {kernel!r}")
     has_bias = bias is not None
     if not has_bias:            # kernels take arrays, not None: a placeholder the kernel never reads
         bias = out.reshape(out.size)[:1]
-    if kernel == "tiled":
-        launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE),
-               out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
-    elif kernel == "blocked":
+    hidden = gelu_out if gelu_out is not None else gelu_input
+    if kernel == "blocked":
         vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias))
-                   and (not has_gelu or aligned16(gelu_out)))
+                   and (hidden is None or aligned16(hidden)))
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
         splits = k_splits or split_count(M, N, K, fast.tile)
         k_per_split = blocks(blocks(K, splits), BK) * BK
         splits = blocks(K, k_per_split)
         grid = (blocks(N, BN), blocks(M, BM), splits)
-        if splits == 1:
-            if has_gelu:
+        if splits == 1:         # one pass, GELU's forward or backward in its epilogue
+            if hidden is not None:
                 fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles,
-                                       gelu=True)
+                                       gelu=gelu_out is not None, gelu_grad=gelu_input is not None)
             launch(fast, grid, fast.threads, out.reshape(1, M, N), a, b, bias, has_bias,
-                   accumulate, k_per_split, gelu_out if has_gelu else a)
+                   accumulate, k_per_split, a if hidden is None else hidden)
             return
-        # partial products per K slice, then their sum in a fixed order
+    if gelu_input is not None:  # (the tiled kernel, or split-K): gelu' after the whole product
+        product = cuda.device_array((M, N), dtype=np.float32, stream=current_stream())
+        matmul(product, a, b, bias if has_bias else None, transpose_a, transpose_b,
+               kernel=kernel, k_splits=k_splits, tiles=tiles)
+        gelu_backward(out, product, gelu_input, accumulate)
+        return
+    if kernel == "tiled":
+        launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE),
+               out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
+    else:                       # partial products per K slice, then their sum in a fixed order
         partials = cuda.device_array((splits, M, N), dtype=np.float32, stream=current_stream())
         launch(fast, grid, fast.threads, partials, a, b, bias, False, False, k_per_split, a)
         launch(sum_splits_kernel, *elementwise_grid(M * N), out, partials, bias, has_bias,
                accumulate)
-    else:
-        raise ValueError(f"matmul: unknown kernel {kernel!r}")
-    if has_gelu:                # (the tiled kernel, or split-K: GELU after the sum)
+    if gelu_out is not None:    # (the tiled kernel, or split-K: GELU after the sum)
         gelu_forward(gelu_out, out)
 
 
 def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-                 kernel="auto", k_splits=None, tiles=None, gelu_out=None):
-    _check_matmul(out, a, b, bias, transpose_a, transpose_b)
+                 kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None):
+    _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
     if bias is not None:
         product += bias
-    if accumulate:
+    if gelu_input is not None:
+        gelu_backward_numpy(out, product, gelu_input, accumulate)
+    elif accumulate:
         out += product
     else:
         out[...] = product
