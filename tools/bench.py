@@ -17,8 +17,8 @@ Sections:
              of identical shape (fused AdamW, SDPA, float32, TF32 off): consecutive steps
              between two events, as a training run has them (no wait for the GPU per step)
   train      andrea-12m on tiny Shakespeare for a few steps: the loss must fall
-  kernels    (only when asked for) each kernel's GPU time in a training step, ours and
-             PyTorch's, through torch.profiler
+  profile    each kernel's GPU time in the e2e steps, ours and PyTorch's side by side
+             (through torch.profiler, whose CUPTI records Numba's kernels too)
 """
 import argparse
 import json
@@ -381,7 +381,7 @@ def kernel_name(name):
     return ".".join(name.split("::")[2:])
 
 
-def bench_kernels(args):
+def bench_profile(args):
     """Each kernel's GPU time in one training step, ours and PyTorch's side by side, recorded
     by the CUDA profiling interface (through torch.profiler: it sees every kernel of the
     process, Numba's too). Our step runs eagerly here: the same kernels a graph replays."""
@@ -404,7 +404,7 @@ def bench_kernels(args):
                 entry[0] += 1
                 entry[1] += event.time_range.elapsed_us() / 1e3
             total = sum(ms for _, ms in totals.values())
-            print(f"kernels: {preset} B={B} T={T}, {side}: {total / steps:.2f} ms of kernels "
+            print(f"profile: {preset} B={B} T={T}, {side}: {total / steps:.2f} ms of kernels "
                   f"per step")
             for name, (count, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:args.top]:
                 print(f"  {name:60s} {count // steps:4d}/step {ms / steps:8.3f} ms "
@@ -451,38 +451,6 @@ def bench_train(args):
         "TFLOP/s", note=f"loss {first:.3f} -> {last:.3f}")
     if not last < first - 0.5:
         raise Mismatch(f"the training loss did not fall: {first:.3f} -> {last:.3f}")
-
-
-def bench_profile(args):
-    """Where a training step's GPU time goes, kernel by kernel (andrea-12m, B=64, T=256)."""
-    from nanoandrea.backend import get_backend
-    from nanoandrea.config import get_preset
-    from nanoandrea.kernels.launch import profile
-    from nanoandrea.model import GPT
-    from nanoandrea.optim import AdamW
-    print("profile: one andrea-12m training step, each launch's GPU time")
-    config = get_preset("andrea-12m", vocab_size=65)
-    model = GPT(config, get_backend("cuda"), seed=0)
-    optimizer = AdamW(model.params)
-    rng = np.random.default_rng(0)
-    idx, targets = (rng.integers(0, 65, size=(64, 256)).astype(np.int32) for _ in range(2))
-
-    def step():
-        optimizer.zero_grad()
-        _, loss = model.forward(idx, targets, train=True)
-        loss.backward()
-        optimizer.step()
-    step()
-    cuda.synchronize()
-    with profile() as times:
-        keep_gpu_busy(400)          # the GPU works on this while Python queues the step
-                                    # (an eager 12m step takes 75-120 ms of Python; with 100
-                                    # ms here the profile summed to 66 ms for a 45 ms step)
-        step()
-    total = sum(ms for _, ms in times.values())
-    for name, (count, ms) in sorted(times.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {name:40s} {count:4d} launches {ms:9.3f} ms {100 * ms / total:5.1f}%")
-    print(f"  {'total':40s} {sum(c for c, _ in times.values()):4d} launches {total:9.3f} ms")
 
 
 # --- the memory-bound kernels -------------------------------------------------------------
@@ -596,15 +564,14 @@ def bench_small(args):
     compare(f"adamw + clipping, {P:,} parameters", ours_adamw, theirs_adamw, 4 * 8 * P)
 
 
-SECTIONS = {"profile": bench_profile, "matmul": bench_matmul, "attention": bench_attention,
-            "small": bench_small, "e2e": bench_e2e, "train": bench_train,
-            "kernels": bench_kernels}
+SECTIONS = {"matmul": bench_matmul, "attention": bench_attention, "small": bench_small,
+            "e2e": bench_e2e, "profile": bench_profile, "train": bench_train}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", default=",".join(s for s in SECTIONS if s != "kernels"))
-    parser.add_argument("--top", type=int, default=25, help="kernels: how many to list")
+    parser.add_argument("--only", default=",".join(SECTIONS))
+    parser.add_argument("--top", type=int, default=25, help="profile: how many kernels to list")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--e2e-repeat", type=int, default=5)
     parser.add_argument("--train-steps", type=int, default=50)

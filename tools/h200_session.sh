@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session on the H200 (see docs/gpu-runs.md): the quality run of issue 3, the test
 # suite on the GPU, and where a training step's time goes. Logs and results go to $OUT.
-#   usage: bash tools/h200_session.sh [train|tests|profile|bench|variants|kernels ...]
+#   usage: bash tools/h200_session.sh [train|tests|profile|bench|variants ...]
 #          (default: train tests profile; each call of the device tool has 10 minutes, so e.g.
 #          "tests bench" in one call and "variants train" in the next)
 set -uo pipefail
@@ -23,13 +23,11 @@ for step in ${steps[@]}; do
       # there (`pip download --no-deps -d .whl pytest-xdist execnet` beside the numpy wheel)
       workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
       timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:warnings $workers tests 2>&1 | tee $OUT/pytest.log | tail -15 ;;
-    profile)
-      timeout 120 python3 tools/bench.py --only profile 2>&1 | tee $OUT/profile.log | tail -30 ;;
+    profile)    # each kernel's GPU time in a training step, ours and PyTorch's (torch.profiler)
+      timeout ${PROFILE_TIMEOUT:-200} python3 tools/bench.py --only profile --top 30 \
+          ${MODELS:+--models $MODELS} 2>&1 | grep -v "Warn\|warn(" | tee $OUT/profile.log ;;
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
-    kernels)    # each kernel's GPU time in a training step, ours and PyTorch's (torch.profiler)
-      timeout ${KERNELS_TIMEOUT:-300} python3 tools/bench.py --only kernels --top 30 2>&1 \
-          | grep -v "Warn\|warn(" | tee $OUT/kernels.log ;;
     variants)   # the matmul and attention tile variants, each checked, then timed
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention --variants \
           --json $OUT/variants.json 2>&1 | tee $OUT/variants.log | grep -A80 "^summary" ;;

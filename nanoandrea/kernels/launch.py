@@ -4,7 +4,6 @@ Every launcher in nanoandrea.kernels ends in `launch(kernel, grid, block, *args)
 call in one function gives us one place to:
   - pick the CUDA stream (`using_stream`: the training step puts its launches on a CuPy stream
     of its own, which it captures as a CUDA graph; see nanoandrea/step.py),
-  - time every launch while profiling (`profile()`, used by tools/bench.py),
   - size grids (`blocks(n, per_block)`), and check shapes and dtypes (`check_*`) with one-line errors.
 
 It also wires CuPy's memory pool under Numba (Numba's external-memory-manager plugin), which
@@ -30,40 +29,11 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 warnings.filterwarnings("ignore", category=NumbaPerformanceWarning)
 
 _stream = 0          # the stream every launch goes to; 0 is the default stream
-_profile = None      # while profiling: [(kernel name, start event, end event)]
 
 
 def launch(kernel, grid, block, *args):
     """Launch `kernel` on the current stream. grid and block are ints or tuples."""
-    if _profile is None:
-        kernel[grid, block, _stream](*args)
-        return
-    start, end = cuda.event(), cuda.event()
-    start.record(_stream)
     kernel[grid, block, _stream](*args)
-    end.record(_stream)
-    _profile.append((getattr(getattr(kernel, "py_func", kernel), "__name__", str(kernel)),
-                     start, end))
-
-
-@contextmanager
-def profile():
-    """Bracket every launch inside the block with CUDA events: yields {kernel name: [launches,
-    milliseconds]}, filled in when the block ends. Nothing waits for the launches, so if the
-    GPU is kept busy ahead of Python (queue a long kernel before the block), each pair of
-    events measures its kernel's GPU time alone, not the launch's Python time."""
-    global _profile
-    _profile = []
-    times = {}
-    try:
-        yield times
-    finally:
-        cuda.synchronize()
-        for name, start, end in _profile:
-            entry = times.setdefault(name, [0, 0.0])
-            entry[0] += 1
-            entry[1] += cuda.event_elapsed_time(start, end)
-        _profile = None
 
 
 def current_stream():
