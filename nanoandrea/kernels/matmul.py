@@ -416,14 +416,35 @@ def sum_splits_kernel(out, partials, bias, has_bias, accumulate):
 
 
 RESIDENT_BLOCKS = 2 * 132      # blocks of the kernel the H200 runs at once: 2 per multiprocessor
+L2_BYTES = 50 * 2**20          # the H200's L2 cache
 
 
-def split_count(M, N, K, tile, slots=RESIDENT_BLOCKS):
+def k_per_slice(K, splits, BK):
+    """Rows of K in each of `splits` slices: K / splits, rounded up to whole BK-slices."""
+    return blocks(blocks(K, splits), BK) * BK
+
+
+def split_count(M, N, K, tile, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES):
     """How many slices of K to compute in parallel (split-K). Only when the M x N grid alone
     leaves multiprocessors idle (the weight gradients: M x N = C x C or C x 4C, K = B*T), and
     never slices thinner than 256. A grid runs in waves of `slots` blocks, so 288 blocks take
-    as long as 528: the count chosen is the smallest whose last wave is at least 90% full
-    (else the one that fills its waves best)."""
+    as long as 528: the count chosen is the smallest whose last wave is at least 90% full and
+    whose slice of both operands' rows, k_per_slice x (M + N) floats, fits in half the L2
+    (else the smallest well-filled one; else the one that fills its waves best).
+
+    The L2 condition comes from H200 measurements of dW = X^T . dY, K = 16384 (2026-11-29;
+    128 x 128 tiles, 264 resident blocks; first the count the waves alone pick):
+        M x N        tiles   ms at that many splits             MiB of X and dY rows a slice
+        768 x 3072   144     5: 1.958   2: 2.52    10: 1.809    48 at 5, 24 at 10
+        (3072 x 768 the same)
+        768 x 768    36      7: 0.483   3: 0.657   14: 0.489    14 at 7
+        384 x 1536   36      7: 0.484   3: 0.657   14: 0.489    17 at 7
+        384 x 384    9       27: 0.138  13: 0.166  54: 0.149    2 at 27
+    Twice the slices cost 1-8% where a slice's rows fit in the L2 with room to spare (more
+    partial sums to write and add), and gained 8% where they filled the 50 MiB L2: a likely
+    reading (not profiled) is that rows then leave the L2 before all the blocks of the slice
+    that read them have. Hence the budget of half the L2, and up to 8 waves of blocks, not 4,
+    so that the 768 x 3072 product may take its 10 slices (5.5 waves)."""
     BM, BN, BK = tile
     output_blocks = blocks(M, BM) * blocks(N, BN)
     if output_blocks >= slots:
@@ -433,9 +454,12 @@ def split_count(M, N, K, tile, slots=RESIDENT_BLOCKS):
         total = output_blocks * splits
         return total / (blocks(total, slots) * slots)
 
-    candidates = range(1, max(1, min(K // 256, 4 * slots // output_blocks)) + 1)
+    def fits(splits):                   # the slice's rows of both operands in half the L2
+        return 4 * k_per_slice(K, splits, BK) * (M + N) <= l2_bytes // 2
+
+    candidates = range(1, max(1, min(K // 256, 8 * slots // output_blocks)) + 1)
     good = [s for s in candidates if fill(s) >= 0.9]
-    return good[0] if good else max(candidates, key=fill)
+    return ([s for s in good if fits(s)] or good or [max(candidates, key=fill)])[0]
 
 
 _blocked_kernels = {}
@@ -506,7 +530,7 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
         splits = k_splits or split_count(M, N, K, fast.tile)
-        k_per_split = blocks(blocks(K, splits), BK) * BK
+        k_per_split = k_per_slice(K, splits, BK)
         splits = blocks(K, k_per_split)
         grid = (blocks(N, BN), blocks(M, BM), splits)
         if splits == 1:         # one pass, GELU's forward or backward in its epilogue
