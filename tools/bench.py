@@ -175,6 +175,8 @@ def bench_matmul(args):
                               lambda splits=splits, tiles=tiles: matmul_kernels.matmul(
                                   out_dw, X, DY, transpose_a=True, k_splits=splits, tiles=tiles),
                               lambda: x.T @ dy, out_dw))
+        if "down" in label:
+            gelu_backward_pair(args, label, m, n, k, DY, W, out_dx)
         for name, ours, theirs, out in cases:
             cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails
             ours()
@@ -188,6 +190,32 @@ def bench_matmul(args):
             short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
             row("matmul", f"{short:8s} {name}", ours_ms, flops, "TFLOP/s", theirs_ms,
                 "cuBLAS", f"(cuBLAS {flops / theirs_ms / 1e9:.1f} TFLOP/s, err {error:.1e})")
+
+
+def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
+    """The MLP's input gradient through GELU, d(pre) = (dY . W^T) * gelu'(pre), as one product
+    with GELU's backward in its epilogue (what the model runs) against the product followed by
+    the gelu_backward kernel: the same arithmetic, so the two must agree to the bit-ish."""
+    import cupy
+    from nanoandrea.kernels.gelu import gelu_backward
+    pre = cuda.as_cuda_array(cupy.random.default_rng(1).standard_normal((m, k), dtype=cupy.float32))
+    product = cuda.device_array((m, k), np.float32)
+    fused_out = cuda.device_array((m, k), np.float32)
+
+    def fused():
+        matmul_kernels.matmul(fused_out, DY, W, transpose_b=True, gelu_input=pre)
+
+    def unfused():
+        matmul_kernels.matmul(product, DY, W, transpose_b=True)
+        gelu_backward(out_dx, product, pre)
+    fused()
+    unfused()
+    cuda.synchronize()
+    error = relative_error(fused_out.copy_to_host(), out_dx.copy_to_host())
+    require(error, 1e-6, f"matmul {label} dX with gelu' fused")
+    short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
+    row("matmul", f"{short:8s} bwd dX*gelu' fused", kernel_ms(fused, args), 2.0 * m * n * k,
+        "TFLOP/s", kernel_ms(unfused, args), "unfused", f"(err {error:.1e})")
 
 
 # tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options)

@@ -206,48 +206,59 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk + 7, ty, tx)
 
     @cuda.jit(device=True, inline="always")
-    def store_row(out, hidden, acc, b_frag, i, z, m0, n0, ty, tx, M, N, accumulate):
-        # the epilogue for the thread's i-th row: out[z, row, its 8 columns] (+)= acc[i, :] +
-        # its bias (in b_frag), times gelu'(hidden) with gelu_grad; gelu of it into hidden
-        # with gelu
+    def gather_rows(values, x, i0, m0, n0, ty, tx, M, N):
+        # values[8 * r + j] = x[row of the thread's (i0 + r)-th, its j-th column] for r < 4,
+        # j < 8 (zero outside x[:M, :N]): its 8 loads issued together, before any is used
+        for r in range(4):
+            row = m0 + (i0 // 4) * HALF_M + ty * 4 + r
+            for half_n in range(2):
+                col = n0 + half_n * HALF_N + tx * 4
+                for e in range(4):
+                    values[8 * r + 4 * half_n + e] = float32(0.0)
+                if vector_out:
+                    if row < M and col < N:
+                        x4 = load4(x, (row, col))
+                        for e in range(4):
+                            values[8 * r + 4 * half_n + e] = x4[e]
+                else:
+                    for e in range(4):
+                        if row < M and col + e < N:
+                            values[8 * r + 4 * half_n + e] = x[row, col + e]
+
+    @cuda.jit(device=True, inline="always")
+    def fold_rows(acc, values, x, b_frag, i0, m0, n0, ty, tx, M, N, with_gelu_grad):
+        # acc[i0 .. i0+3, :] = (acc + bias) * gelu'(x) if with_gelu_grad, else (acc + bias) + x
+        gather_rows(values, x, i0, m0, n0, ty, tx, M, N)
+        for r in range(4):
+            for j in range(8):
+                if with_gelu_grad:
+                    acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) * gelu_derivative(values[8 * r + j])
+                else:
+                    acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) + values[8 * r + j]
+
+    @cuda.jit(device=True, inline="always")
+    def store_row(out, hidden, acc, i, z, m0, n0, ty, tx, M, N):
+        # out[z, the thread's i-th row, its 8 columns] = acc[i, :]; with gelu, gelu of it into
+        # hidden too
         row = m0 + (i // 4) * HALF_M + ty * 4 + i % 4
         if vector_out:                  # 16 bytes at a time: out[row, col:col+4]
             for half_n in range(2):
                 col = n0 + half_n * HALF_N + tx * 4
                 j = half_n * 4
                 if row < M and col < N:
-                    v0 = acc[i, j] + b_frag[j]
-                    v1 = acc[i, j + 1] + b_frag[j + 1]
-                    v2 = acc[i, j + 2] + b_frag[j + 2]
-                    v3 = acc[i, j + 3] + b_frag[j + 3]
-                    if gelu_grad:
-                        h = load4(hidden, (row, col))
-                        v0 *= gelu_derivative(h[0])
-                        v1 *= gelu_derivative(h[1])
-                        v2 *= gelu_derivative(h[2])
-                        v3 *= gelu_derivative(h[3])
-                    if accumulate:
-                        o = load4(out, (z, row, col))
-                        v0 += o[0]
-                        v1 += o[1]
-                        v2 += o[2]
-                        v3 += o[3]
-                    store4(out, (z, row, col), v0, v1, v2, v3)
+                    store4(out, (z, row, col), acc[i, j], acc[i, j + 1], acc[i, j + 2],
+                           acc[i, j + 3])
                     if gelu:
-                        store4(hidden, (row, col), gelu_value(v0), gelu_value(v1),
-                               gelu_value(v2), gelu_value(v3))
+                        store4(hidden, (row, col), gelu_value(acc[i, j]),
+                               gelu_value(acc[i, j + 1]), gelu_value(acc[i, j + 2]),
+                               gelu_value(acc[i, j + 3]))
         else:                           # 4 bytes at a time
             for j in range(8):
                 col = n0 + (j // 4) * HALF_N + tx * 4 + j % 4
                 if row < M and col < N:
-                    value = acc[i, j] + b_frag[j]
-                    if gelu_grad:
-                        value *= gelu_derivative(hidden[row, col])
-                    if accumulate:
-                        value += out[z, row, col]
-                    out[z, row, col] = value
+                    out[z, row, col] = acc[i, j]
                     if gelu:
-                        hidden[row, col] = gelu_value(value)
+                        hidden[row, col] = gelu_value(acc[i, j])
 
     @cuda.jit(device=True, inline="always")
     def block_start(acc, K, k_per_split):
@@ -278,17 +289,34 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 for j in range(4):
                     if col + j < N:
                         b_frag[half_n * 4 + j] = bias[col + j]
-        # the 8 rows written out (as slice_product), so that acc is indexed by constants and
-        # stays in registers however long the epilogue (with GELU, a rolled loop put it on
-        # the stack)
-        store_row(out, hidden, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
+        # Then, in order: the bias, gelu' (gelu_grad), what out holds (accumulate) go into acc,
+        # rows 0-3 and 4-7 each gathered with all their loads in flight at once (a load of
+        # hidden or out placed after a store to out must wait for it: the compiler cannot tell
+        # the arrays apart; the SASS had 16 load -> store round trips in a row per thread).
+        # Every row is written out (as slice_product), so that acc is indexed by constants and
+        # stays in registers however long the epilogue (with GELU, a rolled loop put it on the
+        # stack).
+        values = cuda.local.array(32, float32)
+        if gelu_grad:
+            fold_rows(acc, values, hidden, b_frag, 0, m0, n0, ty, tx, M, N, True)
+            fold_rows(acc, values, hidden, b_frag, 4, m0, n0, ty, tx, M, N, True)
+            for j in range(8):
+                b_frag[j] = float32(0.0)
+        if accumulate:
+            fold_rows(acc, values, out[z], b_frag, 0, m0, n0, ty, tx, M, N, False)
+            fold_rows(acc, values, out[z], b_frag, 4, m0, n0, ty, tx, M, N, False)
+        elif not gelu_grad:
+            for i in range(8):
+                for j in range(8):
+                    acc[i, j] += b_frag[j]
+        store_row(out, hidden, acc, 0, z, m0, n0, ty, tx, M, N)
+        store_row(out, hidden, acc, 1, z, m0, n0, ty, tx, M, N)
+        store_row(out, hidden, acc, 2, z, m0, n0, ty, tx, M, N)
+        store_row(out, hidden, acc, 3, z, m0, n0, ty, tx, M, N)
+        store_row(out, hidden, acc, 4, z, m0, n0, ty, tx, M, N)
+        store_row(out, hidden, acc, 5, z, m0, n0, ty, tx, M, N)
+        store_row(out, hidden, acc, 6, z, m0, n0, ty, tx, M, N)
+        store_row(out, hidden, acc, 7, z, m0, n0, ty, tx, M, N)
 
     # (the simulator's cuda.jit takes no launch_bounds)
     bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if blocks_per_sm > 1 and not SIMULATOR else {}
