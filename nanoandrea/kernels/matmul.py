@@ -80,7 +80,7 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
                                vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
-                               gelu=False, gelu_grad=False, stages=0):
+                               gelu=False, gelu_grad=False, stages=0, gather_epilogue=True):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
@@ -104,6 +104,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     kernels, so that the others keep an epilogue small enough to be unrolled (with GELU in every
     kernel behind a run-time flag, the row loop stayed rolled and the accumulators went to the
     stack).
+    gather_epilogue: the bias, gelu' and the accumulated output go into the accumulators
+    before the first store, four rows' loads in flight at once (else each row's are added as it
+    is stored); gelu_grad always gathers.
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline); only for operands whose rows
     run along M or N (transpose_a and not transpose_b: the weight gradients), read 16 bytes at
@@ -123,6 +126,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     B_ALONG_K = transpose_b                 # b[N,K]: likewise
     if gelu and gelu_grad:
         raise ValueError("matmul: one GELU epilogue, forward (gelu) or backward (gelu_grad)")
+    gather_epilogue = gather_epilogue or gelu_grad
     if stages and (A_ALONG_K or B_ALONG_K or not vector_a or not vector_b or stages < 2):
         raise ValueError("matmul: the cp.async pipeline takes 2 or more stages of operands "
                          "whose aligned rows run along M or N (transpose_a, not transpose_b)")
@@ -237,28 +241,44 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                     acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) + values[8 * r + j]
 
     @cuda.jit(device=True, inline="always")
-    def store_row(out, hidden, acc, i, z, m0, n0, ty, tx, M, N):
-        # out[z, the thread's i-th row, its 8 columns] = acc[i, :]; with gelu, gelu of it into
-        # hidden too
+    def store_row(out, hidden, acc, b_frag, i, z, m0, n0, ty, tx, M, N, accumulate):
+        # out[z, the thread's i-th row, its 8 columns] = acc[i, :], plus its bias (b_frag) and
+        # (accumulate) what out holds when the epilogue did not gather those in already; with
+        # gelu, gelu of it into hidden too
         row = m0 + (i // 4) * HALF_M + ty * 4 + i % 4
         if vector_out:                  # 16 bytes at a time: out[row, col:col+4]
             for half_n in range(2):
                 col = n0 + half_n * HALF_N + tx * 4
                 j = half_n * 4
                 if row < M and col < N:
-                    store4(out, (z, row, col), acc[i, j], acc[i, j + 1], acc[i, j + 2],
-                           acc[i, j + 3])
+                    v0, v1, v2, v3 = acc[i, j], acc[i, j + 1], acc[i, j + 2], acc[i, j + 3]
+                    if not gather_epilogue:
+                        v0 += b_frag[j]
+                        v1 += b_frag[j + 1]
+                        v2 += b_frag[j + 2]
+                        v3 += b_frag[j + 3]
+                        if accumulate:
+                            o = load4(out, (z, row, col))
+                            v0 += o[0]
+                            v1 += o[1]
+                            v2 += o[2]
+                            v3 += o[3]
+                    store4(out, (z, row, col), v0, v1, v2, v3)
                     if gelu:
-                        store4(hidden, (row, col), gelu_value(acc[i, j]),
-                               gelu_value(acc[i, j + 1]), gelu_value(acc[i, j + 2]),
-                               gelu_value(acc[i, j + 3]))
+                        store4(hidden, (row, col), gelu_value(v0), gelu_value(v1),
+                               gelu_value(v2), gelu_value(v3))
         else:                           # 4 bytes at a time
             for j in range(8):
                 col = n0 + (j // 4) * HALF_N + tx * 4 + j % 4
                 if row < M and col < N:
-                    out[z, row, col] = acc[i, j]
+                    value = acc[i, j]
+                    if not gather_epilogue:
+                        value += b_frag[j]
+                        if accumulate:
+                            value += out[z, row, col]
+                    out[z, row, col] = value
                     if gelu:
-                        hidden[row, col] = gelu_value(acc[i, j])
+                        hidden[row, col] = gelu_value(value)
 
     @cuda.jit(device=True, inline="always")
     def block_start(acc, K, k_per_split):
@@ -289,34 +309,36 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 for j in range(4):
                     if col + j < N:
                         b_frag[half_n * 4 + j] = bias[col + j]
-        # Then, in order: the bias, gelu' (gelu_grad), what out holds (accumulate) go into acc,
-        # rows 0-3 and 4-7 each gathered with all their loads in flight at once (a load of
-        # hidden or out placed after a store to out must wait for it: the compiler cannot tell
-        # the arrays apart; the SASS had 16 load -> store round trips in a row per thread).
+        # Then, in order: the bias, gelu' (gelu_grad), what out holds (accumulate). With
+        # gather_epilogue they go into acc first, rows 0-3 and 4-7 each gathered with all their
+        # loads in flight at once (a load of hidden or out placed after a store to out must
+        # wait for it: the compiler cannot tell the arrays apart, and the SASS had 16 load ->
+        # store round trips in a row per thread); else store_row adds them row by row.
         # Every row is written out (as slice_product), so that acc is indexed by constants and
         # stays in registers however long the epilogue (with GELU, a rolled loop put it on the
         # stack).
-        values = cuda.local.array(32, float32)
-        if gelu_grad:
-            fold_rows(acc, values, hidden, b_frag, 0, m0, n0, ty, tx, M, N, True)
-            fold_rows(acc, values, hidden, b_frag, 4, m0, n0, ty, tx, M, N, True)
-            for j in range(8):
-                b_frag[j] = float32(0.0)
-        if accumulate:
-            fold_rows(acc, values, out[z], b_frag, 0, m0, n0, ty, tx, M, N, False)
-            fold_rows(acc, values, out[z], b_frag, 4, m0, n0, ty, tx, M, N, False)
-        elif not gelu_grad:
-            for i in range(8):
+        if gather_epilogue:
+            values = cuda.local.array(32, float32)
+            if gelu_grad:
+                fold_rows(acc, values, hidden, b_frag, 0, m0, n0, ty, tx, M, N, True)
+                fold_rows(acc, values, hidden, b_frag, 4, m0, n0, ty, tx, M, N, True)
                 for j in range(8):
-                    acc[i, j] += b_frag[j]
-        store_row(out, hidden, acc, 0, z, m0, n0, ty, tx, M, N)
-        store_row(out, hidden, acc, 1, z, m0, n0, ty, tx, M, N)
-        store_row(out, hidden, acc, 2, z, m0, n0, ty, tx, M, N)
-        store_row(out, hidden, acc, 3, z, m0, n0, ty, tx, M, N)
-        store_row(out, hidden, acc, 4, z, m0, n0, ty, tx, M, N)
-        store_row(out, hidden, acc, 5, z, m0, n0, ty, tx, M, N)
-        store_row(out, hidden, acc, 6, z, m0, n0, ty, tx, M, N)
-        store_row(out, hidden, acc, 7, z, m0, n0, ty, tx, M, N)
+                    b_frag[j] = float32(0.0)
+            if accumulate:
+                fold_rows(acc, values, out[z], b_frag, 0, m0, n0, ty, tx, M, N, False)
+                fold_rows(acc, values, out[z], b_frag, 4, m0, n0, ty, tx, M, N, False)
+            elif not gelu_grad:
+                for i in range(8):
+                    for j in range(8):
+                        acc[i, j] += b_frag[j]
+        store_row(out, hidden, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
 
     # (the simulator's cuda.jit takes no launch_bounds)
     bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if blocks_per_sm > 1 and not SIMULATOR else {}
@@ -501,9 +523,15 @@ def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False, g
     # pay: the plain product (NN) fits in 128 registers unbounded and runs 5% slower bounded;
     # the transposed ones need 139-143 and run 11-14% faster bounded, and so do the 4-byte
     # kernels (H200, 2026-11-29: docs/perf.md, v4).
+    # The gathered epilogue, where it measured faster (H200, 2026-11-29, session 4, against the
+    # same kernels storing row by row): the plain product 3.5% (0.455 -> 0.440 ms at 16384 x
+    # 768 x 768), the weight gradient 1-2%; the input gradient (NT) 5-6% slower (0.462 ->
+    # 0.489 ms), so it stores row by row, except with gelu' (fused: 6-10% faster than the
+    # product and a gelu_backward pass).
     tiles = dict(tiles or {})
     plain = not transpose_a and not transpose_b and all(vectors)
     tiles.setdefault("blocks_per_sm", 1 if plain else 2)
+    tiles.setdefault("gather_epilogue", not (transpose_b and not transpose_a))
     tiles["gelu"] = gelu
     tiles["gelu_grad"] = gelu_grad
     key = (transpose_a, transpose_b, vectors, tuple(sorted(tiles.items())))
