@@ -55,19 +55,32 @@ def event_time_ms(fn, warmup=3, repeat=10, calls=1):
     that checks shapes more, which for small kernels is more than their GPU time): this
     measures the kernels' GPU time, which is what a CUDA-graph replay pays. Both sides of a
     comparison are timed the same way."""
+    if warm_up_and_time_one(fn, warmup) > 0.02:
+        calls = 1           # a slow kernel (the reference ones): launch gaps do not matter
+    # (with calls > 1, the GPU is busy with other work while the timed calls queue)
+    return median_ms_per_call(fn, calls, repeat, (lambda: keep_gpu_busy(6)) if calls > 1 else None)
+
+
+def warm_up_and_time_one(fn, warmup):
+    """Run fn `warmup` times, then once more alone: the seconds that one took, host waits
+    included."""
     for _ in range(warmup):
         fn()
     cuda.synchronize()
     began = time.perf_counter()
     fn()
     cuda.synchronize()
-    if time.perf_counter() - began > 0.02:
-        calls = 1           # a slow kernel (the reference ones): launch gaps do not matter
+    return time.perf_counter() - began
+
+
+def median_ms_per_call(fn, calls, repeat, before=None):
+    """`repeat` times: before(), then `calls` calls of fn between two CUDA events; the median
+    of the milliseconds per call."""
     times = []
     for _ in range(repeat):
+        if before is not None:
+            before()
         start, end = cuda.event(), cuda.event()
-        if calls > 1:
-            keep_gpu_busy(6)            # the GPU is busy with this while the timed calls queue
         start.record()
         for _ in range(calls):
             fn()
@@ -364,24 +377,8 @@ def steps_time_ms(step, repeat, warmup=3, seconds=0.5):
     """Milliseconds per training step, steady state: consecutive steps (about `seconds` of them)
     between two CUDA events, nothing waiting for the GPU between them, as in training, where
     the host prepares the next step while the GPU runs this one; the median over `repeat`."""
-    for _ in range(warmup):
-        step()
-    cuda.synchronize()
-    began = time.perf_counter()
-    step()
-    cuda.synchronize()
-    steps = max(3, round(seconds / (time.perf_counter() - began)))
-    times = []
-    for _ in range(repeat):
-        cuda.synchronize()
-        start, end = cuda.event(), cuda.event()
-        start.record()
-        for _ in range(steps):
-            step()
-        end.record()
-        end.synchronize()
-        times.append(cuda.event_elapsed_time(start, end) / steps)
-    return statistics.median(times)
+    steps = max(3, round(seconds / warm_up_and_time_one(step, warmup)))
+    return median_ms_per_call(step, steps, repeat, cuda.synchronize)
 
 
 def bench_e2e(args):
