@@ -142,6 +142,26 @@ def test_matmul_192_thread_tiles(rng, tiles, transpose_a, transpose_b):
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
+@pytest.mark.parametrize("tiles,transpose_a,transpose_b", [
+    (dict(BN=256), False, False), (dict(BN=256), False, True), (dict(BM=256), True, False)])
+def test_matmul_512_thread_tiles(rng, tiles, transpose_a, transpose_b):
+    """128 x 256 and 256 x 128 block tiles (512 threads, launch bounds of 128 registers): the
+    tile cuBLAS picks for the large float32 products, timed by tools/bench.py --variants. (In
+    the simulator one block with ragged edges: 512 Python threads are slow.)"""
+    M, N, K = (70, 200, 20) if not GPU else (1000, 389, 771)
+    if tiles.get("BM"):
+        M, N = N, M
+    a = rng.standard_normal((K, M) if transpose_a else (M, K))
+    b = rng.standard_normal((N, K) if transpose_b else (K, N))
+    bias = rng.standard_normal(N)
+    out = poisoned((M, N))
+    matmul.matmul(out, device(a), device(b), device(bias), transpose_a, transpose_b,
+                  kernel="blocked", tiles=tiles)
+    want = np.zeros((M, N))
+    matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
 def test_matmul_rejects_bad_shapes():
     a, b = device(np.zeros((3, 4))), device(np.zeros((5, 6)))
     with pytest.raises(ValueError, match="matmul b: expected shape"):

@@ -341,7 +341,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
 
     # (the simulator's cuda.jit takes no launch_bounds)
-    bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if blocks_per_sm > 1 and not SIMULATOR else {}
+    # (and a block of more than 256 threads must fit its registers: at most 128 a thread for 512)
+    capped = blocks_per_sm > 1 or THREADS > 256
+    bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if capped and not SIMULATOR else {}
 
     @cuda.jit(**bounds)
     def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
