@@ -2,8 +2,9 @@
 # One device session on the H200 (see docs/gpu-runs.md): the quality run of issue 3, the test
 # suite on the GPU, and where a training step's time goes. Logs and results go to $OUT.
 #   usage: bash tools/h200_session.sh [train|tests|profile|bench|variants ...]
-#          (default: train tests profile; each call of the device tool has 10 minutes, so e.g.
-#          "tests bench" in one call and "variants train" in the next)
+#          (default: train tests profile; each call of the device tool has 10 minutes: in
+#          session 4 the whole bench needed more than 300 s and the suite ~200 s in 14 workers,
+#          so "bench" in one call, "tests" in another)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit 1
