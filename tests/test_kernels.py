@@ -130,7 +130,12 @@ def test_matmul_192_thread_tiles(rng, tiles, transpose_a, transpose_b):
     4 floats, so the last round of loads leaves some threads idle. (Tried for andrea-12m's
     [16384, 384] outputs, whose 128 x 128 grid leaves half a wave idle: slower on the H200,
     docs/perf.md v4, so no launch picks them on its own.)"""
-    M, N, K = (100, 110, 20) if not GPU else (1000, 389, 771)
+    check_blocked_tiles(rng, tiles, transpose_a, transpose_b,
+                        *((100, 110, 20) if not GPU else (1000, 389, 771)))
+
+
+def check_blocked_tiles(rng, tiles, transpose_a, transpose_b, M, N, K):
+    """The blocked kernel with these tiles against NumPy, bias included, on a poisoned out."""
     a = rng.standard_normal((K, M) if transpose_a else (M, K))
     b = rng.standard_normal((N, K) if transpose_b else (K, N))
     bias = rng.standard_normal(N)
@@ -151,15 +156,7 @@ def test_matmul_512_thread_tiles(rng, tiles, transpose_a, transpose_b):
     M, N, K = (70, 200, 20) if not GPU else (1000, 389, 771)
     if tiles.get("BM"):
         M, N = N, M
-    a = rng.standard_normal((K, M) if transpose_a else (M, K))
-    b = rng.standard_normal((N, K) if transpose_b else (K, N))
-    bias = rng.standard_normal(N)
-    out = poisoned((M, N))
-    matmul.matmul(out, device(a), device(b), device(bias), transpose_a, transpose_b,
-                  kernel="blocked", tiles=tiles)
-    want = np.zeros((M, N))
-    matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b)
-    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+    check_blocked_tiles(rng, tiles, transpose_a, transpose_b, M, N, K)
 
 
 def test_matmul_rejects_bad_shapes():
