@@ -148,7 +148,8 @@ def check_blocked_tiles(rng, tiles, transpose_a, transpose_b, M, N, K):
 
 
 @pytest.mark.parametrize("tiles,transpose_a,transpose_b", [
-    (dict(BN=256), False, False), (dict(BN=256), False, True), (dict(BM=256), True, False)])
+    (dict(BN=256, blocks_per_sm=1), False, False), (dict(BN=256, blocks_per_sm=1), False, True),
+    (dict(BM=256, blocks_per_sm=1), True, False)])
 def test_matmul_512_thread_tiles(rng, tiles, transpose_a, transpose_b):
     """128 x 256 and 256 x 128 block tiles (512 threads, launch bounds of 128 registers): the
     tile cuBLAS picks for the large float32 products, timed by tools/bench.py --variants. (In

@@ -235,7 +235,8 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
 # 128x256 / 256x128: 512 threads capped at 128 registers; ptxas (sm_90, 2026-11-29): no spills
 # for NN 128x256 and TN 256x128, 8-112 bytes for the others.
 MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
-                   "128x256": dict(BN=256), "256x128": dict(BM=256)}
+                   "128x256": dict(BN=256, blocks_per_sm=1),
+                   "256x128": dict(BM=256, blocks_per_sm=1)}
 
 
 # --- attention ------------------------------------------------------------------------------

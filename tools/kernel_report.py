@@ -31,27 +31,32 @@ BOOL = types.boolean
 DROP = (I1, int64, int64, float32)           # seed, site, threshold, keep
 
 
+MATMUL_ARGS = (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
+
+
 def kernels():
+    blocked = matmul._blocked_kernel            # (as the launcher picks them)
     for ta, tb in ((False, False), (False, True), (True, False)):
-        yield (f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}",
-               matmul._blocked_kernel(ta, tb, (True, True, True)),     # as the launcher picks it
-               (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
-    yield ("blocked matmul TN, cp.async 3 stages",              # a weight gradient, pipelined
-           matmul._blocked_kernel(True, False, (True, True, True), dict(stages=3)),
-           (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
-    yield ("blocked matmul NN, GELU epilogue",                  # the MLP's first layer
-           matmul._blocked_kernel(False, False, (True, True, True), gelu=True),
-           (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
-    yield ("blocked matmul NT, GELU-backward epilogue",         # the MLP's dH, times gelu'(H)
-           matmul._blocked_kernel(False, True, (True, True, True), gelu_grad=True),
-           (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
-    yield ("blocked matmul NT, 4-byte loads and stores",       # the LM head of an odd vocabulary
-           matmul.make_blocked_matmul_kernel(False, True, False, False, False, blocks_per_sm=2),
-           (A3, A2, A2, A1, BOOL, BOOL, int64, A2))
-    yield "blocked matmul NN, 2 blocks/SM", matmul.make_blocked_matmul_kernel(
-        False, False, blocks_per_sm=2), (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
-    yield "blocked matmul NN BK=16", matmul.make_blocked_matmul_kernel(False, False, BK=16), \
-        (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
+        yield f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}", \
+            blocked(ta, tb, (True, True, True)), MATMUL_ARGS
+    variants = [
+        ("blocked matmul TN, cp.async 3 stages",            # a weight gradient, pipelined
+         blocked(True, False, (True, True, True), dict(stages=3))),
+        ("blocked matmul NN, GELU epilogue",                # the MLP's first layer
+         blocked(False, False, (True, True, True), gelu=True)),
+        ("blocked matmul NT, GELU-backward epilogue",       # the MLP's dH, times gelu'(H)
+         blocked(False, True, (True, True, True), gelu_grad=True)),
+        ("blocked matmul NT, 4-byte loads and stores",      # the LM head of an odd vocabulary
+         blocked(False, True, (False, False, False))),
+        ("blocked matmul NN 128x256",                       # 512 threads: --variants
+         blocked(False, False, (True, True, True), dict(BN=256, blocks_per_sm=1))),
+        ("blocked matmul TN 256x128",
+         blocked(True, False, (True, True, True), dict(BM=256, blocks_per_sm=1))),
+        ("blocked matmul NN, 2 blocks/SM", matmul.make_blocked_matmul_kernel(
+            False, False, blocks_per_sm=2)),
+        ("blocked matmul NN BK=16", matmul.make_blocked_matmul_kernel(False, False, BK=16))]
+    for name, kernel in variants:
+        yield name, kernel, MATMUL_ARGS
     for D in attention.FAST_HEAD_SIZES:
         forward, dq, dkdv = attention.make_attention_kernels(D)
         yield f"attention forward D={D}", forward, (A4, A3, A4, A4, A4, float32, *DROP, int64)

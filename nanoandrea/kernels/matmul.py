@@ -468,6 +468,12 @@ def sum_splits_kernel(out, partials, bias, has_bias, accumulate):
 
 
 RESIDENT_BLOCKS = 2 * 132      # blocks of the kernel the H200 runs at once: 2 per multiprocessor
+
+
+def resident_blocks(threads):
+    """Blocks of `threads` threads at <= 128 registers each that the H200 runs at once (64K
+    registers per multiprocessor): RESIDENT_BLOCKS for the 256-thread kernels, half for 512."""
+    return 132 * max(1, 2 * 256 // threads)
 L2_BYTES = 50 * 2**20          # the H200's L2 cache
 
 
@@ -587,7 +593,7 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
                    and (hidden is None or aligned16(hidden)))
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
-        splits = k_splits or split_count(M, N, K, fast.tile)
+        splits = k_splits or split_count(M, N, K, fast.tile, resident_blocks(fast.threads))
         k_per_split = k_per_slice(K, splits, BK)
         splits = blocks(K, k_per_split)
         grid = (blocks(N, BN), blocks(M, BM), splits)
