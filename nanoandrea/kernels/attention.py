@@ -40,7 +40,7 @@ fast kernels, a range of its rows), and the launch grid supplies the parallelism
                      tiles), both recomputing P from lse. Grid (B*H, row tiles), the heaviest
                      row tiles (most keys) launched first.
                      Before them, delta (attention_delta): a warp per DELTA_ROWS rows, 16-byte
-                     loads, the lanes' sums met in warp shuffles (layernorm.warp_sum); a thread
+                     loads, the lanes' sums met in warp shuffles (reduce.warp_sum); a thread
                      per row for unaligned rows.
 """
 import math
@@ -50,7 +50,7 @@ from numba import cuda, float32, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
-from .layernorm import WARP, warp_sum
+from .reduce import WARP, warp_sum
 from .vector import aligned16, load4, store4
 
 NEG_INF = float32(-np.inf)

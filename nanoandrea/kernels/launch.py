@@ -62,8 +62,9 @@ def blocks(n, per_block):
     return max(1, (n + per_block - 1) // per_block)
 
 
+MULTIPROCESSORS = 132   # the H200's SMs: grids that must fill the GPU are sized from this
 ELEMENTWISE_THREADS = 32 if SIMULATOR else 256
-ELEMENTWISE_MAX_BLOCKS = 4 if SIMULATOR else 132 * 16
+ELEMENTWISE_MAX_BLOCKS = 4 if SIMULATOR else MULTIPROCESSORS * 16
 
 
 def elementwise_grid(n):

@@ -21,26 +21,23 @@ Two families of kernels compute this:
     are the readable reference, and the fallback.
 """
 import math
-import threading
 from collections import namedtuple
 
 import numpy as np
 from numba import cuda, float32
 
-from .launch import (SIMULATOR, blocks, check_float32, check_shape, current_stream,
-                     elementwise_grid, launch)
+from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check_float32, check_shape,
+                     current_stream, elementwise_grid, launch)
 from .matmul import sum_rows
-from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, block_sum, chunk_rows, column_partials_sum,
-                     finish_column_sums_kernel, row_chunks)
+from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, WARP, block_sum, chunk_rows,
+                     column_partials_sum, finish_column_sums_kernel, row_chunks, warp_sum)
 from .vector import aligned16, load4, store4
 
 EPS = 1e-5
 THREADS = 8 if SIMULATOR else 128        # block kernels: threads per row
 ROW_CACHE = 1024        # a row's first ROW_CACHE values stay in shared memory between passes
-WARP = 32
 WARPS = 2 if SIMULATOR else 4            # warp kernels: rows (warps) per block
 MAX_VECTORS = 8                          # warp kernels take C <= 4 * WARP * MAX_VECTORS = 1024
-SMS = 132                                # the H200's multiprocessors
 
 
 def backward_blocks_per_sm(V):
@@ -51,45 +48,6 @@ def backward_blocks_per_sm(V):
 
 
 # --- warp kernels ---------------------------------------------------------------------------
-
-if SIMULATOR:
-    # The simulator has no shuffles: lanes meet in a list, with a barrier of the warp's 32
-    # threads (each simulated GPU thread is a Python thread) before and after reading it.
-    # A device function, so that `cuda` in it is the simulated one when a kernel of another
-    # module calls it (the simulator swaps `cuda` in the globals of the kernel's module and of
-    # each device function it calls).
-    _warps = {}
-    _warps_lock = threading.Lock()
-
-    @cuda.jit(device=True)
-    def warp_sum(value):
-        index = cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y
-                                                      + cuda.blockDim.y * cuda.threadIdx.z)
-        warp, lane = divmod(index, WARP)
-        with _warps_lock:
-            slots, barrier = _warps.setdefault(
-                (tuple(cuda.blockIdx), warp), ([None] * WARP, threading.Barrier(WARP, timeout=60)))
-        slots[lane] = value
-        barrier.wait()
-        values = list(slots)
-        barrier.wait()
-        offset = WARP // 2               # the shuffles' butterfly, in the same order
-        while offset > 0:
-            values = [values[i] + values[i ^ offset] for i in range(WARP)]
-            offset //= 2
-        return values[lane]
-
-else:
-    @cuda.jit(device=True, inline="always")
-    def warp_sum(value):
-        # the sum of `value` over the 32 lanes of this warp, to every lane: a butterfly of
-        # shuffles (all 32 lanes must call it), so every lane adds the same numbers in one order
-        offset = WARP // 2
-        while offset > 0:
-            value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
-            offset //= 2
-        return value
-
 
 _warp_kernels = {}
 WarpKernels = namedtuple("WarpKernels", "forward residual_forward backward")
@@ -417,7 +375,7 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
     N, C = x.shape
     V = warp_vectors(C, dx, dout, x, weight)
     if V:
-        R = min(blocks(N, WARPS), 2 if SIMULATOR else SMS * backward_blocks_per_sm(V))
+        R = min(blocks(N, WARPS), 2 if SIMULATOR else MULTIPROCESSORS * backward_blocks_per_sm(V))
         partials = cuda.device_array((2, R, C), np.float32, stream=current_stream())
         launch(warp_kernels(V).backward, R, (WARP, WARPS), dx, partials[0], partials[1], dout, x,
                weight, mean, rstd, accumulate)

@@ -34,8 +34,8 @@ import numpy as np
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
                    gelu_forward_numpy, gelu_value)
-from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
-                     elementwise_grid, launch)
+from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
+                     current_stream, elementwise_grid, launch)
 from .vector import aligned16, load4, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
@@ -467,13 +467,13 @@ def sum_splits_kernel(out, partials, bias, has_bias, accumulate):
         out[row, col] = total
 
 
-RESIDENT_BLOCKS = 2 * 132      # blocks of the kernel the H200 runs at once: 2 per multiprocessor
-
-
 def resident_blocks(threads):
     """Blocks of `threads` threads at <= 128 registers each that the H200 runs at once (64K
-    registers per multiprocessor): RESIDENT_BLOCKS for the 256-thread kernels, half for 512."""
-    return 132 * max(1, 2 * 256 // threads)
+    registers per multiprocessor): 2 per multiprocessor for the 256-thread kernels, 1 for 512."""
+    return MULTIPROCESSORS * max(1, 2 * 256 // threads)
+
+
+RESIDENT_BLOCKS = resident_blocks(256)      # of the default kernels'
 L2_BYTES = 50 * 2**20          # the H200's L2 cache
 
 

@@ -1,12 +1,15 @@
-"""Block-wide reductions shared by the kernels that reduce along a row.
+"""Reductions shared by the kernels that reduce along a row (or down columns).
 
 A block of threads (a power of two, at most MAX_THREADS) each holds one partial value; the
-partials meet in shared memory and halve in a fixed tree. The fixed order makes every result
+partials meet in shared memory and halve in a fixed tree (block_sum, block_max). A warp's 32
+lanes meet in register shuffles instead (warp_sum). The fixed orders make every result
 bit-for-bit reproducible: no atomics anywhere in nanoandrea's training step.
 """
+import threading
+
 from numba import cuda, float32
 
-from .launch import SIMULATOR
+from .launch import MULTIPROCESSORS, SIMULATOR
 
 MAX_THREADS = 1024
 
@@ -40,6 +43,47 @@ def block_max(value, scratch):
     return block_reduce(value, scratch, True)
 
 
+WARP = 32
+
+if SIMULATOR:
+    # The simulator has no shuffles: lanes meet in a list, with a barrier of the warp's 32
+    # threads (each simulated GPU thread is a Python thread) before and after reading it.
+    # A device function, so that `cuda` in it is the simulated one when a kernel of another
+    # module calls it (the simulator swaps `cuda` in the globals of the kernel's module and of
+    # each device function it calls).
+    _warps = {}
+    _warps_lock = threading.Lock()
+
+    @cuda.jit(device=True)
+    def warp_sum(value):
+        index = cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y
+                                                      + cuda.blockDim.y * cuda.threadIdx.z)
+        warp, lane = divmod(index, WARP)
+        with _warps_lock:
+            slots, barrier = _warps.setdefault(
+                (tuple(cuda.blockIdx), warp), ([None] * WARP, threading.Barrier(WARP, timeout=60)))
+        slots[lane] = value
+        barrier.wait()
+        values = list(slots)
+        barrier.wait()
+        offset = WARP // 2               # the shuffles' butterfly, in the same order
+        while offset > 0:
+            values = [values[i] + values[i ^ offset] for i in range(WARP)]
+            offset //= 2
+        return values[lane]
+
+else:
+    @cuda.jit(device=True, inline="always")
+    def warp_sum(value):
+        # the sum of `value` over the 32 lanes of this warp, to every lane: a butterfly of
+        # shuffles (all 32 lanes must call it), so every lane adds the same numbers in one order
+        offset = WARP // 2
+        while offset > 0:
+            value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
+            offset //= 2
+        return value
+
+
 # Column sums of a [rows, columns] matrix, in two deterministic stages:
 #  1. grid (columns/32, R chunks of rows): a block of (COLUMNS, ROW_GROUPS) threads takes 32
 #     adjacent columns of one chunk; thread (x, y) adds rows y, y+ROW_GROUPS, ... of column x
@@ -57,7 +101,7 @@ MIN_CHUNK_ROWS = 8 if SIMULATOR else 64
 def row_chunks(rows, columns):
     """R: enough blocks for ~4 per multiprocessor, chunks of at least MIN_CHUNK_ROWS rows."""
     column_blocks = (columns + COLUMNS - 1) // COLUMNS
-    wanted = (4 * 132 + column_blocks - 1) // column_blocks
+    wanted = (4 * MULTIPROCESSORS + column_blocks - 1) // column_blocks
     return max(1, min(wanted, rows // MIN_CHUNK_ROWS))
 
 
