@@ -123,6 +123,42 @@ def test_matmul_with_gelu_backward(rng, kernel, k_splits, M, N, K, accumulate):
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
+@pytest.mark.parametrize("R,C", [(37, 45), (32, 64)] if not GPU else [(1000, 771), (768, 3072)])
+def test_transpose(rng, R, C):
+    x = rng.standard_normal((R, C))
+    out = poisoned((C, R))
+    matmul.transpose(out, device(x))
+    want = np.zeros((C, R))
+    matmul.transpose_numpy(want, x)
+    assert np.array_equal(out.copy_to_host(), want.astype(np.float32))
+
+
+@pytest.mark.parametrize("with_bias,accumulate,gelu_grad", [
+    (True, False, False), (False, True, False), (False, True, True)])
+def test_matmul_through_transposed_copy(rng, with_bias, accumulate, gelu_grad):
+    """With transpose_b, the blocked path may multiply by a transposed copy of b (the plain
+    kernel) instead of transposing b's slices in the kernel: a copy moves data, so the two
+    add the same products in the same order and agree bit for bit (with gelu' too)."""
+    M, N, K = (20, 24, 36) if not GPU else (2048, 3072, 771)
+    assert matmul.copies_b_transposed(M, N, False, True) == GPU     # (what None picks)
+    a, b = rng.standard_normal((M, K)), rng.standard_normal((N, K))
+    bias = device(rng.standard_normal(N)) if with_bias else None
+    pre = device(3 * rng.standard_normal((M, N))) if gelu_grad else None
+    prior = rng.standard_normal((M, N))
+    outs = []
+    for copy in (True, False):
+        out = device(prior) if accumulate else poisoned((M, N))
+        matmul.matmul(out, device(a), device(b), bias, transpose_b=True, accumulate=accumulate,
+                      kernel="blocked", gelu_input=pre, copy_b_transposed=copy)
+        outs.append(out.copy_to_host())
+    want = prior.copy() if accumulate else np.zeros((M, N))
+    matmul.matmul_numpy(want, a, b, None if bias is None else bias.copy_to_host(),
+                        transpose_b=True, accumulate=accumulate,
+                        gelu_input=None if pre is None else pre.copy_to_host())
+    assert relative_error(outs[0], want) < TOLERANCE
+    assert np.array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("tiles", [dict(BN=96), dict(BM=96)])
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
 def test_matmul_192_thread_tiles(rng, tiles, transpose_a, transpose_b):

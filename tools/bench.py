@@ -164,19 +164,21 @@ def bench_matmul(args):
         out_y = cuda.device_array((m, n), np.float32)
         out_dx = cuda.device_array((m, k), np.float32)
         out_dw = cuda.device_array((k, n), np.float32)
-        products = [        # (name, transpose_a, transpose_b, our out, a, b, cupy's product)
-            ("fwd  Y=X.W", False, False, out_y, X, W, lambda: x @ w),
-            ("bwd dX=dY.W^T", False, True, out_dx, DY, W, lambda: dy @ w.T),
-            ("bwd dW=X^T.dY", True, False, out_dw, X, DY, lambda: x.T @ dy),
+        products = [        # (name, transpose_a, transpose_b, our out, a, b, cupy's product,
+            ("fwd  Y=X.W", False, False, out_y, X, W, lambda: x @ w, None),     # copy W^T?)
+            ("bwd dX=dY.W^T", False, True, out_dx, DY, W, lambda: dy @ w.T, None),
+            ("bwd dX [W^T in kernel]", False, True, out_dx, DY, W, lambda: dy @ w.T, False),
+            ("bwd dW=X^T.dY", True, False, out_dw, X, DY, lambda: x.T @ dy, None),
         ]
         variants = {"": None}
         if args.variants and n < 50257:
             variants.update(MATMUL_VARIANTS)
         cases = [(f"{name} [{variant}]" if variant else name,
-                  lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles: matmul_kernels.matmul(
-                      out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles), theirs, out)
-                 for name, ta, tb, out, a, b, theirs in products
-                 for variant, tiles in variants.items()]
+                  lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles, copy=copy:
+                  matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles,
+                                        copy_b_transposed=copy), theirs, out)
+                 for name, ta, tb, out, a, b, theirs, copy in products
+                 for variant, tiles in variants.items() if copy is None or not variant]
         if args.variants and n < 50257:     # the weight gradient with half and twice the slices
             chosen = matmul_kernels.split_count(k, n, m, (128, 128, 8))   # of K split_count picks
             dw_variants = [(f"k_splits={splits}", splits, None) for splits in
@@ -215,20 +217,26 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
     product = cuda.device_array((m, k), np.float32)
     fused_out = cuda.device_array((m, k), np.float32)
 
-    def fused():
-        matmul_kernels.matmul(fused_out, DY, W, transpose_b=True, gelu_input=pre)
+    def fused(tiles=None, copy=None):
+        matmul_kernels.matmul(fused_out, DY, W, transpose_b=True, gelu_input=pre, tiles=tiles,
+                              copy_b_transposed=copy)
 
     def unfused():
         matmul_kernels.matmul(product, DY, W, transpose_b=True)
         gelu_backward(out_dx, product, pre)
-    fused()
     unfused()
-    cuda.synchronize()
-    error = relative_error(fused_out.copy_to_host(), out_dx.copy_to_host())
-    require(error, 1e-6, f"matmul {label} dX with gelu' fused")
+    unfused_ms = kernel_ms(unfused, args)
     short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
-    row("matmul", f"{short:8s} bwd dX*gelu' fused", kernel_ms(fused, args), 2.0 * m * n * k,
-        "TFLOP/s", kernel_ms(unfused, args), "unfused", f"(err {error:.1e})")
+    for variant, tiles, copy in (("", None, None), (" [1 block/SM]", dict(blocks_per_sm=1), None),
+                                 (" [W^T in kernel]", None, False)):
+        fused_out.copy_to_device(np.full((m, k), np.nan, np.float32))
+        fused(tiles, copy)
+        cuda.synchronize()
+        error = relative_error(fused_out.copy_to_host(), out_dx.copy_to_host())
+        require(error, 1e-6, f"matmul {label} dX with gelu' fused{variant}")
+        row("matmul", f"{short:8s} bwd dX*gelu' fused{variant}",
+            kernel_ms(lambda: fused(tiles, copy), args), 2.0 * m * n * k, "TFLOP/s", unfused_ms,
+            "unfused", f"(err {error:.1e})")
 
 
 # tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options)

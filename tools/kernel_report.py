@@ -44,7 +44,11 @@ def kernels():
          blocked(True, False, (True, True, True), dict(stages=3))),
         ("blocked matmul NN, GELU epilogue",                # the MLP's first layer
          blocked(False, False, (True, True, True), gelu=True)),
-        ("blocked matmul NT, GELU-backward epilogue",       # the MLP's dH, times gelu'(H)
+        ("blocked matmul NN, GELU-backward epilogue",       # the MLP's dH, times gelu'(H),
+         blocked(False, False, (True, True, True), gelu_grad=True)),    # W^T copied
+        ("blocked matmul NN, GELU-backward epilogue, 1 block/SM",
+         blocked(False, False, (True, True, True), dict(blocks_per_sm=1), gelu_grad=True)),
+        ("blocked matmul NT, GELU-backward epilogue",       # (W^T read in the kernel)
          blocked(False, True, (True, True, True), gelu_grad=True)),
         ("blocked matmul NT, 4-byte loads and stores",      # the LM head of an odd vocabulary
          blocked(False, True, (False, False, False))),
@@ -57,6 +61,7 @@ def kernels():
         ("blocked matmul NN BK=16", matmul.make_blocked_matmul_kernel(False, False, BK=16))]
     for name, kernel in variants:
         yield name, kernel, MATMUL_ARGS
+    yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     for D in attention.FAST_HEAD_SIZES:
         forward, dq, dkdv = attention.make_attention_kernels(D)
         yield f"attention forward D={D}", forward, (A4, A3, A4, A4, A4, float32, *DROP, int64)

@@ -26,6 +26,9 @@ Two kernels compute the same function:
                           alignment by make_blocked_matmul_kernel, so the transposes cost
                           nothing at run time.
 Both are correct for any M, N, K (edges are zero-filled), and both pass the same tests.
+With transpose_b (the input gradients, the LM head) and many rows, the blocked path first
+makes a transposed copy of b (transpose, at the end of this file) and runs the plain product:
+faster than transposing b's slices in the kernel (copies_b_transposed says when and why).
 """
 from numba import cuda, float32
 
@@ -530,14 +533,16 @@ def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False, g
     # Launch bounds of 2 blocks per multiprocessor (at most 128 registers a thread) where they
     # pay: the plain product (NN) fits in 128 registers unbounded and runs 5% slower bounded;
     # the transposed ones need 139-143 and run 11-14% faster bounded, and so do the 4-byte
-    # kernels (H200, 2026-11-29: docs/perf.md, v4).
+    # kernels (H200, 2026-11-29: docs/perf.md, v4). The plain product with gelu' in its
+    # epilogue needs 160 (ptxas; 8 bytes of spills at 128, as the transposed one it replaces,
+    # which was measured bounded).
     # The gathered epilogue, where it measured faster (H200, 2026-11-29, session 4, against the
     # same kernels storing row by row): the plain product 3.5% (0.455 -> 0.440 ms at 16384 x
     # 768 x 768), the weight gradient 1-2%; the input gradient (NT) 5-6% slower (0.462 ->
     # 0.489 ms), so it stores row by row, except with gelu' (fused: 6-10% faster than the
     # product and a gelu_backward pass).
     tiles = dict(tiles or {})
-    plain = not transpose_a and not transpose_b and all(vectors)
+    plain = not transpose_a and not transpose_b and all(vectors) and not gelu_grad
     tiles.setdefault("blocks_per_sm", 1 if plain else 2)
     tiles.setdefault("gather_epilogue", not (transpose_b and not transpose_a))
     tiles["gelu"] = gelu
@@ -565,8 +570,31 @@ def _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_inpu
     return M, N, K
 
 
+# The input gradient dX = dY . W^T (and the tied LM head's logits = X . wte^T) read W^T, an
+# operand whose contiguous axis is k: its slices are transposed on their way into shared memory,
+# as the plain product's a is, so the product transposes both operands and ran 10% slower than
+# the plain one of the same size (H200, 2026-11-29, run 5: 1.92 against 1.73 ms at 16384 x 768
+# x 3072, 0.49 against 0.44 ms at 16384 x 768 x 768). A transposed copy of W costs two passes
+# over W (8 bytes a weight, ~6 us for 768 x 3072), against 2 M flops a weight for the product:
+# below 2048 rows the copy would cost more than 3% of the product (sampling reads a row at a
+# time: there W^T is read directly).
+TRANSPOSED_COPY_MIN_ROWS = 2048
+
+
+def copies_b_transposed(M, N, transpose_a, transpose_b, copy_b_transposed=None):
+    """Whether the blocked product reads op(b) = b^T from a transposed copy (the plain kernel)
+    rather than through the kernel that transposes both operands. None: when there are at
+    least TRANSPOSED_COPY_MIN_ROWS rows and the copy's rows, N floats, are 16-byte multiples."""
+    if not transpose_b or transpose_a:
+        return False
+    if copy_b_transposed is None:
+        return M >= TRANSPOSED_COPY_MIN_ROWS and N % 4 == 0
+    return bool(copy_b_transposed)
+
+
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-           kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None):
+           kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
+           copy_b_transposed=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias). kernel: "auto", "blocked" or "tiled" (the reference).
     gelu_out[M,N]: also gelu(out), the MLP's activation: written by the blocked kernel's
     epilogue (the pre-activation out is kept for GELU's backward), by a GELU kernel after the
@@ -577,7 +605,9 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     kernel's epilogue, else the product first and gelu_backward after it.
 
     Blocked kernel only: k_splits, slices of K computed in parallel (None: split_count chooses);
-    tiles, a dict of make_blocked_matmul_kernel's tile parameters (None: the defaults)."""
+    tiles, a dict of make_blocked_matmul_kernel's tile parameters (None: the defaults);
+    copy_b_transposed, with transpose_b: multiply by a transposed copy of b (True), or read b
+    transposed in the kernel (False); None: copies_b_transposed decides."""
     check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     if kernel == "auto":
@@ -588,6 +618,11 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     if not has_bias:            # kernels take arrays, not None: a placeholder the kernel never reads
         bias = out.reshape(out.size)[:1]
     hidden = gelu_out if gelu_out is not None else gelu_input
+    if kernel == "blocked" and copies_b_transposed(M, N, transpose_a, transpose_b,
+                                                   copy_b_transposed):
+        b_transposed = cuda.device_array((K, N), dtype=np.float32, stream=current_stream())
+        transpose(b_transposed, b)
+        b, transpose_b = b_transposed, False
     if kernel == "blocked":
         vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias))
                    and (hidden is None or aligned16(hidden)))
@@ -623,7 +658,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
 
 
 def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-                 kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None):
+                 kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
+                 copy_b_transposed=None):
     _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
     if bias is not None:
@@ -675,3 +711,45 @@ def sum_rows_numpy(out, x, accumulate=False):
         out += x.sum(axis=0)
     else:
         out[...] = x.sum(axis=0)
+
+
+# --- transposed copy: out = x^T, the operand of the input-gradient product -----------------
+
+TRANSPOSE_TILE = 32         # a block moves a 32 x 32 tile,
+TRANSPOSE_ROWS = 8          # 8 rows of threads, 4 elements each
+TRANSPOSE_PADDED = 33       # the shared tile's row: 32 floats and a pad
+
+
+@cuda.jit
+def transpose_kernel(out, x):
+    # out[C,R] = x[R,C]^T; grid (C/32, R/32), block (32, 8). The tile goes through shared
+    # memory so that both the reads (along x's rows) and the writes (along out's rows) are
+    # coalesced; its rows are padded to 33 floats, so that reading it down a column touches 32
+    # different banks.
+    tile = cuda.shared.array((TRANSPOSE_TILE, TRANSPOSE_PADDED), float32)
+    R, C = x.shape
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0 = cuda.blockIdx.y * TRANSPOSE_TILE
+    c0 = cuda.blockIdx.x * TRANSPOSE_TILE
+    for i in range(ty, TRANSPOSE_TILE, TRANSPOSE_ROWS):     # tile[i, j] = x[r0 + i, c0 + j]
+        if r0 + i < R and c0 + tx < C:
+            tile[i, tx] = x[r0 + i, c0 + tx]
+    cuda.syncthreads()
+    for j in range(ty, TRANSPOSE_TILE, TRANSPOSE_ROWS):     # out[c0 + j, r0 + i] = tile[i, j]
+        if c0 + j < C and r0 + tx < R:
+            out[c0 + j, r0 + tx] = tile[tx, j]
+
+
+def transpose(out, x):
+    """out[C,R] = x[R,C]^T."""
+    check_float32(out=out, x=x)
+    check(len(x.shape) == 2, f"transpose: x must be 2-D, got {x.shape}")
+    R, C = x.shape
+    check_shape("transpose out", out, (C, R))
+    launch(transpose_kernel, (blocks(C, TRANSPOSE_TILE), blocks(R, TRANSPOSE_TILE)),
+           (TRANSPOSE_TILE, TRANSPOSE_ROWS), out, x)
+
+
+def transpose_numpy(out, x):
+    check_shape("transpose out", out, x.shape[::-1])
+    out[...] = x.T
