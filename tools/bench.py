@@ -239,12 +239,11 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
             "unfused", f"(err {error:.1e})")
 
 
-# tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options)
-# 128x256 / 256x128: 512 threads capped at 128 registers; ptxas (sm_90, 2026-11-29): no spills
-# for NN 128x256 and TN 256x128, 8-112 bytes for the others.
-MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
-                   "128x256": dict(BN=256, blocks_per_sm=1),
-                   "256x128": dict(BM=256, blocks_per_sm=1)}
+# tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options).
+# The 512-thread tiles 128x256 and 256x128 (dict(BN=256, blocks_per_sm=1), dict(BM=256, ...))
+# were 3-30% slower than 128x128 on every product (H200, 2026-11-29, session 5, run 1): no
+# longer timed by default.
+MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2)}
 
 
 # --- attention ------------------------------------------------------------------------------

@@ -532,18 +532,20 @@ def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False, g
     without a GELU epilogue (forward: gelu, backward: gelu_grad)."""
     # Launch bounds of 2 blocks per multiprocessor (at most 128 registers a thread) where they
     # pay: the plain product (NN) fits in 128 registers unbounded and runs 5% slower bounded;
-    # the transposed ones need 139-143 and run 11-14% faster bounded, and so do the 4-byte
-    # kernels (H200, 2026-11-29: docs/perf.md, v4). The plain product with gelu' in its
-    # epilogue needs 160 (ptxas; 8 bytes of spills at 128, as the transposed one it replaces,
-    # which was measured bounded).
+    # the transposed ones needed 139-143 and ran 11-14% faster bounded, and so did the 4-byte
+    # kernels (H200, 2026-11-29: docs/perf.md, v4). Since its epilogue gathers (no spills at
+    # 128), the weight gradient (TN, 16-byte) runs 6-9% faster unbounded (session 5, run 1:
+    # 0.478 -> 0.447 ms at 768 x 768 x 16384, 1.794 -> 1.653 ms at 768 x 3072). The plain
+    # product with gelu' in its epilogue needs 160 registers unbounded and ran 17-23% slower
+    # so (1 block per multiprocessor) than bounded (8 bytes of spills at 128).
     # The gathered epilogue, where it measured faster (H200, 2026-11-29, session 4, against the
     # same kernels storing row by row): the plain product 3.5% (0.455 -> 0.440 ms at 16384 x
     # 768 x 768), the weight gradient 1-2%; the input gradient (NT) 5-6% slower (0.462 ->
     # 0.489 ms), so it stores row by row, except with gelu' (fused: 6-10% faster than the
     # product and a gelu_backward pass).
     tiles = dict(tiles or {})
-    plain = not transpose_a and not transpose_b and all(vectors) and not gelu_grad
-    tiles.setdefault("blocks_per_sm", 1 if plain else 2)
+    unbounded = not transpose_b and all(vectors) and not gelu_grad
+    tiles.setdefault("blocks_per_sm", 1 if unbounded else 2)
     tiles.setdefault("gather_epilogue", not (transpose_b and not transpose_a))
     tiles["gelu"] = gelu
     tiles["gelu_grad"] = gelu_grad
