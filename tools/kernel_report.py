@@ -66,8 +66,11 @@ def kernels():
         forward, dq, dkdv = attention.make_attention_kernels(D)
         yield f"attention forward D={D}", forward, (A4, A3, A4, A4, A4, float32, *DROP, int64)
         yield f"attention dq D={D}", dq, (A4, A4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
-        yield f"attention dk/dv D={D}", dkdv, (A4, A4, A4, A4, A4, A4, A3, A3, float32, *DROP,
-                                                int64, BOOL)
+        dkdv_args = (A4, A4, A4, A4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
+        yield f"attention dk/dv D={D} (+ dq shares: {dkdv.with_dq})", dkdv, dkdv_args
+        yield f"attention dk/dv D={D} without dq", attention.make_dkdv_kernel(
+            D, *attention.GPU_TILES[D][2][:6]), dkdv_args
+    yield "attention dq sum", attention.attention_dq_sum_kernel, (A4, A4, float32, int64, BOOL)
     yield "attention reference forward", attention.attention_forward_reference_kernel, \
         (A4, A3, A4, A4, A4, float32, *DROP)
     yield "attention_delta4 (16-byte)", attention.attention_delta4_kernel, (A1, A2, A2)

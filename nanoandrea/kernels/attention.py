@@ -35,10 +35,13 @@ fast kernels, a range of its rows), and the launch grid supplies the parallelism
                      16 bytes (4 floats) at a time; the softmax is online (running row max and
                      sum, the max shared through shared memory by the threads of a row); P goes
                      to shared memory and O += P V is a second product, each thread owning a
-                     4 x TD patch of O. Backward is two such kernels, no atomics: dq
-                     (a query tile, walking key tiles) and dk/dv (a key tile, walking query
-                     tiles), both recomputing P from lse. Grid (B*H, row tiles), the heaviest
-                     row tiles (most keys) launched first.
+                     4 x TD patch of O. Backward, no atomics: dk/dv (a key tile, walking
+                     query tiles) recomputes P from lse, and also makes dq's share of each
+                     (query tile, key tile) pair, dS K, which attention_dq_sum_kernel adds
+                     up in a fixed order (so dq is reproducible); S and dP are computed once
+                     for all three gradients. (Or, as the tiles say: a dq kernel of its own, a
+                     query tile walking key tiles, computing S and dP again.) Grid (B*H, row
+                     tiles), the heaviest row tiles (most keys) launched first.
                      Before them, delta (attention_delta): a warp per DELTA_ROWS rows, 16-byte
                      loads, the lanes' sums met in warp shuffles (reduce.warp_sum); a thread
                      per row for unaligned rows.
@@ -49,7 +52,8 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
-from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
+from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, elementwise_grid,
+                     launch, scratch)
 from .reduce import WARP, warp_sum
 from .vector import aligned16, load4, store4
 
@@ -535,24 +539,55 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
     return with_shape(attention_dq_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
 
-def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1):
+def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with_dq=False):
     # score_steps per trip of the scores products: one by default; with two, ptxas spills
-    # (outside the products) under the 168 registers that 6 blocks of 64 threads leave a thread
+    # (outside the products) under the 168 registers that 6 blocks of 64 threads leave a thread.
+    # with_dq: the kernel also writes dq's share of each (key tile, query tile) pair, summed by
+    # attention_dq_sum_kernel (square tiles: ROWS == COLS)
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
      output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN,
                                                   SCORE_STEPS=score_steps)
     recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
     assert THREADS_M * THREADS_N >= COLS, ("a thread per query of a tile", ROWS, COLS, TM, TN)
+    assert not with_dq or ROWS == COLS, ("dq's share needs square tiles", ROWS, COLS)
+
+    @cuda.jit(device=True, inline="always")
+    def keys_major(tile, ds_t):
+        # tile[r, c] = ds_t[c, r] at this thread's TM x TN places (r = row_of(ty, i) a key,
+        # c = tx + j*THREADS_N a query): dS keys down, queries across, so that output_product
+        # sums it over the keys. The thread reads back what it wrote to ds_t itself (16 bytes
+        # per run of 4 keys), so dS need not stay in registers through the dk, dv products.
+        ty, tx = thread_position()
+        for j in range(TN):
+            c = tx + j * THREADS_N
+            for a in range(TM // 4):
+                x = load4(ds_t, (c, row_of(ty, 4 * a)))
+                for u in range(4):
+                    tile[row_of(ty, 4 * a + u), c] = x[u]
+
+    @cuda.jit(device=True, inline="always")
+    def store_dq_share(dq_shares, acc, b, h, row0, ty, tx):
+        # dq_shares[b, h, row0 + row_of(ty, i), dim_of(tx, j)] = acc[i, j], 16 bytes at a time
+        # (4 consecutive head dimensions; dq_shares is attention_backward's own, aligned)
+        for i in range(TM):
+            row = row0 + row_of(ty, i)
+            for j in range(0, TD, 4):
+                store4(dq_shares, (b, h, row, dim_of(tx, j)), acc[i, j], acc[i, j + 1],
+                       acc[i, j + 2], acc[i, j + 3])
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
-    def attention_dkdv_kernel(dk, dv, dout, q, k, v, lse, delta, scale, seed, site, threshold,
-                              keep, rows_per_block, accumulate):
+    def attention_dkdv_kernel(dk, dv, dq_shares, dout, q, k, v, lse, delta, scale, seed, site,
+                              threshold, keep, rows_per_block, accumulate):
         # dk, dv [B,H,T,D] (+)= gradients; grid (B*H, T/rows_per_block), block THREADS. The roles
         # of the dq kernel swapped: per tile of ROWS keys, for each tile of COLS queries from the
         # diagonal on,
         #   S^T = K Q^T / sqrt(D), dP^T = V dout^T   [ROWS, COLS], TM x TN of each per thread
         #   dv_acc += (P G)^T dout,  dk_acc += dS^T Q / sqrt(D)   [ROWS, D], TM x TD each
+        # with_dq: also dq's share from this pair of tiles, dS K [COLS, D] (unscaled), into
+        # dq_shares[b, h, pair * COLS : (pair + 1) * COLS, :] with pair = qt (qt + 1) / 2 + kt
+        # (query tile qt >= key tile kt: the pairs of a causal head, packed); rows_per_block a
+        # multiple of ROWS. Else dq_shares is not read.
         k_tile = cuda.shared.array((ROWS, D_ROW), float32)  # k_tile[r, d] = k[key_base + r, d]
         v_tile = cuda.shared.array((ROWS, D_ROW), float32)  # v_tile[r, d] = v[key_base + r, d]
         q_tile = cuda.shared.array((COLS, D_ROW), float32)  # q_tile[c, d] = q[i0 + c, d]/sqrt(D)
@@ -565,6 +600,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1):
         dp = cuda.local.array((TM, TN), float32)
         dk_acc = cuda.local.array((TM, TD), float32)
         dv_acc = cuda.local.array((TM, TD), float32)
+        dq_acc = cuda.local.array((TM, TD), float32)
         B, H, T, _ = q.shape
         b, h, row_start, row_end = block_rows(H, T, rows_per_block, False)
         ty, tx = thread_position()
@@ -606,10 +642,58 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1):
                 output_product(dv_acc, pg_t, dout_tile)
                 output_product(dk_acc, ds_t, q_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
+                if with_dq:     # dq's share: dS K, dS keys-major in pg_t (read by all now)
+                    keys_major(pg_t, ds_t)
+                    for i in range(TM):
+                        for j in range(TD):
+                            dq_acc[i, j] = float32(0.0)
+                    cuda.syncthreads()
+                    output_product(dq_acc, pg_t, k_tile)
+                    qt = i0 // COLS
+                    store_dq_share(dq_shares, dq_acc, b, h,
+                                   (qt * (qt + 1) // 2 + key_base // ROWS) * COLS, ty, tx)
+                    # (pg_t is written again only after the next tiles' syncthreads)
+            if with_dq:
+                cuda.syncthreads()      # the last dq product has read k_tile: the next may come
             store_rows(dk, dk_acc, b, h, key_base, row_end, float32(1.0), accumulate, ty, tx)
             store_rows(dv, dv_acc, b, h, key_base, row_end, float32(1.0), accumulate, ty, tx)
 
-    return with_shape(attention_dkdv_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
+    kernel = with_shape(attention_dkdv_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
+    kernel.with_dq = with_dq
+    return kernel
+
+
+@cuda.jit
+def attention_dq_sum_kernel(dq, dq_shares, scale, tile, accumulate):
+    # dq[B,H,T,D] (+)= scale * the sum of query i's shares, i = qt * tile + r:
+    #   dq_shares[b, h, (qt (qt + 1) / 2 + kt) * tile + r, :] over key tiles kt = 0 .. qt, in
+    # that order (the dk/dv kernel with_dq wrote them). 4 consecutive d of a row at a time:
+    # 16-byte loads of the shares (aligned: attention_backward allocates them); grid-stride.
+    B, H, T, D = dq.shape
+    for n in range(cuda.grid(1), B * H * T * (D // 4), cuda.gridsize(1)):
+        d = (n % (D // 4)) * 4
+        row = n // (D // 4)                     # (b * H + h) * T + i
+        i = row % T
+        b, h = row // (T * H), (row // T) % H
+        qt = i // tile
+        first = (qt * (qt + 1) // 2) * tile + i - qt * tile
+        t0 = t1 = t2 = t3 = float32(0.0)
+        for kt in range(qt + 1):
+            x = load4(dq_shares, (b, h, first + kt * tile, d))
+            t0 += x[0]
+            t1 += x[1]
+            t2 += x[2]
+            t3 += x[3]
+        t0, t1, t2, t3 = t0 * scale, t1 * scale, t2 * scale, t3 * scale
+        if accumulate:
+            t0 += dq[b, h, i, d]
+            t1 += dq[b, h, i, d + 1]
+            t2 += dq[b, h, i, d + 2]
+            t3 += dq[b, h, i, d + 3]
+        dq[b, h, i, d] = t0
+        dq[b, h, i, d + 1] = t1
+        dq[b, h, i, d + 2] = t2
+        dq[b, h, i, d + 3] = t3
 
 
 # --- delta_i = dout_i . out_i, before the fast backward kernels ---------------------------------
@@ -670,7 +754,10 @@ def attention_delta4_kernel(delta, dout, out):
 THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the one-thread delta's)
 
 # The fast kernels' tiles per head size: (forward, dq, dk/dv), each (ROWS, COLS, TM, TN[,
-# blocks_per_sm]) as in tile_functions, picked by timing variants on the H200 (2026-11-29).
+# blocks_per_sm]) as in tile_functions, picked by timing variants on the H200 (2026-11-29);
+# dk/dv's sixth entry is its scores steps per loop trip, its seventh with_dq (dq's shares made
+# there, the dq kernel not run; ptxas: 12 bytes of spills at 6 blocks of 64 threads, 248
+# registers and none at 4).
 # A block's shared memory is at most 48 KB (more needs an opt-in Numba does not expose): 44.5
 # KB for the forward at D=64 (q 64x68, k, v and P 32x68 floats, the row partials 64x8), 43 KB
 # for dk/dv (k, v, q, dout 32x68 each, P G and dS 32x36). TM, COLS and TD = D / (COLS/TN) must
@@ -678,24 +765,21 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 # product). In the simulator the tiles are tiny and unequal (ROWS x COLS = 4 x 4, 8 x 4, 4 x 4;
 # 1 x 2, 1 x 2 and 1 x 4 threads, the dq tile two runs of rows), so T=7 crosses two tiles of
 # most kinds.
-GPU_TILES = {64: ((64, 32, 4, 4), (32, 32, 4, 4), (32, 32, 4, 4, 6)),
-             32: ((64, 32, 4, 4), (64, 32, 4, 4), (32, 32, 4, 4, 6))}
-SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1)) for D in FAST_HEAD_SIZES}
+GPU_TILES = {64: ((64, 32, 4, 4), (32, 32, 4, 4), (32, 32, 4, 4, 6, 1, True)),
+             32: ((64, 32, 4, 4), (64, 32, 4, 4), (32, 32, 4, 4, 6, 1, True))}
+SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1, 0, 1, True))
+                   for D in FAST_HEAD_SIZES}
 TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # Other tiles worth timing against GPU_TILES (tools/bench.py --variants), as attention_forward's
-# `tiles` (forward, dq, dk/dv; None keeps the default). ptxas, sm_90 (2026-11-29): no spills,
-# at most 48 KB of shared memory: dq 32x32 168 registers 39 KB (16 LDS.128 per 128 FFMA in
-# its score loop, where 32x16 has 12 per 64), dq 64x16 128 registers 48 KB, forward 32x32
-# 128 registers 32 KB (more blocks per multiprocessor than 64x32's 150 registers 45 KB); dk/dv
-# with two scores steps a trip at 4 blocks per multiprocessor: 242 registers, no spills (at 5
-# or 6 blocks it spills 32 bytes). A dk/dv tile's sixth entry is its scores steps.
-# Measured at [16,12,1024,64] forward+backward (H200, 2026-11-29, session 4): dq 32x32 4.558
-# ms (now the default), dq 64x16 4.583, the former dq 32x16 4.709; forward 32x32 1.059 ms
-# forward against 64x32's 0.979.
-TILE_VARIANTS = {64: {"dq 32x16": (None, (32, 16, 4, 2), None),
-                      "dq 64x16": (None, (64, 16, 4, 2), None),
-                      "fwd 32x32": ((32, 32, 4, 4), None, None),
-                      "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2))}}
+# `tiles` (forward, dq, dk/dv; None keeps the default). ptxas, sm_90 (2026-11-29): dk/dv with
+# two scores steps a trip at 4 blocks per multiprocessor: no spills (at 5 or 6 blocks it
+# spills). Measured at [16,12,1024,64] forward+backward (H200, 2026-11-29, session 4), and
+# dropped from the list: dq tiles 32x32 4.558 ms (the default), 64x16 4.583, 32x16 4.709;
+# forward 32x32 1.059 ms forward against 64x32's 0.979.
+TILE_VARIANTS = {64: {"dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
+                      "dq kernel": (None, None, (32, 32, 4, 4, 6)),
+                      "dkdv+dq 4 blocks": (None, None, (32, 32, 4, 4, 4, 1, True))},
+                 32: {"dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
 
 
@@ -743,7 +827,8 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
     rows_per_block (fast kernels): query rows per thread block, which walks them in tiles of
     the kernel's ROWS; default ROWS (one tile per block, so that B*H*T/ROWS blocks fill the
     GPU); rows_per_block=T gives one block per (batch, head). The backward takes the same
-    argument (query rows per dq block, key rows per dk/dv block; default its own ROWS).
+    argument (query rows per dq block, key rows per dk/dv block; default its own ROWS; where
+    the dk/dv kernel makes dq's shares too, its key rows are rounded up to whole tiles).
     tiles (fast kernels): other tiles than TILES[D], as make_attention_kernels takes them
     ((forward, dq, dk/dv), None for a default); for trying tile shapes (tools/bench.py).
     """
@@ -790,12 +875,25 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         return
     _, dq_kernel, dkdv_kernel = _fast(D, tiles)
     attention_delta(delta, dout, out)
-    rows = min(T, rows_per_block or dq_kernel.rows)
-    launch(dq_kernel, (B * H, blocks(T, rows)), dq_kernel.threads,
-           dq, dout, q, k, v, lse, delta, scale, *drop, rows, accumulate)
-    rows = min(T, rows_per_block or dkdv_kernel.rows)
-    launch(dkdv_kernel, (B * H, blocks(T, rows)), dkdv_kernel.threads,
-           dk, dv, dout, q, k, v, lse, delta, scale, *drop, rows, accumulate)
+    tile = dkdv_kernel.rows
+    key_rows = min(T, rows_per_block or tile)
+    if dkdv_kernel.with_dq:
+        # dq's shares from the dk/dv kernel, one per (query tile, key tile) pair, then their sum;
+        # a block's keys are whole tiles (rows_per_block rounded up)
+        key_rows = min(T, blocks(key_rows, tile) * tile)
+        n = blocks(T, tile)
+        dq_shares = scratch("attention dq shares", (B, H, n * (n + 1) // 2 * tile, D))
+    else:
+        rows = min(T, rows_per_block or dq_kernel.rows)
+        launch(dq_kernel, (B * H, blocks(T, rows)), dq_kernel.threads,
+               dq, dout, q, k, v, lse, delta, scale, *drop, rows, accumulate)
+        dq_shares = None
+    launch(dkdv_kernel, (B * H, blocks(T, key_rows)), dkdv_kernel.threads, dk, dv,
+           dk if dq_shares is None else dq_shares, dout, q, k, v, lse, delta, scale, *drop,
+           key_rows, accumulate)
+    if dq_shares is not None:
+        launch(attention_dq_sum_kernel, *elementwise_grid(B * H * T * D // 4), dq, dq_shares,
+               scale, tile, accumulate)
 
 
 _no_seeds = {}
