@@ -18,6 +18,44 @@ import pytest
 GPU = os.environ["NUMBA_ENABLE_CUDASIM"] != "1"
 
 
+def _serialise_simulated_shared_arrays():
+    """Numba's simulator (numba-cuda 0.30) gives a block's threads their shared arrays with an
+    unlocked check-then-insert (FakeCUDAShared.array: get, and if missing, np.empty and insert,
+    keyed by the declaring line). Two threads that reach a declaration together can each make
+    an array; one then works on a private copy the rest of the block never sees (stale or NaN
+    values). Rare, and under load: seen twice in session 5 with 8-12 pytest workers on a busy
+    machine (the layer norm's backward, the attention backward). Here the same lookup, locked.
+    """
+    import sys
+    import threading
+    import traceback
+
+    from numba.core import types
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np import numpy_support
+
+    unlocked = FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:     # dynamic shared memory: one buffer made
+            return unlocked(self, shape, dtype, alignment)      # up front (or an error)
+        caller = traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2]
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        with lock:
+            found = self._allocations.get(caller)
+            if found is None:
+                found = self._allocations[caller] = np.empty(shape, dtype)
+        return found
+
+    FakeCUDAShared.array = array
+
+
+if not GPU:
+    _serialise_simulated_shared_arrays()
+
+
 def pytest_report_header(config):
     return ("kernels run on the GPU" if GPU else
             "kernels run in Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1): tiny sizes")
