@@ -154,7 +154,8 @@ def bench_matmul(args):
               ("12m down [16384x1536]x[1536x384]", M, 384, 1536)]
     rng = cupy.random.default_rng(0)
     for label, m, n, k in shapes:
-        if args.quick and n >= 50257:
+        if (args.quick and n >= 50257) or (args.shapes and not any(
+                label.startswith(name) for name in args.shapes.split(","))):
             continue
         x = rng.standard_normal((m, k), dtype=cupy.float32)
         w = rng.standard_normal((k, n), dtype=cupy.float32)
@@ -613,6 +614,9 @@ def main():
     parser.add_argument("--train-steps", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="skip the largest shapes")
     parser.add_argument("--models", default=None, help="e2e: only these presets (comma list)")
+    parser.add_argument("--shapes", default=None,
+                        help="matmul: only the shapes whose label starts so (comma list: "
+                             "qkv, mlp, lm (both LM heads), lmVp, 12m)")
     parser.add_argument("--variants", action="store_true", help="time matmul tile variants too")
     parser.add_argument("--cache", default=None, help="folder for prepared data")
     parser.add_argument("--json", default=None, help="write the rows here")
