@@ -349,7 +349,8 @@ def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None):
 
     Each tile is (ROWS, COLS, TM, TN) as in tile_functions, optionally with a fifth entry
     blocks_per_sm (see launch_bounds), and for dk/dv a sixth, its scores steps per loop trip
-    (default 1); the defaults are TILES[D]. Each kernel has attributes
+    (default 1), and a seventh, with_dq (default False: dq's shares made there, so that
+    attention_backward runs no dq kernel); the defaults are TILES[D]. Each kernel has attributes
     `threads` (its block) and `rows` (its ROWS: rows of a block when rows_per_block is not given).
     """
     forward_tile, dq_tile, dkdv_tile = (given or default for given, default in
