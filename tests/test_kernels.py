@@ -196,23 +196,6 @@ def test_matmul_512_thread_tiles(rng, tiles, transpose_a, transpose_b):
     check_blocked_tiles(rng, tiles, transpose_a, transpose_b, M, N, K)
 
 
-@pytest.mark.parametrize("group_m", [2, 3])
-def test_matmul_grouped_block_order(rng, group_m):
-    """group_m: the blocks take their tiles in another order (groups of group_m rows of tiles,
-    the last group short when 3 does not divide the rows); the same tiles and sums, so the same
-    bits as the row-by-row order."""
-    M, N, K = (36, 20, 12) if not GPU else (2000, 1000, 300)
-    tiles = dict(BM=8, BN=8) if not GPU else {}     # 1 thread a block in the simulator
-    a, b = device(rng.standard_normal((M, K))), device(rng.standard_normal((K, N)))
-    plain, grouped = poisoned((M, N)), poisoned((M, N))
-    matmul.matmul(plain, a, b, kernel="blocked", tiles=tiles)
-    matmul.matmul(grouped, a, b, kernel="blocked", tiles=dict(tiles, group_m=group_m))
-    assert np.array_equal(plain.copy_to_host(), grouped.copy_to_host())
-    want = np.zeros((M, N))
-    matmul.matmul_numpy(want, a.copy_to_host(), b.copy_to_host())
-    assert relative_error(grouped.copy_to_host(), want) < TOLERANCE
-
-
 def test_matmul_rejects_bad_shapes():
     a, b = device(np.zeros((3, 4))), device(np.zeros((5, 6)))
     with pytest.raises(ValueError, match="matmul b: expected shape"):

@@ -56,8 +56,6 @@ def kernels():
          blocked(False, False, (True, True, True), dict(BN=256, blocks_per_sm=1))),
         ("blocked matmul TN 256x128",
          blocked(True, False, (True, True, True), dict(BM=256, blocks_per_sm=1))),
-        ("blocked matmul NN, L2 groups of 8",               # --variants
-         blocked(False, False, (True, True, True), dict(group_m=8))),
         ("blocked matmul NN, 2 blocks/SM", matmul.make_blocked_matmul_kernel(
             False, False, blocks_per_sm=2)),
         ("blocked matmul NN BK=16", matmul.make_blocked_matmul_kernel(False, False, BK=16))]

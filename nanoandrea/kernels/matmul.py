@@ -83,8 +83,7 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
                                vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
-                               gelu=False, gelu_grad=False, stages=0, gather_epilogue=True,
-                               group_m=0):
+                               gelu=False, gelu_grad=False, stages=0, gather_epilogue=True):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
@@ -111,11 +110,6 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     gather_epilogue: the bias, gelu' and the accumulated output go into the accumulators
     before the first store, four rows' loads in flight at once (else each row's are added as it
     is stored); gelu_grad always gathers.
-    group_m > 0: the blocks take their output tiles in groups of group_m rows of tiles, column
-    by column within a group (as Triton's matmul tutorial orders them), not row by row: the
-    blocks running at once then share group_m strips of a and fewer columns of b, which may
-    stay in the L2 (the LM head's b, 768 x 50304 floats, is 3 times the L2). Same tiles, same
-    sums: only the order in which blocks take them changes.
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline); only for operands whose rows
     run along M or N (transpose_a and not transpose_b: the weight gradients), read 16 bytes at
@@ -300,16 +294,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         z = cuda.blockIdx.z
         k_start = z * k_per_split
         tid = cuda.threadIdx.x
-        tile_m, tile_n = cuda.blockIdx.y, cuda.blockIdx.x
-        if group_m > 0:         # block number -> (tile_m, tile_n), group_m rows of tiles at a time
-            block = cuda.blockIdx.y * cuda.gridDim.x + cuda.blockIdx.x
-            per_group = group_m * cuda.gridDim.x
-            first_m = (block // per_group) * group_m
-            rows = min(cuda.gridDim.y - first_m, group_m)
-            tile_m = first_m + (block % per_group) % rows
-            tile_n = (block % per_group) // rows
         return (z, k_start, min(K, k_start + k_per_split), tid, tid // THREADS_N, tid % THREADS_N,
-                tile_m * BM, tile_n * BN)
+                cuda.blockIdx.y * BM, cuda.blockIdx.x * BN)
 
     @cuda.jit(device=True, inline="always")
     def epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N):
