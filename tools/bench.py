@@ -261,12 +261,16 @@ def bench_attention(args):
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", generator=gen) for _ in range(4))
         qs, ks, vs = (t.clone().requires_grad_(True) for t in (q, k, v))
-        Q, K, V, DOUT = (cuda.as_cuda_array(t) for t in (q, k, v, dout))
         out, lse, delta = (cuda.device_array(s, np.float32) for s in
                            ((B, H, T, D), (B, H, T), (B, H, T)))
         dq, dk, dv = (cuda.device_array((B, H, T, D), np.float32) for _ in range(3))
         label = f"[{B},{H},{T},{D}]"
         for kernel, rows, tiles, variant in attention_variants(D, T, args.variants):
+            if "4-byte" in variant:     # heads one float off 16 bytes: staged 4 bytes at a time
+                Q, K, V, DOUT = (unaligned_copy(t) for t in (q, k, v, dout))
+            else:
+                Q, K, V, DOUT = (cuda.as_cuda_array(t) for t in (q, k, v, dout))
+
             def forward():
                 attention_kernels.attention_forward(out, lse, Q, K, V, kernel=kernel,
                                                     rows_per_block=rows, tiles=tiles)
@@ -316,6 +320,15 @@ def bench_attention(args):
                 flops_fwd * 3.5, "TFLOP/s", kernel_ms(torch_both, args), "SDPA")
 
 
+def unaligned_copy(tensor):
+    """A Numba view of a copy of `tensor` that starts one float past a 16-byte boundary."""
+    import torch
+    flat = torch.empty(tensor.numel() + 1, device=tensor.device, dtype=tensor.dtype)
+    copy = flat[1:].view(tensor.shape)
+    copy.copy_(tensor)
+    return cuda.as_cuda_array(copy)
+
+
 def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):
     """{name: relative error} of out, dq, dk, dv (ours: device arrays, or SDPA's: tensors) for
     head (b, h) against float64 NumPy."""
@@ -341,6 +354,7 @@ def attention_variants(D, T, tile_variants=False):
         if tile_variants:
             variants += [("fast", None, tiles, f" [{name}]")
                          for name, tiles in attention_kernels.TILE_VARIANTS.get(D, {}).items()]
+            variants.append(("fast", None, None, " [4-byte staging]"))
     return variants
 
 

@@ -70,6 +70,12 @@ def kernels():
         yield f"attention dk/dv D={D} (+ dq shares: {dkdv.with_dq})", dkdv, dkdv_args
         yield f"attention dk/dv D={D} without dq", attention.make_dkdv_kernel(
             D, *attention.GPU_TILES[D][2][:6]), dkdv_args
+        for name, tiles in attention.TILE_VARIANTS.get(D, {}).items():     # --variants
+            if tiles[0] is not None:
+                yield f"attention forward D={D} [{name}]", attention.make_forward_kernel(
+                    D, *tiles[0]), (A4, A3, A4, A4, A4, float32, *DROP, int64)
+        yield f"attention forward D={D}, 4-byte staging", attention.make_attention_kernels(
+            D, vector=False)[0], (A4, A3, A4, A4, A4, float32, *DROP, int64)
     yield "attention dq sum", attention.attention_dq_sum_kernel, (A4, A4, float32, int64, BOOL)
     yield "attention reference forward", attention.attention_forward_reference_kernel, \
         (A4, A3, A4, A4, A4, float32, *DROP)

@@ -54,7 +54,7 @@ from numba import cuda, float32, uint64
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, elementwise_grid,
                      launch, scratch)
-from .reduce import WARP, warp_sum
+from .reduce import WARP, warp_barrier, warp_sum
 from .vector import aligned16, load4, store4
 
 NEG_INF = float32(-np.inf)
@@ -163,7 +163,7 @@ def block_rows(H, T, rows_per_block, heavy_first):
     return cuda.blockIdx.x // H, cuda.blockIdx.x % H, row_start, min(T, row_start + rows_per_block)
 
 
-def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2):
+def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
     """The device functions a tiled kernel is built from, for one tile shape.
 
     A block owns ROWS rows (queries; keys in dk/dv) and streams tiles of COLS columns (keys;
@@ -192,6 +192,12 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2):
                       feed TM * TD multiply-adds: the SGEMM's outer product.
     Every tile's row length is padded(n): 16-byte aligned rows, no bank conflicts. The products
     take SCORE_STEPS (1 or 2) steps of 4 d, or 4 columns c, per loop trip, unrolled by hand.
+    VECTOR: the tiles are staged from global memory 16 bytes at a time (the heads' rows 16-byte
+    aligned: vector.aligned16), else 4 bytes at a time.
+
+    The THREADS_N threads of a row are consecutive lanes of one warp (THREADS_N divides 32), so
+    what they exchange about their own rows (row max and sum, their rows of an exchange tile)
+    needs only that warp's barrier (warp_barrier), not the block's.
     """
     THREADS_M = ROWS // TM
     THREADS_N = COLS // TN
@@ -205,6 +211,7 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2):
     assert CHUNKS % C_STEP == 0 and ROWS % R_STEP == 0 and COLS % R_STEP == 0, (D, ROWS, COLS)
     assert SCORE_STEPS in (1, 2) and D % (4 * SCORE_STEPS) == 0 and COLS % 4 == 0, \
         ("steps per loop trip", D, COLS, SCORE_STEPS)
+    assert WARP % THREADS_N == 0, ("a row's threads in one warp", COLS, TN)
 
     @cuda.jit(device=True, inline="always")
     def thread_position():
@@ -225,8 +232,9 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2):
     @cuda.jit(device=True, inline="always")
     def stage(tile, x, row0, n_rows, T, scale):
         # tile[r, d] = x[row0 + r, d] * scale for r < n_rows (x: one head's [T, D]), zeros past T,
-        # in 4-float chunks: four 4-byte loads from global memory (no alignment asked of x), one
-        # 16-byte store. Consecutive threads take consecutive chunks of a row: thread t copies
+        # in 4-float chunks: one 16-byte load from global memory (VECTOR; else four 4-byte ones,
+        # no alignment asked of x), one 16-byte store. Consecutive threads take consecutive
+        # chunks of a row (a warp reads 512 consecutive bytes): thread t copies
         # chunks t % C_STEP + s*C_STEP of rows t // C_STEP + n*R_STEP. Indices are uint64: for
         # a signed index Numba adds a negative-index wraparound (a compare and a select per
         # index), which the compiler cannot drop here.
@@ -238,7 +246,11 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2):
             inside = row < uint64(T)
             for step in range(CHUNKS // C_STEP):
                 d = d_first + uint64(step * C_STEP * 4)
-                if inside:
+                if inside and VECTOR:
+                    x4 = load4(x, (row, d))
+                    store4(tile, (r, d), x4[0] * scale, x4[1] * scale, x4[2] * scale,
+                           x4[3] * scale)
+                elif inside:
                     store4(tile, (r, d), x[row, d] * scale, x[row, d + uint64(1)] * scale,
                            x[row, d + uint64(2)] * scale, x[row, d + uint64(3)] * scale)
                 else:
@@ -344,7 +356,7 @@ def make_recompute(scores_product, TM, TN):
     return recompute
 
 
-def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None):
+def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None, vector=True):
     """Forward, dq and dk/dv kernels for head size D (a compile-time constant).
 
     Each tile is (ROWS, COLS, TM, TN) as in tile_functions, optionally with a fifth entry
@@ -352,11 +364,13 @@ def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None):
     (default 1), and a seventh, with_dq (default False: dq's shares made there, so that
     attention_backward runs no dq kernel); the defaults are TILES[D]. Each kernel has attributes
     `threads` (its block) and `rows` (its ROWS: rows of a block when rows_per_block is not given).
+    vector: q, k, v and dout are staged 16 bytes at a time (their rows 16-byte aligned).
     """
     forward_tile, dq_tile, dkdv_tile = (given or default for given, default in
                                         zip((forward_tile, dq_tile, dkdv_tile), TILES[D]))
-    return (make_forward_kernel(D, *forward_tile), make_dq_kernel(D, *dq_tile),
-            make_dkdv_kernel(D, *dkdv_tile))
+    return (make_forward_kernel(D, *forward_tile, vector=vector),
+            make_dq_kernel(D, *dq_tile, vector=vector),
+            make_dkdv_kernel(D, *dkdv_tile, vector=vector))
 
 
 def tile_constants(D, ROWS, COLS, TM, TN):
@@ -390,9 +404,9 @@ def launch_bounds(threads, blocks_per_sm):
     return dict(launch_bounds=(threads, blocks_per_sm)) if blocks_per_sm and not SIMULATOR else {}
 
 
-def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
+def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, vector=True):
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
-     output_product, _) = tile_functions(D, ROWS, COLS, TM, TN)
+     output_product, _) = tile_functions(D, ROWS, COLS, TM, TN, VECTOR=vector)
     THREADS_M, THREADS_N, TD, D_ROW, P_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
@@ -440,7 +454,7 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
                             s[i, j] = NEG_INF
                         row_max = max(row_max, s[i, j])
                     partial[row_of(ty, i), tx] = row_max
-                cuda.syncthreads()
+                warp_barrier()                               # (a row's threads: one warp)
                 for i in range(TM):
                     r = row_of(ty, i)
                     m_new = m[i]                             # finite after the first key tile:
@@ -457,12 +471,12 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
                         s[i, j] = p * dropout_factor(seed, site, threshold, keep, b, h,
                                                      row_base + r, j0 + tx + j * THREADS_N, H, T)
                 exchange(p_t, s)
-                cuda.syncthreads()
+                warp_barrier()                               # (a thread reads its rows of P)
                 output_product(o, p_t, v_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
             for i in range(TM):                              # l: the sum of the THREADS_N parts
                 partial[row_of(ty, i), tx] = l[i]
-            cuda.syncthreads()
+            warp_barrier()
             for i in range(TM):
                 r = row_of(ty, i)
                 row_sum = float32(0.0)
@@ -480,9 +494,9 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
     return with_shape(attention_forward_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
 
-def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
+def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, vector=True):
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
-     output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN)
+     output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN, VECTOR=vector)
     recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
@@ -532,7 +546,7 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
                             ds = fast_exp(s[i, j] - row_lse[i]) * (g * dp[i, j] - row_delta[i])
                         dp[i, j] = ds
                 exchange(ds_t, dp)
-                cuda.syncthreads()
+                warp_barrier()                               # (a thread reads its rows of dS)
                 output_product(acc, ds_t, k_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
             store_rows(dq, acc, b, h, row_base, row_end, scale, accumulate, ty, tx)
@@ -540,14 +554,15 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0):
     return with_shape(attention_dq_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
 
-def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with_dq=False):
+def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with_dq=False,
+                     vector=True):
     # score_steps per trip of the scores products: one by default; with two, ptxas spills
     # (outside the products) under the 168 registers that 6 blocks of 64 threads leave a thread.
     # with_dq: the kernel also writes dq's share of each (key tile, query tile) pair, summed by
     # attention_dq_sum_kernel (square tiles: ROWS == COLS)
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
      output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN,
-                                                  SCORE_STEPS=score_steps)
+                                                  SCORE_STEPS=score_steps, VECTOR=vector)
     recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
     assert THREADS_M * THREADS_N >= COLS, ("a thread per query of a tile", ROWS, COLS, TM, TN)
@@ -639,7 +654,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
                         dp[i, j] = ds
                 exchange(pg_t, s)
                 exchange(ds_t, dp)
-                cuda.syncthreads()
+                warp_barrier()                               # (a thread reads its keys' rows)
                 output_product(dv_acc, pg_t, dout_tile)
                 output_product(dk_acc, ds_t, q_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
@@ -777,19 +792,21 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # spills). Measured at [16,12,1024,64] forward+backward (H200, 2026-11-29, session 4), and
 # dropped from the list: dq tiles 32x32 4.558 ms (the default), 64x16 4.583, 32x16 4.709;
 # forward 32x32 1.059 ms forward against 64x32's 0.979.
-TILE_VARIANTS = {64: {"dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
+TILE_VARIANTS = {64: {"forward 4 blocks": ((64, 32, 4, 4, 4), None, None),
+                      "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
                       "dkdv+dq 4 blocks": (None, None, (32, 32, 4, 4, 4, 1, True))},
                  32: {"dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
 
 
-def _fast(D, tiles=None):
+def _fast(D, tiles=None, arrays=()):
     """The fast kernels (forward, dq, dk/dv) for head size D, compiled once per tiles: None (the
-    defaults, TILES[D]) or (forward_tile, dq_tile, dkdv_tile), each None or a tile."""
-    key = (D, tiles)
+    defaults, TILES[D]) or (forward_tile, dq_tile, dkdv_tile), each None or a tile; staging 16
+    bytes at a time when all the staged arrays' rows are 16-byte aligned (else 4 bytes)."""
+    key = (D, tiles, all(aligned16(x) for x in arrays))
     if key not in _fast_kernels:
-        _fast_kernels[key] = make_attention_kernels(D, *(tiles or ()))
+        _fast_kernels[key] = make_attention_kernels(D, *(tiles or ()), vector=key[2])
     return _fast_kernels[key]
 
 
@@ -841,7 +858,7 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
         launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale,
                *drop)
         return
-    forward = _fast(D, tiles)[0]
+    forward = _fast(D, tiles, (q, k, v))[0]
     rows = min(T, rows_per_block or forward.rows)
     launch(forward, (B * H, blocks(T, rows)), forward.threads, out, lse, q, k, v, scale, *drop,
            rows)
@@ -874,7 +891,7 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         launch(attention_backward_reference_kernel, B * H, THREADS,
                dq, dk, dv, delta, dout, q, k, v, out, lse, scale, *drop, accumulate)
         return
-    _, dq_kernel, dkdv_kernel = _fast(D, tiles)
+    _, dq_kernel, dkdv_kernel = _fast(D, tiles, (q, k, v, dout))
     attention_delta(delta, dout, out)
     tile = dkdv_kernel.rows
     key_rows = min(T, rows_per_block or tile)

@@ -72,7 +72,20 @@ if SIMULATOR:
             offset //= 2
         return values[lane]
 
+    @cuda.jit(device=True)
+    def warp_barrier():
+        # no syncwarp in the simulator: the block's barrier, which is stronger (callers reach
+        # warp_barrier with all the block's threads, as syncthreads asks)
+        cuda.syncthreads()
+
 else:
+    @cuda.jit(device=True, inline="always")
+    def warp_barrier():
+        # the 32 lanes of this warp wait for each other, and their shared-memory writes before
+        # it are seen by all of them after it (bar.warp.sync): threads that exchange values only
+        # within their warp need no block-wide syncthreads
+        cuda.syncwarp(0xFFFFFFFF)
+
     @cuda.jit(device=True, inline="always")
     def warp_sum(value):
         # the sum of `value` over the 32 lanes of this warp, to every lane: a butterfly of

@@ -20,13 +20,20 @@ from .launch import SIMULATOR
 
 
 def aligned16(array):
-    """True when a device array's first element sits at a multiple of 16 bytes and its rows
-    (last axis) hold a multiple of 4 float32s: then every load4 at a column j % 4 == 0 is legal."""
+    """True when every row (last axis) of a device array starts at a multiple of 16 bytes and
+    holds a multiple of 4 contiguous float32s: its first element is 16-byte aligned, its last
+    axis has stride 4 bytes and the others strides of whole 16 bytes (a view with rows of 4k
+    floats cut from wider rows of 4k + 1 would not be). Then every load4 at a column j % 4 == 0
+    is legal."""
+    last = len(array.shape) - 1
     if SIMULATOR:
-        return array.shape[len(array.shape) - 1] % 4 == 0
+        return array.shape[last] % 4 == 0
     address = array.device_ctypes_pointer.value or 0     # (not __cuda_array_interface__,
                                                          # which builds a dict each call)
-    return address % 16 == 0 and array.shape[len(array.shape) - 1] % 4 == 0
+    strides = array.strides
+    return (address % 16 == 0 and array.shape[last] % 4 == 0
+            and (array.shape[last] <= 1 or strides[last] == 4)
+            and all(stride % 16 == 0 for stride in strides[:last]))
 
 
 if SIMULATOR:
