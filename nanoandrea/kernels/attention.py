@@ -360,9 +360,10 @@ def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None, v
     """Forward, dq and dk/dv kernels for head size D (a compile-time constant).
 
     Each tile is (ROWS, COLS, TM, TN) as in tile_functions, optionally with a fifth entry
-    blocks_per_sm (see launch_bounds), and for dk/dv a sixth, its scores steps per loop trip
-    (default 1), and a seventh, with_dq (default False: dq's shares made there, so that
-    attention_backward runs no dq kernel); the defaults are TILES[D]. Each kernel has attributes
+    blocks_per_sm (see launch_bounds); for the forward a sixth, wide_staging (default True:
+    16-byte staging loads where the arrays allow); for dk/dv a sixth, its scores steps per
+    loop trip (default 1), and a seventh, with_dq (default False: dq's shares made there, so
+    that attention_backward runs no dq kernel); the defaults are TILES[D]. Each kernel has attributes
     `threads` (its block) and `rows` (its ROWS: rows of a block when rows_per_block is not given).
     vector: q, k, v and dout are staged 16 bytes at a time (their rows 16-byte aligned).
     """
@@ -404,9 +405,12 @@ def launch_bounds(threads, blocks_per_sm):
     return dict(launch_bounds=(threads, blocks_per_sm)) if blocks_per_sm and not SIMULATOR else {}
 
 
-def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, vector=True):
+def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, wide_staging=True, vector=True):
+    # wide_staging: stage 16 bytes at a time where the arrays allow it (vector); at D=32 the
+    # 4-byte staging kept the kernel at 96 registers (150 with 16-byte loads, which ran 10%
+    # slower: session 6, run 2)
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
-     output_product, _) = tile_functions(D, ROWS, COLS, TM, TN, VECTOR=vector)
+     output_product, _) = tile_functions(D, ROWS, COLS, TM, TN, VECTOR=vector and wide_staging)
     THREADS_M, THREADS_N, TD, D_ROW, P_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
@@ -771,9 +775,12 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 
 # The fast kernels' tiles per head size: (forward, dq, dk/dv), each (ROWS, COLS, TM, TN[,
 # blocks_per_sm]) as in tile_functions, picked by timing variants on the H200 (2026-11-29);
-# dk/dv's sixth entry is its scores steps per loop trip, its seventh with_dq (dq's shares made
-# there, the dq kernel not run; ptxas: 12 bytes of spills at 6 blocks of 64 threads, 248
-# registers and none at 4).
+# the forward's sixth entry is wide_staging, dk/dv's sixth its scores steps per loop trip, its
+# seventh with_dq (dq's shares made there, the dq kernel not run; ptxas: 48 bytes of spills at
+# 6 blocks of 64 threads with 16-byte staging, 12 with 4-byte). The forward at D=64 is
+# bounded at 4 blocks per multiprocessor (128 registers, 12 bytes spilled; unbounded it takes
+# 150 and 3 fit): 0.873 against 0.924 ms at [16,12,1024,64] (session 6, run 2); at D=32 it
+# stages 4 bytes at a time (96 registers against 150): 0.172 against 0.190 ms at [64,12,256,32].
 # A block's shared memory is at most 48 KB (more needs an opt-in Numba does not expose): 44.5
 # KB for the forward at D=64 (q 64x68, k, v and P 32x68 floats, the row partials 64x8), 43 KB
 # for dk/dv (k, v, q, dout 32x68 each, P G and dS 32x36). TM, COLS and TD = D / (COLS/TN) must
@@ -781,8 +788,8 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 # product). In the simulator the tiles are tiny and unequal (ROWS x COLS = 4 x 4, 8 x 4, 4 x 4;
 # 1 x 2, 1 x 2 and 1 x 4 threads, the dq tile two runs of rows), so T=7 crosses two tiles of
 # most kinds.
-GPU_TILES = {64: ((64, 32, 4, 4), (32, 32, 4, 4), (32, 32, 4, 4, 6, 1, True)),
-             32: ((64, 32, 4, 4), (64, 32, 4, 4), (32, 32, 4, 4, 6, 1, True))}
+GPU_TILES = {64: ((64, 32, 4, 4, 4), (32, 32, 4, 4), (32, 32, 4, 4, 6, 1, True)),
+             32: ((64, 32, 4, 4, 0, False), (64, 32, 4, 4), (32, 32, 4, 4, 6, 1, True))}
 SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1, 0, 1, True))
                    for D in FAST_HEAD_SIZES}
 TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
@@ -792,11 +799,12 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # spills). Measured at [16,12,1024,64] forward+backward (H200, 2026-11-29, session 4), and
 # dropped from the list: dq tiles 32x32 4.558 ms (the default), 64x16 4.583, 32x16 4.709;
 # forward 32x32 1.059 ms forward against 64x32's 0.979.
-TILE_VARIANTS = {64: {"forward 4 blocks": ((64, 32, 4, 4, 4), None, None),
+TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
                       "dkdv+dq 4 blocks": (None, None, (32, 32, 4, 4, 4, 1, True))},
-                 32: {"dq kernel": (None, None, (32, 32, 4, 4, 6))}}
+                 32: {"forward 16-byte staging": ((64, 32, 4, 4), None, None),
+                      "dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
 
 
