@@ -193,6 +193,8 @@ def bench_matmul(args):
                               lambda: x.T @ dy, out_dw))
         if "down" in label:
             gelu_backward_pair(args, label, m, n, k, DY, W, out_dx)
+        if n < 50257:
+            bias_gradient_pair(args, label, m, n, k, X, DY, out_dw)
         for name, ours, theirs, out in cases:
             cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails
             ours()
@@ -240,6 +242,32 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
             "unfused", f"(err {error:.1e})")
 
 
+def bias_gradient_pair(args, label, m, n, k, X, DY, out_dw):
+    """The weight gradient with the bias gradient made in the same pass over dY (bias_grad: b's
+    column sums) against the weight gradient followed by sum_rows, which reads dY again."""
+    db_fused, db = (cuda.device_array(n, np.float32) for _ in range(2))
+    dw_fused = cuda.device_array((k, n), np.float32)
+
+    def fused():
+        matmul_kernels.matmul(dw_fused, X, DY, transpose_a=True, bias_grad=db_fused)
+
+    def unfused():
+        matmul_kernels.matmul(out_dw, X, DY, transpose_a=True)
+        matmul_kernels.sum_rows(db, DY)
+    for array in (db_fused, dw_fused):
+        array.copy_to_device(np.full(array.shape, np.nan, np.float32))
+    fused()
+    unfused()
+    cuda.synchronize()
+    require(relative_error(dw_fused.copy_to_host(), out_dw.copy_to_host()), 1e-7,
+            f"matmul {label} dW with db fused")
+    error = relative_error(db_fused.copy_to_host(), db.copy_to_host())
+    require(error, 1e-5, f"matmul {label} db fused")
+    short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
+    row("matmul", f"{short:8s} bwd dW, db=sum dY fused", kernel_ms(fused, args),
+        2.0 * m * n * k, "TFLOP/s", kernel_ms(unfused, args), "unfused", f"(db err {error:.1e})")
+
+
 # tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options).
 # The 512-thread tiles 128x256 and 256x128 (dict(BN=256, blocks_per_sm=1), dict(BM=256, ...))
 # were 3-30% slower than 128x128 on every product (H200, 2026-11-29, session 5, run 1): no
@@ -258,6 +286,8 @@ def bench_attention(args):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     for B, H, T, D in [(16, 12, 1024, 64), (64, 12, 256, 32), (16, 12, 1024, 72)]:
+        if args.shapes and not any(f"{T}x{D}" == name for name in args.shapes.split(",")):
+            continue                        # (--shapes 1024x64,256x32: attention's T x D)
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", generator=gen) for _ in range(4))
         qs, ks, vs = (t.clone().requires_grad_(True) for t in (q, k, v))
@@ -631,8 +661,9 @@ def main():
     parser.add_argument("--quick", action="store_true", help="skip the largest shapes")
     parser.add_argument("--models", default=None, help="e2e: only these presets (comma list)")
     parser.add_argument("--shapes", default=None,
-                        help="matmul: only the shapes whose label starts so (comma list: "
-                             "qkv, mlp, lm (both LM heads), lmVp, 12m)")
+                        help="only these shapes (comma list): matmul labels' starts (qkv, "
+                             "mlp, lm (both LM heads), lmVp, 12m), attention's T x D "
+                             "(1024x64, 256x32, 1024x72)")
     parser.add_argument("--variants", action="store_true", help="time matmul tile variants too")
     parser.add_argument("--cache", default=None, help="folder for prepared data")
     parser.add_argument("--json", default=None, help="write the rows here")

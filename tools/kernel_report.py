@@ -31,7 +31,7 @@ BOOL = types.boolean
 DROP = (I1, int64, int64, float32)           # seed, site, threshold, keep
 
 
-MATMUL_ARGS = (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
+MATMUL_ARGS = (A3, A2, A2, A1, BOOL, BOOL, int64, A2, A2)
 
 
 def kernels():
@@ -40,6 +40,8 @@ def kernels():
         yield f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}", \
             blocked(ta, tb, (True, True, True)), MATMUL_ARGS
     variants = [
+        ("blocked matmul TN, column sums of b",             # dW and the bias gradient
+         blocked(True, False, (True, True, True), dict(column_sums=True))),
         ("blocked matmul TN, cp.async 3 stages",            # a weight gradient, pipelined
          blocked(True, False, (True, True, True), dict(stages=3))),
         ("blocked matmul NN, GELU epilogue",                # the MLP's first layer
@@ -62,6 +64,7 @@ def kernels():
     for name, kernel in variants:
         yield name, kernel, MATMUL_ARGS
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
+    yield "sum_splits4 (16-byte)", matmul.sum_splits4_kernel, (A1, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:
         forward, dq, dkdv = attention.make_attention_kernels(D)
         yield f"attention forward D={D}", forward, (A4, A3, A4, A4, A4, float32, *DROP, int64)
