@@ -41,18 +41,15 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
                 (dx, accumulate), pre = grad_slot(x), None
             backend.matmul(dx.reshape(-1, K), dy, weight.data, transpose_b=not transpose_weight,
                            accumulate=accumulate, gelu_input=pre)
-        db, accumulate_db = (grad_slot(bias) if bias is not None and bias.requires_grad
-                             else (None, False))
         if weight.requires_grad:
             dw, accumulate = grad_slot(weight)
             if transpose_weight:                                    # dW[N,K] = dY^T . X
                 backend.matmul(dw, dy, rows, transpose_a=True, accumulate=accumulate)
-            else:                                                   # dW[K,N] = X^T . dY, and
-                backend.matmul(dw, rows, dy, transpose_a=True, accumulate=accumulate,
-                               bias_grad=db, accumulate_bias_grad=accumulate_db)
-                db = None                                           # db in the same pass over dY
-        if db is not None:                                          # db = sum of dY's rows
-            backend.sum_rows(db, dy, accumulate=accumulate_db)
+            else:                                                   # dW[K,N] = X^T . dY
+                backend.matmul(dw, rows, dy, transpose_a=True, accumulate=accumulate)
+        if bias is not None and bias.requires_grad:                 # db = sum of dY's rows
+            db, accumulate = grad_slot(bias)
+            backend.sum_rows(db, dy, accumulate=accumulate)
 
     inputs = [x, weight] + ([bias] if bias is not None else [])
     y = record(y, inputs, backward)

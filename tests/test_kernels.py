@@ -123,36 +123,6 @@ def test_matmul_with_gelu_backward(rng, kernel, k_splits, M, N, K, accumulate):
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
-@pytest.mark.parametrize("kernel,k_splits,tiles,M,N,K,accumulate", [
-    ("blocked", None, None, 32, 48, 40, False),         # one pass, 2 threads a column
-    ("blocked", 3, None, 33, 47, 40, True),             # split-K, 4-byte b (N % 4 != 0)
-    ("blocked", None, dict(BM=8, BN=8), 20, 20, 12, True),  # 1 thread, 8 columns of its own
-    ("tiled", None, None, 12, 20, 16, True)])           # the reference: sum_rows after it
-def test_weight_gradient_with_bias_gradient(rng, kernel, k_splits, tiles, M, N, K, accumulate):
-    """bias_grad: the weight gradient dW = X^T . dY also gives db = the sum of dY's rows (b's
-    column sums, made by the blocked kernel's first row of blocks as it reads dY's slices; the
-    K slices' sums added after). Both (+)= as accumulate and accumulate_bias_grad say."""
-    if GPU:                                 # several tiles in both directions, N % 4 kept
-        M, N, K = 16 * M, 16 * N + N % 4, 100 * K
-    a, b = rng.standard_normal((K, M)), rng.standard_normal((K, N))
-    (out, prior), (db, db_prior) = (output_and_prior(rng, shape, accumulate) for shape in
-                                    ((M, N), N))
-    matmul.matmul(out, device(a), device(b), transpose_a=True, accumulate=accumulate,
-                  kernel=kernel, k_splits=k_splits, tiles=tiles, bias_grad=db,
-                  accumulate_bias_grad=accumulate)
-    want, want_db = prior.astype(np.float64), db_prior.astype(np.float64)
-    matmul.matmul_numpy(want, a, b, transpose_a=True, accumulate=accumulate, bias_grad=want_db,
-                        accumulate_bias_grad=accumulate)
-    assert relative_error(out.copy_to_host(), want) < TOLERANCE
-    assert relative_error(db.copy_to_host(), want_db) < TOLERANCE
-
-
-def test_bias_gradient_needs_the_weight_gradient():
-    x = device(np.zeros((4, 4)))
-    with pytest.raises(ValueError, match="bias_grad"):
-        matmul.matmul(x, x, x, bias_grad=device(np.zeros(4)))
-
-
 @pytest.mark.parametrize("R,C", [(37, 45), (32, 64)] if not GPU else [(1000, 771), (768, 3072)])
 def test_transpose(rng, R, C):
     x = rng.standard_normal((R, C))
@@ -268,6 +238,33 @@ def test_split_count_of_the_measured_weight_gradients(M, N, measured):
     """The counts that ran fastest of those timed on the H200 (split_count's docstring,
     2026-11-29): dW of the MLP, the attention projections and andrea-12m's, K = 16384."""
     assert matmul.split_count(M, N, 16384, (128, 128, 8)) == measured
+
+
+@pytest.mark.parametrize("N,offset", [(24, 0), (23, 0), (24, 1)])
+@pytest.mark.parametrize("with_bias,accumulate", [(True, False), (False, True)])
+def test_sum_splits(rng, monkeypatch, N, offset, with_bias, accumulate):
+    """Split-K's partial products summed in order (+ bias): 16 bytes at a time when rows of N %
+    4 == 0 are 16-byte aligned (offset 1: out one float off, on a GPU), else one element a time;
+    both add the same numbers in the same order, so they agree bit for bit."""
+    M, S = (5, 3) if not GPU else (1000, 7)
+    partials = rng.standard_normal((S, M, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    prior = rng.standard_normal((M, N)).astype(np.float32)
+    results = []
+    for kernel in (matmul.sum_splits4_kernel, matmul.sum_splits_kernel):
+        if kernel == matmul.sum_splits_kernel:      # the fallback, whatever the shape
+            monkeypatch.setattr(matmul, "aligned16", lambda array: False)
+        launched = recording_launches(monkeypatch, matmul)
+        out = device_at(prior if accumulate else np.full((M, N), np.nan, np.float32), offset)
+        matmul.sum_splits(out, device(partials), device(bias) if with_bias else device(prior[0]),
+                          with_bias, accumulate)
+        four_wide = N % 4 == 0 and not (GPU and offset)
+        assert launched == [kernel if four_wide else matmul.sum_splits_kernel]
+        results.append(out.copy_to_host())
+    want = (bias if with_bias else 0) + partials.astype(np.float64).sum(axis=0)
+    want += prior if accumulate else 0
+    assert relative_error(results[0], want) < TOLERANCE
+    assert np.array_equal(results[0], results[1])
 
 
 @pytest.mark.parametrize("accumulate", [False, True])

@@ -193,8 +193,6 @@ def bench_matmul(args):
                               lambda: x.T @ dy, out_dw))
         if "down" in label:
             gelu_backward_pair(args, label, m, n, k, DY, W, out_dx)
-        if n < 50257:
-            bias_gradient_pair(args, label, m, n, k, X, DY, out_dw)
         for name, ours, theirs, out in cases:
             cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails
             ours()
@@ -240,32 +238,6 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
         row("matmul", f"{short:8s} bwd dX*gelu' fused{variant}",
             kernel_ms(lambda: fused(tiles, copy), args), 2.0 * m * n * k, "TFLOP/s", unfused_ms,
             "unfused", f"(err {error:.1e})")
-
-
-def bias_gradient_pair(args, label, m, n, k, X, DY, out_dw):
-    """The weight gradient with the bias gradient made in the same pass over dY (bias_grad: b's
-    column sums) against the weight gradient followed by sum_rows, which reads dY again."""
-    db_fused, db = (cuda.device_array(n, np.float32) for _ in range(2))
-    dw_fused = cuda.device_array((k, n), np.float32)
-
-    def fused():
-        matmul_kernels.matmul(dw_fused, X, DY, transpose_a=True, bias_grad=db_fused)
-
-    def unfused():
-        matmul_kernels.matmul(out_dw, X, DY, transpose_a=True)
-        matmul_kernels.sum_rows(db, DY)
-    for array in (db_fused, dw_fused):
-        array.copy_to_device(np.full(array.shape, np.nan, np.float32))
-    fused()
-    unfused()
-    cuda.synchronize()
-    require(relative_error(dw_fused.copy_to_host(), out_dw.copy_to_host()), 1e-7,
-            f"matmul {label} dW with db fused")
-    error = relative_error(db_fused.copy_to_host(), db.copy_to_host())
-    require(error, 1e-5, f"matmul {label} db fused")
-    short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
-    row("matmul", f"{short:8s} bwd dW, db=sum dY fused", kernel_ms(fused, args),
-        2.0 * m * n * k, "TFLOP/s", kernel_ms(unfused, args), "unfused", f"(db err {error:.1e})")
 
 
 # tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options).

@@ -31,7 +31,7 @@ BOOL = types.boolean
 DROP = (I1, int64, int64, float32)           # seed, site, threshold, keep
 
 
-MATMUL_ARGS = (A3, A2, A2, A1, BOOL, BOOL, int64, A2, A2)
+MATMUL_ARGS = (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
 
 
 def kernels():
@@ -40,8 +40,6 @@ def kernels():
         yield f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}", \
             blocked(ta, tb, (True, True, True)), MATMUL_ARGS
     variants = [
-        ("blocked matmul TN, column sums of b",             # dW and the bias gradient
-         blocked(True, False, (True, True, True), dict(column_sums=True))),
         ("blocked matmul TN, cp.async 3 stages",            # a weight gradient, pipelined
          blocked(True, False, (True, True, True), dict(stages=3))),
         ("blocked matmul NN, GELU epilogue",                # the MLP's first layer

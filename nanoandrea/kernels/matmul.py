@@ -6,8 +6,7 @@ Every linear layer of the model is one call (activations [B,T,C] are viewed as [
     forward      Y[M,N]  = X[M,K] . W[K,N] + b          (W stored [in, out], as GPT-2 does)
     backward     dX[M,K] = dY[M,N] . W^T                transpose_b=True
                  dW[K,N] += X^T . dY                    transpose_a=True, accumulate=True
-                 db[N]   += sum of dY's rows            bias_grad=db: in the same pass
-                                                        over dY (else sum_rows)
+                 db[N]   += sum of dY's rows            sum_rows
     LM head      logits[M,V] = X[M,C] . wte[V,C]^T      transpose_b=True (tied to the embedding)
     MLP up       H[M,4C] = X . W + b, G = gelu(H)       gelu_out=G: GELU in the epilogue
     MLP down     dH[M,4C] = (dY . W^T) * gelu'(H)       gelu_input=H: GELU's backward in the
@@ -39,7 +38,7 @@ from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
                    gelu_forward_numpy, gelu_value)
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     current_stream, elementwise_grid, launch, scratch)
+                     current_stream, elementwise_grid, launch)
 from .vector import aligned16, load4, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
@@ -84,8 +83,7 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
                                vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
-                               gelu=False, gelu_grad=False, stages=0, gather_epilogue=True,
-                               column_sums=False):
+                               gelu=False, gelu_grad=False, stages=0, gather_epilogue=True):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
@@ -112,10 +110,6 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     gather_epilogue: the bias, gelu' and the accumulated output go into the accumulators
     before the first store, four rows' loads in flight at once (else each row's are added as it
     is stored); gelu_grad always gathers.
-    column_sums (the weight gradient, transpose_a and not transpose_b: b is dY): the blocks of
-    the first row of output tiles also add up the columns of the b slices they pass through
-    shared memory, sums[z, n] = the sum of op(b)[Kz, n], the bias gradient's share of slice z
-    (the launcher adds the shares up): dY is not read a second time by sum_rows.
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline); only for operands whose rows
     run along M or N (transpose_a and not transpose_b: the weight gradients), read 16 bytes at
@@ -139,17 +133,6 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     if stages and (A_ALONG_K or B_ALONG_K or not vector_a or not vector_b or stages < 2):
         raise ValueError("matmul: the cp.async pipeline takes 2 or more stages of operands "
                          "whose aligned rows run along M or N (transpose_a, not transpose_b)")
-    if column_sums and (not transpose_a or transpose_b or stages):
-        raise ValueError("matmul: column sums of b in the weight gradient's kernel only "
-                         "(transpose_a, not transpose_b, no cp.async)")
-    # column sums: a column of the b slice is added up by SUM_PARTS threads, SUM_ROWS rows
-    # each; a thread takes SUM_COLUMNS columns (more than one when THREADS < BN: the simulator)
-    SUM_PARTS = max(1, THREADS // BN)
-    SUM_COLUMNS = max(1, BN // THREADS)
-    SUM_ROWS = BK // SUM_PARTS
-    assert not column_sums or (SUM_PARTS * SUM_ROWS == BK and SUM_PARTS * BN
-                               == SUM_COLUMNS * THREADS), ("column sums", THREADS, BN, BK)
-    SUM_SHAPE = (SUM_PARTS, BN) if column_sums else (1, 1)    # the parts' shared array
     WAIT_FOR_OLDEST = wait_copies(stages - 2) if stages else None
     WAIT_FOR_ALL = wait_copies(0)
 
@@ -360,59 +343,29 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         store_row(out, hidden, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
         store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
 
-    @cuda.jit(device=True, inline="always")
-    def add_columns(totals, b_tiles, buffer, tid):
-        # totals[j] += the SUM_ROWS rows of this thread's part of column tid % BN + j*THREADS
-        # of the b slice in b_tiles[buffer] (consecutive threads, consecutive columns)
-        part = tid // BN if SUM_PARTS > 1 else 0
-        for j in range(SUM_COLUMNS):
-            column = tid % BN + j * THREADS
-            for r in range(SUM_ROWS):
-                totals[j] += b_tiles[buffer, part * SUM_ROWS + r, column]
-
-    @cuda.jit(device=True, inline="always")
-    def store_column_sums(sums, totals, parts, z, n0, tid, N):
-        # sums[z, n0 + c] = column c's SUM_PARTS partial totals, added in order of part
-        part = tid // BN if SUM_PARTS > 1 else 0
-        for j in range(SUM_COLUMNS):
-            parts[part, tid % BN + j * THREADS] = totals[j]
-        cuda.syncthreads()
-        for c in range(tid, BN, THREADS):
-            total = float32(0.0)
-            for p in range(SUM_PARTS):
-                total += parts[p, c]
-            if n0 + c < N:
-                sums[z, n0 + c] = total
-
     # (the simulator's cuda.jit takes no launch_bounds)
     # (and a block of more than 256 threads must fit its registers: at most 128 a thread for 512)
     capped = blocks_per_sm > 1 or THREADS > 256
     bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if capped and not SIMULATOR else {}
 
     @cuda.jit(**bounds)
-    def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden, sums):
+    def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), where Kz is
         # the z-th slice of k_per_split columns of K (split-K; S = 1 when K is not split).
         # hidden[M,N], S = 1: with gelu, gelu(out[0]) is written to it; with gelu_grad, the
         # product (+ bias) is multiplied by gelu'(hidden) before it is added or stored; else
-        # not read. sums[S,N], with column_sums: sums[z] = op(b)[Kz, :] summed over k; else
         # not read.
         # grid (N/BN, M/BM, S), block THREADS
         a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
         b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
-        sum_parts = cuda.shared.array(SUM_SHAPE, float32)      # (column_sums)
         acc = cuda.local.array((8, 8), float32)
         a_frag = cuda.local.array(8, float32)
         b_frag = cuda.local.array(8, float32)
         a_next = cuda.local.array(A_STAGED, float32)
         b_next = cuda.local.array(B_STAGED, float32)
-        totals = cuda.local.array(SUM_COLUMNS, float32)     # (column_sums)
         M, N = out.shape[1], out.shape[2]
         K = a.shape[0] if transpose_a else a.shape[1]
         z, k_start, k_end, tid, ty, tx, m0, n0 = block_start(acc, K, k_per_split)
-        summing = column_sums and cuda.blockIdx.y == 0      # (the same for the whole block)
-        for j in range(SUM_COLUMNS):
-            totals[j] = float32(0.0)
 
         # the first slice goes straight to buffer 0
         load_slice(a_next, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, M, k_end, m0, k_start,
@@ -436,16 +389,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                        k0 + BK, tid)
             for kk in range(0, BK, 8):      # ... and multiply the current one meanwhile
                 slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx)
-            if summing:
-                add_columns(totals, b_tiles, buffer, tid)
             # park the next slice in the other buffer
             park(a_tiles, 1 - buffer, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, tid)
             park(b_tiles, 1 - buffer, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, tid)
             cuda.syncthreads()
             buffer = 1 - buffer
 
-        if summing:
-            store_column_sums(sums, totals, sum_parts, z, n0, tid, N)
         epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
 
     @cuda.jit(device=True, inline="always")
@@ -462,7 +411,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                                                    first + i if valid else 0), valid)
 
     @cuda.jit(**bounds)
-    def pipelined_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden, sums):
+    def pipelined_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
         # as blocked_matmul_kernel, for a[K,M], b[K,N]; `stages` slices in flight
         a_tiles = cuda.shared.array((stages, BK, A_PAD), float32)
         b_tiles = cuda.shared.array((stages, BK, B_PAD), float32)
@@ -641,8 +590,7 @@ def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False, g
     return _blocked_kernels[key]
 
 
-def _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input,
-                  bias_grad=None):
+def _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input):
     check(len(out.shape) == 2 and len(a.shape) == 2 and len(b.shape) == 2,
           f"matmul: out, a, b must be 2-D, got {out.shape}, {a.shape}, {b.shape}")
     M, N = out.shape
@@ -655,11 +603,6 @@ def _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_inpu
     for name, hidden in (("gelu_out", gelu_out), ("gelu_input", gelu_input)):
         if hidden is not None:
             check_shape(f"matmul {name}", hidden, (M, N))
-    if bias_grad is not None:
-        check(transpose_a and not transpose_b,
-              "matmul: bias_grad (b's column sums) goes with the weight gradient X^T . dY "
-              "(transpose_a, not transpose_b)")
-        check_shape("matmul bias_grad", bias_grad, (N,))
     return M, N, K
 
 
@@ -688,7 +631,7 @@ def copies_b_transposed(M, N, transpose_a, transpose_b, copy_b_transposed=None):
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
            kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
-           copy_b_transposed=None, bias_grad=None, accumulate_bias_grad=False):
+           copy_b_transposed=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias). kernel: "auto", "blocked" or "tiled" (the reference).
     gelu_out[M,N]: also gelu(out), the MLP's activation: written by the blocked kernel's
     epilogue (the pre-activation out is kept for GELU's backward), by a GELU kernel after the
@@ -697,19 +640,13 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     (dG = dY . W_proj^T, the MLP's hidden layer) and out gets that of gelu_input (H, the
     pre-activation): out (+)= gelu'(gelu_input) * (op(a) . op(b) + bias), in the blocked
     kernel's epilogue, else the product first and gelu_backward after it.
-    bias_grad[N], with the weight gradient (transpose_a, not transpose_b: out = X^T . dY): also
-    bias_grad (+)= the sum of b's rows (dY's: the bias gradient; accumulate_bias_grad says
-    whether it adds), made by the blocked kernel as it reads b (column_sums), else by sum_rows
-    after the product.
 
     Blocked kernel only: k_splits, slices of K computed in parallel (None: split_count chooses);
     tiles, a dict of make_blocked_matmul_kernel's tile parameters (None: the defaults);
     copy_b_transposed, with transpose_b: multiply by a transposed copy of b (True), or read b
     transposed in the kernel (False); None: copies_b_transposed decides."""
-    check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input,
-                  bias_grad=bias_grad)
-    M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input,
-                            bias_grad)
+    check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
+    M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     if kernel == "auto":
         kernel = "tiled" if SIMULATOR else "blocked"
     if kernel not in ("tiled", "blocked"):
@@ -726,56 +663,40 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     if kernel == "blocked":
         vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias))
                    and (hidden is None or aligned16(hidden)))
-        if bias_grad is not None:
-            tiles = dict(tiles or {}, column_sums=True)
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
         splits = k_splits or split_count(M, N, K, fast.tile, resident_blocks(fast.threads))
         k_per_split = k_per_slice(K, splits, BK)
         splits = blocks(K, k_per_split)
         grid = (blocks(N, BN), blocks(M, BM), splits)
-        if splits == 1 or gelu_input is None:
-            # column sums of b per K slice (bias_grad), else a placeholder never read
-            sums = (scratch("matmul column sums", (splits, N)) if bias_grad is not None
-                    else out.reshape(1, M * N))
-            if splits == 1:     # one pass, GELU's forward or backward in its epilogue
-                if hidden is not None:
-                    fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles,
-                                           gelu=gelu_out is not None,
-                                           gelu_grad=gelu_input is not None)
-                launch(fast, grid, fast.threads, out.reshape(1, M, N), a, b, bias, has_bias,
-                       accumulate, k_per_split, a if hidden is None else hidden, sums)
-            else:               # partial products per K slice, then their sum in a fixed order
-                partials = cuda.device_array((splits, M, N), dtype=np.float32,
-                                             stream=current_stream())
-                launch(fast, grid, fast.threads, partials, a, b, bias, False, False,
-                       k_per_split, a, sums)
-                sum_splits(out, partials, bias, has_bias, accumulate)
-                if gelu_out is not None:    # (GELU after the sum)
-                    gelu_forward(gelu_out, out)
-            if bias_grad is not None:       # the K slices' column sums added up, in order
-                sum_splits(bias_grad.reshape(1, N), sums.reshape(splits, 1, N), bias, False,
-                           accumulate_bias_grad)
+        if splits == 1:         # one pass, GELU's forward or backward in its epilogue
+            if hidden is not None:
+                fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles,
+                                       gelu=gelu_out is not None, gelu_grad=gelu_input is not None)
+            launch(fast, grid, fast.threads, out.reshape(1, M, N), a, b, bias, has_bias,
+                   accumulate, k_per_split, a if hidden is None else hidden)
             return
     if gelu_input is not None:  # (the tiled kernel, or split-K): gelu' after the whole product
         product = cuda.device_array((M, N), dtype=np.float32, stream=current_stream())
         matmul(product, a, b, bias if has_bias else None, transpose_a, transpose_b,
-               kernel=kernel, k_splits=k_splits, tiles=tiles, bias_grad=bias_grad,
-               accumulate_bias_grad=accumulate_bias_grad)
+               kernel=kernel, k_splits=k_splits, tiles=tiles)
         gelu_backward(out, product, gelu_input, accumulate)
         return
-    launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE),
-           out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
-    if gelu_out is not None:    # (GELU after the product)
+    if kernel == "tiled":
+        launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE),
+               out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
+    else:                       # partial products per K slice, then their sum in a fixed order
+        partials = cuda.device_array((splits, M, N), dtype=np.float32, stream=current_stream())
+        launch(fast, grid, fast.threads, partials, a, b, bias, False, False, k_per_split, a)
+        sum_splits(out, partials, bias, has_bias, accumulate)
+    if gelu_out is not None:    # (the tiled kernel, or split-K: GELU after the sum)
         gelu_forward(gelu_out, out)
-    if bias_grad is not None:
-        sum_rows(bias_grad, b, accumulate_bias_grad)
 
 
 def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
                  kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
-                 copy_b_transposed=None, bias_grad=None, accumulate_bias_grad=False):
-    _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input, bias_grad)
+                 copy_b_transposed=None):
+    _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
     if bias is not None:
         product += bias
@@ -787,8 +708,6 @@ def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
         out[...] = product
     if gelu_out is not None:
         gelu_forward_numpy(gelu_out, out)
-    if bias_grad is not None:
-        sum_rows_numpy(bias_grad, b, accumulate_bias_grad)
 
 
 # --- sum over rows: the bias gradient (and the position-embedding gradient) ----------------
