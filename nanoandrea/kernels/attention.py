@@ -365,7 +365,8 @@ def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None, v
     loop trip (default 1), and a seventh, with_dq (default False: dq's shares made there, so
     that attention_backward runs no dq kernel); the defaults are TILES[D]. Each kernel has attributes
     `threads` (its block) and `rows` (its ROWS: rows of a block when rows_per_block is not given).
-    vector: q, k, v and dout are staged 16 bytes at a time (their rows 16-byte aligned).
+    vector: q, k, v and dout may be staged 16 bytes at a time (their rows 16-byte aligned;
+    the forward only where its tile's wide_staging allows).
     """
     forward_tile, dq_tile, dkdv_tile = (given or default for given, default in
                                         zip((forward_tile, dq_tile, dkdv_tile), TILES[D]))
@@ -812,9 +813,10 @@ def _fast(D, tiles=None, arrays=()):
     """The fast kernels (forward, dq, dk/dv) for head size D, compiled once per tiles: None (the
     defaults, TILES[D]) or (forward_tile, dq_tile, dkdv_tile), each None or a tile; staging 16
     bytes at a time when all the staged arrays' rows are 16-byte aligned (else 4 bytes)."""
-    key = (D, tiles, all(aligned16(x) for x in arrays))
+    vector = all(aligned16(x) for x in arrays)
+    key = (D, tiles, vector)
     if key not in _fast_kernels:
-        _fast_kernels[key] = make_attention_kernels(D, *(tiles or ()), vector=key[2])
+        _fast_kernels[key] = make_attention_kernels(D, *(tiles or ()), vector=vector)
     return _fast_kernels[key]
 
 
