@@ -170,6 +170,28 @@ def test_matmul_192_thread_tiles(rng, tiles, transpose_a, transpose_b):
                         *((100, 110, 20) if not GPU else (1000, 389, 771)))
 
 
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
+def test_matmul_8x16_thread_tiles(rng, transpose_a, transpose_b):
+    """thread_cols=16: each thread owns 8 x 16 of the output, in 4 runs of 4 columns (on the
+    GPU 128 x 256 block tiles of 256 threads, CUTLASS's SIMT shape, timed by --variants; in the
+    simulator 8 x 32 tiles of 2 threads, with ragged edges); with bias, then with accumulate
+    and GELU's backward in the epilogue."""
+    tiles = (dict(BN=256, thread_cols=16, blocks_per_sm=1) if GPU else
+             dict(BM=8, BN=32, thread_cols=16))
+    M, N, K = (20, 70, 12) if not GPU else (1000, 389, 771)
+    check_blocked_tiles(rng, tiles, transpose_a, transpose_b, M, N, K)
+    a = rng.standard_normal((K, M) if transpose_a else (M, K))
+    b = rng.standard_normal((N, K) if transpose_b else (K, N))
+    pre = 3 * rng.standard_normal((M, N))
+    out, prior = output_and_prior(rng, (M, N), True)
+    matmul.matmul(out, device(a), device(b), None, transpose_a, transpose_b, True,
+                  kernel="blocked", k_splits=1, tiles=tiles, gelu_input=device(pre),
+                  copy_b_transposed=False)
+    want = prior.astype(np.float64)
+    matmul.matmul_numpy(want, a, b, None, transpose_a, transpose_b, True, gelu_input=pre)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
 def check_blocked_tiles(rng, tiles, transpose_a, transpose_b, M, N, K):
     """The blocked kernel with these tiles against NumPy, bias included, on a poisoned out."""
     a = rng.standard_normal((K, M) if transpose_a else (M, K))

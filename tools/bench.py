@@ -172,8 +172,8 @@ def bench_matmul(args):
             ("bwd dW=X^T.dY", True, False, out_dw, X, DY, lambda: x.T @ dy, None),
         ]
         variants = {"": None}
-        if args.variants and n < 50257:     # (the LM heads: too long to time every tile)
-            variants.update(MATMUL_VARIANTS)
+        if args.variants:                   # (the LM heads: too long to time every tile)
+            variants.update(MATMUL_VARIANTS if n < 50257 else LM_VARIANTS)
         cases = [(f"{name} [{variant}]" if variant else name,
                   lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles, copy=copy:
                   matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles,
@@ -246,7 +246,13 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
 # longer timed by default. Nor is an L2-aware block order (tiles taken 8 or 16 rows of tiles at a
 # time, column by column within a group): 2-7% slower on every 16-byte product, 1-3% faster only
 # on the LM head's 4-byte ones (session 6, run 1; it was removed from the kernel).
-MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2)}
+# "8x16 a thread": 128 x 256 block tiles of 256 threads, each 8 x 16 (thread_cols=16), as
+# CUTLASS's SIMT SGEMM that cuBLAS runs for the largest float32 products here; ptxas: 254
+# registers, 8 bytes spilled, the k loop 1024 FFMA of 1151 instructions (89%, the 8 x 8
+# kernel's 85%). Untimed yet (session 6 had no device time left).
+MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
+                   "8x16 a thread": dict(BN=256, thread_cols=16, blocks_per_sm=1)}
+LM_VARIANTS = {"8x16 a thread": MATMUL_VARIANTS["8x16 a thread"]}
 
 
 # --- attention ------------------------------------------------------------------------------

@@ -56,6 +56,11 @@ def kernels():
          blocked(False, False, (True, True, True), dict(BN=256, blocks_per_sm=1))),
         ("blocked matmul TN 256x128",
          blocked(True, False, (True, True, True), dict(BM=256, blocks_per_sm=1))),
+        ("blocked matmul NN 8x16 a thread",                 # 128 x 256, 256 threads: --variants
+         blocked(False, False, (True, True, True), dict(BN=256, thread_cols=16, blocks_per_sm=1))),
+        ("blocked matmul NN 8x16 a thread, GELU-backward epilogue",
+         blocked(False, False, (True, True, True), dict(BN=256, thread_cols=16, blocks_per_sm=1),
+                 gelu_grad=True)),
         ("blocked matmul NN, 2 blocks/SM", matmul.make_blocked_matmul_kernel(
             False, False, blocks_per_sm=2)),
         ("blocked matmul NN BK=16", matmul.make_blocked_matmul_kernel(False, False, BK=16))]

@@ -83,15 +83,16 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
                                vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
-                               gelu=False, gelu_grad=False, stages=0, gather_epilogue=True):
+                               gelu=False, gelu_grad=False, stages=0, gather_epilogue=True,
+                               thread_cols=8):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
-    tile of it in registers: rows ty*4 + {0..3} and BM/2 + ty*4 + {0..3}, columns likewise,
-    so a thread's fragments are 4-wide runs that it reads from shared memory with one 16-byte
-    load (`load4`): 4 loads feed 64 fused multiply-adds per step of k. K advances in slices of
-    BK, double-buffered: slice s+1 is loaded from global memory into registers while slice s
-    is multiplied out of shared memory.
+    tile of it in registers (or 8 x 16: thread_cols): rows ty*4 + {0..3} and BM/2 + ty*4 +
+    {0..3}, columns likewise, so a thread's fragments are 4-wide runs that it reads from
+    shared memory with one 16-byte load (`load4`): 4 loads feed 64 fused multiply-adds per
+    step of k. K advances in slices of BK, double-buffered: slice s+1 is loaded from global
+    memory into registers while slice s is multiplied out of shared memory.
 
     Shared memory holds both operands k-major, a_tiles[k, m] and b_tiles[k, n], whichever way
     they are stored in global memory: an operand whose contiguous axis is k (a not transposed,
@@ -110,15 +111,22 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     gather_epilogue: the bias, gelu' and the accumulated output go into the accumulators
     before the first store, four rows' loads in flight at once (else each row's are added as it
     is stored); gelu_grad always gathers.
+    thread_cols (8 or 16): the columns of a thread's tile, in runs of 4 BN/(thread_cols/4)
+    apart; 16 makes a 128 x 256 block tile of 256 threads, each 8 x 16 (128 accumulators: 6
+    shared loads feed 128 multiply-adds per step of k), the shape of CUTLASS's SIMT SGEMM.
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline); only for operands whose rows
     run along M or N (transpose_a and not transpose_b: the weight gradients), read 16 bytes at
     a time.
     """
     THREADS_M = BM // 8
-    THREADS_N = BN // 8
+    TC = thread_cols                        # a thread's columns: RUNS_N runs of 4, RUN_N apart
+    RUNS_N, RUN_N = TC // 4, BN // (TC // 4)
+    THREADS_N = BN // TC
     THREADS = THREADS_M * THREADS_N
-    HALF_M, HALF_N = BM // 2, BN // 2
+    HALF_M = BM // 2                        # (its rows: 2 runs of 4, HALF_M apart)
+    GATHERED = 4 * TC                       # the epilogue gathers 4 rows' values at a time
+    assert TC % 4 == 0 and BN % TC == 0, ("runs of 4 columns", BN, TC)
     A_TOTAL, B_TOTAL = BM * BK // 4, BK * BN // 4      # 4-float chunks in a slice of A, of B
     A_CHUNKS = -(-A_TOTAL // THREADS)       # how many of them one thread loads (the last
     B_CHUNKS = -(-B_TOTAL // THREADS)       # round partly idle when THREADS does not divide)
@@ -185,17 +193,18 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
 
     @cuda.jit(device=True, inline="always")
     def outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
-        # acc[8,8] += the thread's 8 values of op(a)[:, kk] times its 8 of op(b)[kk, :]: four
-        # 16-byte shared-memory loads feed 64 multiply-adds. (The k loop calls this twice per
-        # turn: a manual unroll by 2, so the next loads are issued during this step's FMAs.)
+        # acc[8,TC] += the thread's 8 values of op(a)[:, kk] times its TC of op(b)[kk, :]: 2 + TC/4
+        # 16-byte shared-memory loads feed 8*TC multiply-adds (4 feed 64 when TC = 8)
         for half in range(2):
             x = load4(a_tiles, (buffer, kk, half * HALF_M + ty * 4))
-            y = load4(b_tiles, (buffer, kk, half * HALF_N + tx * 4))
             for i in range(4):
                 a_frag[half * 4 + i] = x[i]
-                b_frag[half * 4 + i] = y[i]
+        for run in range(RUNS_N):
+            y = load4(b_tiles, (buffer, kk, run * RUN_N + tx * 4))
+            for i in range(4):
+                b_frag[run * 4 + i] = y[i]
         for i in range(8):
-            for j in range(8):
+            for j in range(TC):
                 acc[i, j] += a_frag[i] * b_frag[j]
 
     @cuda.jit(device=True, inline="always")
@@ -214,45 +223,45 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
 
     @cuda.jit(device=True, inline="always")
     def gather_rows(values, x, i0, m0, n0, ty, tx, M, N):
-        # values[8 * r + j] = x[row of the thread's (i0 + r)-th, its j-th column] for r < 4,
-        # j < 8 (zero outside x[:M, :N]): its 8 loads issued together, before any is used
+        # values[TC * r + j] = x[row of the thread's (i0 + r)-th, its j-th column] for r < 4,
+        # j < TC (zero outside x[:M, :N]): its loads issued together, before any is used
         for r in range(4):
             row = m0 + (i0 // 4) * HALF_M + ty * 4 + r
-            for half_n in range(2):
-                col = n0 + half_n * HALF_N + tx * 4
+            for run in range(RUNS_N):
+                col = n0 + run * RUN_N + tx * 4
                 for e in range(4):
-                    values[8 * r + 4 * half_n + e] = float32(0.0)
+                    values[TC * r + 4 * run + e] = float32(0.0)
                 if vector_out:
                     if row < M and col < N:
                         x4 = load4(x, (row, col))
                         for e in range(4):
-                            values[8 * r + 4 * half_n + e] = x4[e]
+                            values[TC * r + 4 * run + e] = x4[e]
                 else:
                     for e in range(4):
                         if row < M and col + e < N:
-                            values[8 * r + 4 * half_n + e] = x[row, col + e]
+                            values[TC * r + 4 * run + e] = x[row, col + e]
 
     @cuda.jit(device=True, inline="always")
     def fold_rows(acc, values, x, b_frag, i0, m0, n0, ty, tx, M, N, with_gelu_grad):
         # acc[i0 .. i0+3, :] = (acc + bias) * gelu'(x) if with_gelu_grad, else (acc + bias) + x
         gather_rows(values, x, i0, m0, n0, ty, tx, M, N)
         for r in range(4):
-            for j in range(8):
+            for j in range(TC):
                 if with_gelu_grad:
-                    acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) * gelu_derivative(values[8 * r + j])
+                    acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) * gelu_derivative(values[TC * r + j])
                 else:
-                    acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) + values[8 * r + j]
+                    acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) + values[TC * r + j]
 
     @cuda.jit(device=True, inline="always")
     def store_row(out, hidden, acc, b_frag, i, z, m0, n0, ty, tx, M, N, accumulate):
-        # out[z, the thread's i-th row, its 8 columns] = acc[i, :], plus its bias (b_frag) and
+        # out[z, the thread's i-th row, its TC columns] = acc[i, :], plus its bias (b_frag) and
         # (accumulate) what out holds when the epilogue did not gather those in already; with
         # gelu, gelu of it into hidden too
         row = m0 + (i // 4) * HALF_M + ty * 4 + i % 4
         if vector_out:                  # 16 bytes at a time: out[row, col:col+4]
-            for half_n in range(2):
-                col = n0 + half_n * HALF_N + tx * 4
-                j = half_n * 4
+            for run in range(RUNS_N):
+                col = n0 + run * RUN_N + tx * 4
+                j = run * 4
                 if row < M and col < N:
                     v0, v1, v2, v3 = acc[i, j], acc[i, j + 1], acc[i, j + 2], acc[i, j + 3]
                     if not gather_epilogue:
@@ -271,8 +280,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                         store4(hidden, (row, col), gelu_value(v0), gelu_value(v1),
                                gelu_value(v2), gelu_value(v3))
         else:                           # 4 bytes at a time
-            for j in range(8):
-                col = n0 + (j // 4) * HALF_N + tx * 4 + j % 4
+            for j in range(TC):
+                col = n0 + (j // 4) * RUN_N + tx * 4 + j % 4
                 if row < M and col < N:
                     value = acc[i, j]
                     if not gather_epilogue:
@@ -289,7 +298,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         # [k_start, k_end) (split-K: blockIdx.z), the output tile's first row m0 and column
         # n0, the thread's index tid and its place (ty, tx) on the THREADS_M x THREADS_N grid
         for i in range(8):
-            for j in range(8):
+            for j in range(TC):
                 acc[i, j] = float32(0.0)
         z = cuda.blockIdx.z
         k_start = z * k_per_split
@@ -300,18 +309,18 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     @cuda.jit(device=True, inline="always")
     def epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N):
         # the bias of this thread's columns (or zeros) into b_frag, then its 8 rows of out
-        for half_n in range(2):
-            col = n0 + half_n * HALF_N + tx * 4
+        for run in range(RUNS_N):
+            col = n0 + run * RUN_N + tx * 4
             for j in range(4):
-                b_frag[half_n * 4 + j] = float32(0.0)
+                b_frag[run * 4 + j] = float32(0.0)
             if has_bias and vector_out and col < N:
                 y = load4(bias, (col,))
                 for j in range(4):
-                    b_frag[half_n * 4 + j] = y[j]
+                    b_frag[run * 4 + j] = y[j]
             elif has_bias:
                 for j in range(4):
                     if col + j < N:
-                        b_frag[half_n * 4 + j] = bias[col + j]
+                        b_frag[run * 4 + j] = bias[col + j]
         # Then, in order: the bias, gelu' (gelu_grad), what out holds (accumulate). With
         # gather_epilogue they go into acc first, rows 0-3 and 4-7 each gathered with all their
         # loads in flight at once (a load of hidden or out placed after a store to out must
@@ -321,18 +330,18 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         # stays in registers however long the epilogue (with GELU, a rolled loop put it on the
         # stack).
         if gather_epilogue:
-            values = cuda.local.array(32, float32)
+            values = cuda.local.array(GATHERED, float32)
             if gelu_grad:
                 fold_rows(acc, values, hidden, b_frag, 0, m0, n0, ty, tx, M, N, True)
                 fold_rows(acc, values, hidden, b_frag, 4, m0, n0, ty, tx, M, N, True)
-                for j in range(8):
+                for j in range(TC):
                     b_frag[j] = float32(0.0)
             if accumulate:
                 fold_rows(acc, values, out[z], b_frag, 0, m0, n0, ty, tx, M, N, False)
                 fold_rows(acc, values, out[z], b_frag, 4, m0, n0, ty, tx, M, N, False)
             elif not gelu_grad:
                 for i in range(8):
-                    for j in range(8):
+                    for j in range(TC):
                         acc[i, j] += b_frag[j]
         store_row(out, hidden, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
         store_row(out, hidden, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
@@ -358,9 +367,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         # grid (N/BN, M/BM, S), block THREADS
         a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
         b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
-        acc = cuda.local.array((8, 8), float32)
+        acc = cuda.local.array((8, TC), float32)
         a_frag = cuda.local.array(8, float32)
-        b_frag = cuda.local.array(8, float32)
+        b_frag = cuda.local.array(TC, float32)
         a_next = cuda.local.array(A_STAGED, float32)
         b_next = cuda.local.array(B_STAGED, float32)
         M, N = out.shape[1], out.shape[2]
@@ -415,9 +424,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         # as blocked_matmul_kernel, for a[K,M], b[K,N]; `stages` slices in flight
         a_tiles = cuda.shared.array((stages, BK, A_PAD), float32)
         b_tiles = cuda.shared.array((stages, BK, B_PAD), float32)
-        acc = cuda.local.array((8, 8), float32)
+        acc = cuda.local.array((8, TC), float32)
         a_frag = cuda.local.array(8, float32)
-        b_frag = cuda.local.array(8, float32)
+        b_frag = cuda.local.array(TC, float32)
         M, N = out.shape[1], out.shape[2]
         K = a.shape[0]
         z, k_start, k_end, tid, ty, tx, m0, n0 = block_start(acc, K, k_per_split)
