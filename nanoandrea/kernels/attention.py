@@ -363,8 +363,9 @@ def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None, v
     blocks_per_sm (see launch_bounds); for the forward a sixth, wide_staging (default True:
     16-byte staging loads where the arrays allow); for dk/dv a sixth, its scores steps per
     loop trip (default 1), and a seventh, with_dq (default False: dq's shares made there, so
-    that attention_backward runs no dq kernel); the defaults are TILES[D]. Each kernel has attributes
-    `threads` (its block) and `rows` (its ROWS: rows of a block when rows_per_block is not given).
+    that attention_backward runs no dq kernel); the defaults are TILES[D]. Each kernel has
+    attributes `threads` (its block) and `rows` (its ROWS: rows of a block when
+    rows_per_block is not given).
     vector: q, k, v and dout may be staged 16 bytes at a time (their rows 16-byte aligned;
     the forward only where its tile's wide_staging allows).
     """

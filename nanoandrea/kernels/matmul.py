@@ -193,8 +193,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
 
     @cuda.jit(device=True, inline="always")
     def outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
-        # acc[8,TC] += the thread's 8 values of op(a)[:, kk] times its TC of op(b)[kk, :]: 2 + TC/4
-        # 16-byte shared-memory loads feed 8*TC multiply-adds (4 feed 64 when TC = 8)
+        # acc[8,TC] += the thread's 8 values of op(a)[:, kk] times its TC of op(b)[kk, :]:
+        # 2 + TC/4 16-byte shared-memory loads feed 8*TC multiply-adds (4 feed 64 at TC = 8)
         for half in range(2):
             x = load4(a_tiles, (buffer, kk, half * HALF_M + ty * 4))
             for i in range(4):
