@@ -171,22 +171,23 @@ def bench_matmul(args):
             ("bwd dX [W^T in kernel]", False, True, out_dx, DY, W, lambda: dy @ w.T, False),
             ("bwd dW=X^T.dY", True, False, out_dw, X, DY, lambda: x.T @ dy, None),
         ]
-        variants = {"": None}
-        if args.variants:                   # (the LM heads: too long to time every tile)
-            variants.update(MATMUL_VARIANTS if n < 50257 else LM_VARIANTS)
+        variants = {"": None}               # (the LM heads: too long to time every tile)
+        variants.update({name: tiles for name, tiles in
+                         (MATMUL_VARIANTS if n < 50257 else LM_VARIANTS).items()
+                         if wanted(args, name)})
         cases = [(f"{name} [{variant}]" if variant else name,
                   lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles, copy=copy:
                   matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles,
                                         copy_b_transposed=copy), theirs, out)
                  for name, ta, tb, out, a, b, theirs, copy in products
                  for variant, tiles in variants.items() if copy is None or not variant]
-        if args.variants and n < 50257:     # the weight gradient with half and twice the slices
+        if n < 50257:                       # the weight gradient with half and twice the slices
             chosen = matmul_kernels.split_count(k, n, m, (128, 128, 8))   # of K split_count picks
             dw_variants = [(f"k_splits={splits}", splits, None) for splits in
                            sorted({max(1, chosen // 2), 2 * chosen} - {chosen})]
             dw_variants += [(f"cp.async, {stages} stages", None, dict(stages=stages))
                             for stages in (3, 4)]     # ... and with its slices copied by cp.async
-            for variant, splits, tiles in dw_variants:
+            for variant, splits, tiles in [v for v in dw_variants if wanted(args, v[0])]:
                 cases.append((f"bwd dW=X^T.dY [{variant}]",
                               lambda splits=splits, tiles=tiles: matmul_kernels.matmul(
                                   out_dw, X, DY, transpose_a=True, k_splits=splits, tiles=tiles),
@@ -228,8 +229,11 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
     unfused()
     unfused_ms = kernel_ms(unfused, args)
     short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
-    for variant, tiles, copy in (("", None, None), (" [1 block/SM]", dict(blocks_per_sm=1), None),
-                                 (" [W^T in kernel]", None, False)):
+    variants = [("", None, None), (" [1 block/SM]", dict(blocks_per_sm=1), None),
+                (" [W^T in kernel]", None, False)]
+    variants += [(f" [{name}]", tiles, None) for name, tiles in MATMUL_VARIANTS.items()
+                 if "8x16" in name and wanted(args, name)]
+    for variant, tiles, copy in variants:
         fused_out.copy_to_device(np.full((m, k), np.nan, np.float32))
         fused(tiles, copy)
         cuda.synchronize()
@@ -273,7 +277,7 @@ def bench_attention(args):
                            ((B, H, T, D), (B, H, T), (B, H, T)))
         dq, dk, dv = (cuda.device_array((B, H, T, D), np.float32) for _ in range(3))
         label = f"[{B},{H},{T},{D}]"
-        for kernel, rows, tiles, variant in attention_variants(D, T, args.variants):
+        for kernel, rows, tiles, variant in attention_variants(D, T, args):
             if "4-byte" in variant:     # heads one float off 16 bytes: staged 4 bytes at a time
                 Q, K, V, DOUT = (unaligned_copy(t) for t in (q, k, v, dout))
             else:
@@ -352,18 +356,26 @@ def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):
             for name, got, want in zip(("out", "dq", "dk", "dv"), ours, [want_out, *grads])}
 
 
-def attention_variants(D, T, tile_variants=False):
+def attention_variants(D, T, args):
     """(kernel, rows_per_block, tiles, label): the reference where it is not too slow to wait
     for, the fast kernels with their default query tile and with one block per (batch, head);
-    with tile_variants, other tiles too (attention.TILE_VARIANTS)."""
+    with --variants, the other tiles asked for too (attention.TILE_VARIANTS)."""
     variants = [("reference", None, None, "")] if D == 72 or T <= 256 else []
     if D in attention_kernels.FAST_HEAD_SIZES:
         variants += [("fast", None, None, ""), ("fast", T, None, "")]
-        if tile_variants:
-            variants += [("fast", None, tiles, f" [{name}]")
-                         for name, tiles in attention_kernels.TILE_VARIANTS.get(D, {}).items()]
+        variants += [("fast", None, tiles, f" [{name}]")
+                     for name, tiles in attention_kernels.TILE_VARIANTS.get(D, {}).items()
+                     if wanted(args, name)]
+        if wanted(args, "4-byte staging"):
             variants.append(("fast", None, None, " [4-byte staging]"))
     return variants
+
+
+def wanted(args, variant):
+    """Whether --variants asks for this variant: all of them (the flag alone), or those whose
+    names contain one of its comma-separated words."""
+    return args.variants is not None and (args.variants == "" or any(
+        word in variant for word in args.variants.split(",")))
 
 
 # --- end to end -------------------------------------------------------------------------------
@@ -642,7 +654,9 @@ def main():
                         help="only these shapes (comma list): matmul labels' starts (qkv, "
                              "mlp, lm (both LM heads), lmVp, 12m), attention's T x D "
                              "(1024x64, 256x32, 1024x72)")
-    parser.add_argument("--variants", action="store_true", help="time matmul tile variants too")
+    parser.add_argument("--variants", nargs="?", const="", default=None,
+                        help="time tile variants too: all, or those whose names contain one "
+                        "of these comma-separated words")
     parser.add_argument("--cache", default=None, help="folder for prepared data")
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args()

@@ -461,6 +461,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     kernel.threads = THREADS
     kernel.launch_bounds = bounds.get("launch_bounds")
     kernel.tile = (BM, BN, BK)
+    kernel.thread_outputs = 8 * TC
     return kernel
 
 
@@ -513,10 +514,12 @@ def sum_splits(out, partials, bias, has_bias, accumulate):
                accumulate)
 
 
-def resident_blocks(threads):
-    """Blocks of `threads` threads at <= 128 registers each that the H200 runs at once (64K
-    registers per multiprocessor): 2 per multiprocessor for the 256-thread kernels, 1 for 512."""
-    return MULTIPROCESSORS * max(1, 2 * 256 // threads)
+def resident_blocks(threads, thread_outputs=64):
+    """Blocks of `threads` threads that the H200 runs at once (64K registers per
+    multiprocessor), counting ~2 registers per output a thread accumulates (8 x 8: <= 128):
+    2 per multiprocessor for the 256-thread kernels of 8 x 8, 1 for 512 threads or for 8 x 16
+    (254 registers)."""
+    return MULTIPROCESSORS * max(1, 2 * 256 * 64 // (threads * thread_outputs))
 
 
 RESIDENT_BLOCKS = resident_blocks(256)      # of the default kernels'
@@ -674,7 +677,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
                    and (hidden is None or aligned16(hidden)))
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
-        splits = k_splits or split_count(M, N, K, fast.tile, resident_blocks(fast.threads))
+        slots = resident_blocks(fast.threads, fast.thread_outputs)
+        splits = k_splits or split_count(M, N, K, fast.tile, slots)
         k_per_split = k_per_slice(K, splits, BK)
         splits = blocks(K, k_per_split)
         grid = (blocks(N, BN), blocks(M, BM), splits)
