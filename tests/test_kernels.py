@@ -11,7 +11,7 @@ from numba import cuda
 
 from conftest import GPU, relative_error
 from nanoandrea.kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding,
-                                gelu, heads, layernorm, matmul)
+                                gelu, heads, layernorm, matmul, pad)
 from nanoandrea.kernels.launch import launch
 
 TOLERANCE = 2e-5 if not GPU else 1e-4      # float32 kernels against a float64 reference
@@ -216,6 +216,71 @@ def test_matmul_512_thread_tiles(rng, tiles, transpose_a, transpose_b):
     if tiles.get("BM"):
         M, N = N, M
     check_blocked_tiles(rng, tiles, transpose_a, transpose_b, M, N, K)
+
+
+@pytest.mark.parametrize("shape,padded", [((5, 7), (8, 8)), ((3, 4), (4, 12)), ((7,), (8,))])
+def test_pad_and_unpad(rng, shape, padded):
+    """pad puts x in the corner of an array with rows of 4k floats (zeros elsewhere); unpad
+    (+)= takes the corner back; both against their NumPy twins, bit for bit."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = poisoned(padded)
+    pad.pad(out, device(x))
+    want = np.full(padded, np.nan)
+    pad.pad_numpy(want, x)
+    assert np.array_equal(out.copy_to_host(), want)
+    for accumulate in (False, True):
+        back, prior = output_and_prior(rng, shape, accumulate)
+        pad.unpad(back, out, accumulate)
+        want_back = prior.astype(np.float32)
+        pad.unpad_numpy(want_back, want.astype(np.float32), accumulate)
+        assert np.array_equal(back.copy_to_host(), want_back)
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
+def test_matmul_on_padded_copies(rng, transpose_a, transpose_b):
+    """Operands whose rows are not 16-byte runs (M, N, K all odd here): the blocked product on
+    padded copies (zeros add nothing to the sums) equals the 4-byte kernels' bit for bit, with
+    bias and accumulate, and both match NumPy."""
+    M, N, K = (13, 21, 11) if not GPU else (1001, 389, 771)
+    a = rng.standard_normal((K, M) if transpose_a else (M, K))
+    b = rng.standard_normal((N, K) if transpose_b else (K, N))
+    bias = rng.standard_normal(N)
+    prior = rng.standard_normal((M, N)).astype(np.float32)
+    outs = []
+    for pad_unaligned in (True, False):
+        out = device(prior)
+        matmul.matmul(out, device(a), device(b), device(bias), transpose_a, transpose_b, True,
+                      kernel="blocked", k_splits=1, pad_unaligned=pad_unaligned,
+                      copy_b_transposed=False)
+        outs.append(out.copy_to_host())
+    want = prior.astype(np.float64)
+    matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b, True)
+    assert relative_error(outs[0], want) < TOLERANCE
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_padding_pays_only_for_large_products(monkeypatch):
+    """pads_unaligned: the LM head at V = 50257 (forward, input and weight gradients) runs on
+    padded copies of the operands whose rows hold V floats; a small unaligned product, or an
+    aligned one, does not."""
+    class Shaped:                 # (only the shape and the alignment are looked at)
+        def __init__(self, *shape):
+            self.shape = shape
+    monkeypatch.setattr(matmul, "aligned16", lambda x: x.shape[-1] % 4 == 0)
+    M, V, C, V4 = 16384, 50257, 768, 50260
+    lm_products = [  # out, a, b, transpose_a, transpose_b, (M4, N4, K4), what is copied
+        ((M, V), (M, C), (C, V), False, False, (M, V4, C), {"out", "b"}),   # X . W
+        ((M, C), (M, V), (C, V), False, True, (M, C, V4), {"a", "b"}),      # dlogits . W^T
+        ((C, V), (M, C), (M, V), True, False, (C, V4, M), {"out", "b"})]    # X^T . dlogits
+    for out, a, b, ta, tb, shapes, copied in lm_products:
+        k = a[0] if ta else a[1]
+        assert matmul.pads_unaligned(*out, k, Shaped(*out), Shaped(*a), Shaped(*b), ta, tb) \
+            == (shapes, {name: dict(out=shapes[:2], a=a[:1] + (V4,), b=b[:1] + (V4,))[name]
+                         for name in copied})
+    assert matmul.pads_unaligned(100, 101, 77, Shaped(100, 101), Shaped(100, 77),
+                                 Shaped(77, 101), False, False) is None
+    assert matmul.pads_unaligned(M, 50304, C, Shaped(M, 50304), Shaped(M, C),
+                                 Shaped(C, 50304), False, False) is None
 
 
 def test_matmul_rejects_bad_shapes():

@@ -166,21 +166,25 @@ def bench_matmul(args):
         out_dx = cuda.device_array((m, k), np.float32)
         out_dw = cuda.device_array((k, n), np.float32)
         products = [        # (name, transpose_a, transpose_b, our out, a, b, cupy's product,
-            ("fwd  Y=X.W", False, False, out_y, X, W, lambda: x @ w, None),     # copy W^T?)
-            ("bwd dX=dY.W^T", False, True, out_dx, DY, W, lambda: dy @ w.T, None),
-            ("bwd dX [W^T in kernel]", False, True, out_dx, DY, W, lambda: dy @ w.T, False),
-            ("bwd dW=X^T.dY", True, False, out_dw, X, DY, lambda: x.T @ dy, None),
-        ]
+            ("fwd  Y=X.W", False, False, out_y, X, W, lambda: x @ w, None, None),
+            ("bwd dX=dY.W^T", False, True, out_dx, DY, W, lambda: dy @ w.T, None, None),
+            ("bwd dX [W^T in kernel]", False, True, out_dx, DY, W, lambda: dy @ w.T, False, None),
+            ("bwd dW=X^T.dY", True, False, out_dw, X, DY, lambda: x.T @ dy, None, None),
+        ]                   # (... copy W^T?, pad_unaligned: see matmul)
         variants = {"": None}               # (the LM heads: too long to time every tile)
         variants.update({name: tiles for name, tiles in
                          (MATMUL_VARIANTS if n < 50257 else LM_VARIANTS).items()
                          if wanted(args, name)})
+        if n % 4:                           # rows of V floats: padded copies, or 4 bytes at a time
+            products += [(f"{name} [4-byte kernels]", ta, tb, out, a, b, theirs, None, False)
+                         for name, ta, tb, out, a, b, theirs, copy, _ in products if copy is None]
         cases = [(f"{name} [{variant}]" if variant else name,
-                  lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles, copy=copy:
+                  lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles, copy=copy, pads=pads:
                   matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles,
-                                        copy_b_transposed=copy), theirs, out)
-                 for name, ta, tb, out, a, b, theirs, copy in products
-                 for variant, tiles in variants.items() if copy is None or not variant]
+                                        copy_b_transposed=copy, pad_unaligned=pads), theirs, out)
+                 for name, ta, tb, out, a, b, theirs, copy, pads in products
+                 for variant, tiles in variants.items()
+                 if (copy is None and pads is None) or not variant]
         if n < 50257:                       # the weight gradient with half and twice the slices
             chosen = matmul_kernels.split_count(k, n, m, (128, 128, 8))   # of K split_count picks
             dw_variants = [(f"k_splits={splits}", splits, None) for splits in

@@ -37,6 +37,7 @@ import numpy as np
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
                    gelu_forward_numpy, gelu_value)
+from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
                      current_stream, elementwise_grid, launch)
 from .vector import aligned16, load4, store4
@@ -641,9 +642,57 @@ def copies_b_transposed(M, N, transpose_a, transpose_b, copy_b_transposed=None):
     return bool(copy_b_transposed)
 
 
+# A product whose operands' rows are not whole 16-byte runs (the LM head at V = 50257) runs
+# the 4-byte kernels at 0.70-0.77x cuBLAS, the same product padded (V = 50304) at 0.89-0.95x
+# (H200, 2026-11-29, session 6). Padded copies (kernels/pad.py) cost a pass over each operand
+# copied, ~8 bytes a float, against 2 flops per (m, n, k) for the product; they are made when
+# the bytes copied are under 1/PAD_MIN_FLOPS_PER_BYTE of M N K, about a tenth of the product's
+# time at 45 TFLOP/s and ~3 TB/s of copying.
+PAD_MIN_FLOPS_PER_BYTE = 75
+
+
+def pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned=None):
+    """Whether the blocked product runs on padded copies: the padded (M4, N4, K4) and which of
+    out, a, b are copied; None when it does not (every operand aligned, or the copies too
+    dear for the product's size; pad_unaligned True / False forces the choice)."""
+    M4, N4, K4 = padded_length(M), padded_length(N), padded_length(K)
+    wanted = dict(out=(out, (M4, N4)), a=(a, (K4, M4) if transpose_a else (M4, K4)),
+                  b=(b, (N4, K4) if transpose_b else (K4, N4)))
+    copied = {name: shape for name, (array, shape) in wanted.items()
+              if array.shape != shape or not aligned16(array)}
+    if not copied or pad_unaligned is False:
+        return None
+    copy_bytes = sum(8 * rows * cols for rows, cols in copied.values())
+    if pad_unaligned is None and copy_bytes * PAD_MIN_FLOPS_PER_BYTE > M * N * K:
+        return None
+    return (M4, N4, K4), copied
+
+
+def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, shapes, copied,
+                  **options):
+    """out (+)= op(a) . op(b) (+ bias), computed on copies of the operands in `copied` whose
+    rows are padded with zeros to whole 16-byte runs (pads_unaligned's answer)."""
+    N4 = shapes[1]
+    operands = dict(out=out, a=a, b=b)
+    for name, shape in copied.items():
+        copy = cuda.device_array(shape, dtype=np.float32, stream=current_stream())
+        if name != "out":
+            pad(copy, operands[name])
+        operands[name] = copy
+    if bias is not None and bias.shape[0] != N4:
+        padded_bias = cuda.device_array(N4, dtype=np.float32, stream=current_stream())
+        pad(padded_bias, bias)
+        bias = padded_bias
+    inner_accumulate = accumulate and "out" not in copied
+    matmul(operands["out"], operands["a"], operands["b"], bias, transpose_a, transpose_b,
+           inner_accumulate, pad_unaligned=False, **options)
+    if "out" in copied:
+        unpad(out, operands["out"], accumulate)
+
+
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
            kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
-           copy_b_transposed=None):
+           copy_b_transposed=None, pad_unaligned=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias). kernel: "auto", "blocked" or "tiled" (the reference).
     gelu_out[M,N]: also gelu(out), the MLP's activation: written by the blocked kernel's
     epilogue (the pre-activation out is kept for GELU's backward), by a GELU kernel after the
@@ -656,7 +705,9 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     Blocked kernel only: k_splits, slices of K computed in parallel (None: split_count chooses);
     tiles, a dict of make_blocked_matmul_kernel's tile parameters (None: the defaults);
     copy_b_transposed, with transpose_b: multiply by a transposed copy of b (True), or read b
-    transposed in the kernel (False); None: copies_b_transposed decides."""
+    transposed in the kernel (False); None: copies_b_transposed decides;
+    pad_unaligned, when some operand's rows are not 16-byte runs: run on padded copies (True)
+    or with the 4-byte kernels (False); None: pads_unaligned decides (never with GELU)."""
     check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     if kernel == "auto":
@@ -667,6 +718,13 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     if not has_bias:            # kernels take arrays, not None: a placeholder the kernel never reads
         bias = out.reshape(out.size)[:1]
     hidden = gelu_out if gelu_out is not None else gelu_input
+    padding = kernel == "blocked" and hidden is None and pads_unaligned(
+        M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned)
+    if padding:
+        padded_matmul(out, a, b, bias if has_bias else None, transpose_a, transpose_b,
+                      accumulate, *padding, kernel=kernel, k_splits=k_splits, tiles=tiles,
+                      copy_b_transposed=copy_b_transposed)
+        return
     if kernel == "blocked" and copies_b_transposed(M, N, transpose_a, transpose_b,
                                                    copy_b_transposed):
         b_transposed = cuda.device_array((K, N), dtype=np.float32, stream=current_stream())
@@ -708,7 +766,7 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
 
 def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
                  kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
-                 copy_b_transposed=None):
+                 copy_b_transposed=None, pad_unaligned=None):
     _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
     if bias is not None:

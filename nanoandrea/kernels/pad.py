@@ -1,0 +1,101 @@
+"""Copies with padded rows: a matrix whose rows are not whole 16-byte runs, made into one
+whose rows are, and back.
+
+    pad(out, x)                  out[R4, C4] = x[R, C] in the corner, zeros elsewhere
+    unpad(out, x, accumulate)    out[R, C] (+)= x[:R, :C]
+
+A row of an array [R, C] starts 16-byte aligned only if C is a multiple of 4 floats. The LM head
+at GPT-2's vocabulary (V = 50257) has such rows in W, in the logits and in their gradient, and
+there the blocked matmul must read and write 4 bytes at a time (0.70-0.77x cuBLAS, against
+0.89-0.95x for the same product at V = 50304). matmul runs a large enough product of such
+operands on padded copies instead (matmul.pads_unaligned says when): zeros in the padding add
+nothing to a sum over k, and padded rows or columns of the output are dropped by unpad.
+
+Both kernels go 4 floats at a time along the padded side (one 16-byte load or store) and 4
+bytes at a time along the unaligned one; grid-stride loops over the padded array's chunks.
+"""
+from numba import cuda, float32
+
+from .launch import check, check_float32, elementwise_grid, launch
+from .vector import aligned16, load4, store4
+
+
+def padded_length(n):
+    """n rounded up to a multiple of 4 floats (a row of 16-byte runs)."""
+    return -(-n // 4) * 4
+
+
+@cuda.jit
+def pad_kernel(out, x):
+    # out[R4, C4] = x[r, c] for r < R, c < C, else 0; out's rows 16-byte aligned, x any rows
+    R, C = x.shape
+    R4, C4 = out.shape
+    chunks = C4 // 4
+    for n in range(cuda.grid(1), R4 * chunks, cuda.gridsize(1)):
+        r, c = n // chunks, (n % chunks) * 4
+        inside = r < R
+        x0 = x[r, c] if inside and c < C else float32(0.0)
+        x1 = x[r, c + 1] if inside and c + 1 < C else float32(0.0)
+        x2 = x[r, c + 2] if inside and c + 2 < C else float32(0.0)
+        x3 = x[r, c + 3] if inside and c + 3 < C else float32(0.0)
+        store4(out, (r, c), x0, x1, x2, x3)
+
+
+@cuda.jit
+def unpad_kernel(out, x, accumulate):
+    # out[R, C] (+)= x[r, c] for r < R, c < C; x[R4, C4] with 16-byte aligned rows
+    R, C = out.shape
+    chunks = x.shape[1] // 4
+    for n in range(cuda.grid(1), R * chunks, cuda.gridsize(1)):
+        r, c = n // chunks, (n % chunks) * 4
+        values = load4(x, (r, c))
+        for e in range(4):
+            if c + e < C:
+                if accumulate:
+                    out[r, c + e] += values[e]
+                else:
+                    out[r, c + e] = values[e]
+
+
+def _as_matrix(name, x):
+    check(len(x.shape) in (1, 2), f"{name}: a vector or a matrix, got {x.shape}")
+    return x.reshape(1, x.shape[0]) if len(x.shape) == 1 else x
+
+
+def _check_pad(name, padded, x, on_device=True):
+    if on_device:
+        check_float32(**{name: padded, "x": x})
+    P, X = _as_matrix(name, padded), _as_matrix(name, x)
+    check(P.shape[0] >= X.shape[0] and P.shape[1] >= X.shape[1] and P.shape[1] % 4 == 0,
+          f"{name}: the padded array {padded.shape} must hold {x.shape}, rows of 4k floats")
+    check(not on_device or aligned16(P), f"{name}: the padded array's rows must be 16-byte "
+          "aligned")
+    return P, X
+
+
+def pad(out, x):
+    """out (a fresh, aligned array, rows padded to 4k floats) = x in its corner, zeros elsewhere;
+    x and out both [rows, columns] or both vectors."""
+    out, x = _check_pad("pad", out, x)
+    launch(pad_kernel, *elementwise_grid(out.size // 4), out, x)
+
+
+def unpad(out, x, accumulate=False):
+    """out (+)= x's corner of out's shape (x: rows padded to 4k floats, aligned)."""
+    x, out = _check_pad("unpad", x, out)
+    launch(unpad_kernel, *elementwise_grid(out.shape[0] * (x.shape[1] // 4)), out, x, accumulate)
+
+
+def pad_numpy(out, x):
+    out, x = _check_pad("pad", out, x, on_device=False)
+    out[...] = 0
+    out[:x.shape[0], :x.shape[1]] = x
+
+
+def unpad_numpy(out, x, accumulate=False):
+    x, out = _check_pad("unpad", x, out, on_device=False)
+    corner = x[:out.shape[0], :out.shape[1]]
+    if accumulate:
+        out += corner
+    else:
+        out[...] = corner
