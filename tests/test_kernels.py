@@ -502,7 +502,30 @@ def test_attention_unaligned_heads(rng, monkeypatch, D):
         monkeypatch.setattr(attention, "aligned16", lambda array: False)
     monkeypatch.setattr(attention, "_fast_kernels", {})
     check_attention(rng, D, "fast", None, 1, 2, 9, 0.3, offset=1)
-    assert [vector for _, _, vector in attention._fast_kernels] == [False]
+    assert [vector for _, _, vector, _ in attention._fast_kernels] == [False]
+
+
+@pytest.mark.parametrize("D", attention.FAST_HEAD_SIZES)
+def test_attention_without_dropout_compiled_in(rng, monkeypatch, D):
+    """At dropout_p = 0 the launchers take kernels built without dropout (no_dropout); the
+    kernels with dropout compiled in, given p = 0, must give the same bits."""
+    B, H, T = (1, 2, 9) if not GPU else (2, 4, 300)
+    q, k, v, dout = (device(rng.standard_normal((B, H, T, D))) for _ in range(4))
+    results = []
+    for built_with_dropout in (False, True):
+        monkeypatch.setattr(attention, "_fast_kernels", {})
+        if built_with_dropout:
+            fast = attention._fast
+            monkeypatch.setattr(attention, "_fast", lambda D, tiles, arrays, dropout:
+                                fast(D, tiles, arrays, dropout=True))
+        out, lse, delta = poisoned((B, H, T, D)), poisoned((B, H, T)), poisoned((B, H, T))
+        grads = [poisoned((B, H, T, D)) for _ in range(3)]
+        attention.attention_forward(out, lse, q, k, v, kernel="fast")
+        attention.attention_backward(*grads, delta, dout, q, k, v, out, lse, kernel="fast")
+        assert [dropout for *_, dropout in attention._fast_kernels] == [built_with_dropout]
+        results.append([x.copy_to_host() for x in (out, lse, *grads)])
+    for without, with_dropout in zip(*results):
+        assert np.array_equal(without, with_dropout)
 
 
 # D % 4 == 0 up to 4 * 32 takes the warp kernel (D=8: two lanes of the warp hold data), other D the

@@ -69,11 +69,13 @@ def kernels():
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits4 (16-byte)", matmul.sum_splits4_kernel, (A1, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:
-        forward, dq, dkdv = attention.make_attention_kernels(D)
+        forward, dq, dkdv = attention.make_attention_kernels(D, dropout=False)   # (training
         yield f"attention forward D={D}", forward, (A4, A3, A4, A4, A4, float32, *DROP, int64)
         yield f"attention dq D={D}", dq, (A4, A4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
         dkdv_args = (A4, A4, A4, A4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
         yield f"attention dk/dv D={D} (+ dq shares: {dkdv.with_dq})", dkdv, dkdv_args
+        yield f"attention dk/dv D={D}, dropout compiled in", attention.make_attention_kernels(
+            D)[2], dkdv_args                                            # with dropout_p > 0)
         yield f"attention dk/dv D={D} without dq", attention.make_dkdv_kernel(
             D, *attention.GPU_TILES[D][2][:6]), dkdv_args
         for name, tiles in attention.TILE_VARIANTS.get(D, {}).items():     # --variants

@@ -81,6 +81,19 @@ def dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T):
     return keep_scale(seed[0], site, ((b * H + h) * T + i) * T + j, threshold, keep)
 
 
+@cuda.jit(device=True, inline="always")
+def no_dropout(seed, site, threshold, keep, b, h, i, j, H, T):
+    # G_ij = 1: the fast kernels built for dropout_p = 0, where the hash and the branch around
+    # it are not compiled in at all
+    return float32(1.0)
+
+
+def dropout_function(dropout):
+    """What a fast kernel calls for G_ij: dropout_factor, or no_dropout when it is built for
+    dropout_p = 0 (dropout False)."""
+    return dropout_factor if dropout else no_dropout
+
+
 @cuda.jit
 def attention_forward_reference_kernel(out, lse, q, k, v, scale, seed, site, threshold, keep):
     # out[B,H,T,D], lse[B,H,T] from q, k, v [B,H,T,D]; grid B*H, block: threads share the rows
@@ -356,7 +369,8 @@ def make_recompute(scores_product, TM, TN):
     return recompute
 
 
-def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None, vector=True):
+def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None, vector=True,
+                           dropout=True):
     """Forward, dq and dk/dv kernels for head size D (a compile-time constant).
 
     Each tile is (ROWS, COLS, TM, TN) as in tile_functions, optionally with a fifth entry
@@ -368,12 +382,14 @@ def make_attention_kernels(D, forward_tile=None, dq_tile=None, dkdv_tile=None, v
     rows_per_block is not given).
     vector: q, k, v and dout may be staged 16 bytes at a time (their rows 16-byte aligned;
     the forward only where its tile's wide_staging allows).
+    dropout: False builds the kernels for dropout_p = 0 (no_dropout: the drop arguments are
+    not read).
     """
     forward_tile, dq_tile, dkdv_tile = (given or default for given, default in
                                         zip((forward_tile, dq_tile, dkdv_tile), TILES[D]))
-    return (make_forward_kernel(D, *forward_tile, vector=vector),
-            make_dq_kernel(D, *dq_tile, vector=vector),
-            make_dkdv_kernel(D, *dkdv_tile, vector=vector))
+    return (make_forward_kernel(D, *forward_tile, vector=vector, dropout=dropout),
+            make_dq_kernel(D, *dq_tile, vector=vector, dropout=dropout),
+            make_dkdv_kernel(D, *dkdv_tile, vector=vector, dropout=dropout))
 
 
 def tile_constants(D, ROWS, COLS, TM, TN):
@@ -407,12 +423,14 @@ def launch_bounds(threads, blocks_per_sm):
     return dict(launch_bounds=(threads, blocks_per_sm)) if blocks_per_sm and not SIMULATOR else {}
 
 
-def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, wide_staging=True, vector=True):
+def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, wide_staging=True, vector=True,
+                        dropout=True):
     # wide_staging: stage 16 bytes at a time where the arrays allow it (vector); at D=32 the
     # 4-byte staging kept the kernel at 96 registers (150 with 16-byte loads, which ran 10%
     # slower: session 6, run 2)
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
      output_product, _) = tile_functions(D, ROWS, COLS, TM, TN, VECTOR=vector and wide_staging)
+    factor = dropout_function(dropout)
     THREADS_M, THREADS_N, TD, D_ROW, P_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
     @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
@@ -474,8 +492,8 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, wide_staging=Tru
                     for j in range(TN):                      # s becomes P G
                         p = fast_exp(s[i, j] - m_new)        # exp(-inf) = 0 for masked keys
                         l[i] += p                            # the normaliser: before dropout
-                        s[i, j] = p * dropout_factor(seed, site, threshold, keep, b, h,
-                                                     row_base + r, j0 + tx + j * THREADS_N, H, T)
+                        s[i, j] = p * factor(seed, site, threshold, keep, b, h,
+                                             row_base + r, j0 + tx + j * THREADS_N, H, T)
                 exchange(p_t, s)
                 warp_barrier()                               # (a thread reads its rows of P)
                 output_product(o, p_t, v_tile)
@@ -500,9 +518,10 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, wide_staging=Tru
     return with_shape(attention_forward_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
 
 
-def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, vector=True):
+def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, vector=True, dropout=True):
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
      output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN, VECTOR=vector)
+    factor = dropout_function(dropout)
     recompute = make_recompute(scores_product, TM, TN)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
 
@@ -548,7 +567,7 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, vector=True):
                         col = j0 + tx + j * THREADS_N
                         ds = float32(0.0)
                         if col <= row:
-                            g = dropout_factor(seed, site, threshold, keep, b, h, row, col, H, T)
+                            g = factor(seed, site, threshold, keep, b, h, row, col, H, T)
                             ds = fast_exp(s[i, j] - row_lse[i]) * (g * dp[i, j] - row_delta[i])
                         dp[i, j] = ds
                 exchange(ds_t, dp)
@@ -561,7 +580,7 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, vector=True):
 
 
 def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with_dq=False,
-                     vector=True):
+                     vector=True, dropout=True):
     # score_steps per trip of the scores products: one by default; with two, ptxas spills
     # (outside the products) under the 168 registers that 6 blocks of 64 threads leave a thread.
     # with_dq: the kernel also writes dq's share of each (key tile, query tile) pair, summed by
@@ -570,6 +589,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
      output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN,
                                                   SCORE_STEPS=score_steps, VECTOR=vector)
     recompute = make_recompute(scores_product, TM, TN)
+    factor = dropout_function(dropout)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
     assert THREADS_M * THREADS_N >= COLS, ("a thread per query of a tile", ROWS, COLS, TM, TN)
     assert not with_dq or ROWS == COLS, ("dq's share needs square tiles", ROWS, COLS)
@@ -653,7 +673,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
                         ds = float32(0.0)
                         if key <= query and query < T:
                             p = fast_exp(s[i, j] - query_lse)
-                            g = dropout_factor(seed, site, threshold, keep, b, h, query, key, H, T)
+                            g = factor(seed, site, threshold, keep, b, h, query, key, H, T)
                             ds = p * (g * dp[i, j] - query_delta)
                             pg = p * g
                         s[i, j] = pg
@@ -700,8 +720,19 @@ def attention_dq_sum_kernel(dq, dq_shares, scale, tile, accumulate):
         qt = i // tile
         first = (qt * (qt + 1) // 2) * tile + i - qt * tile
         t0 = t1 = t2 = t3 = float32(0.0)
-        for kt in range(qt + 1):
-            x = load4(dq_shares, (b, h, first + kt * tile, d))
+        for kt in range(0, qt, 2):          # two shares' loads in flight, then both added in
+            x = load4(dq_shares, (b, h, first + kt * tile, d))      # order (Nsight Compute: a
+            y = load4(dq_shares, (b, h, first + (kt + 1) * tile, d))    # load at a time left
+            t0 += x[0]                                              # the warps stalled on it
+            t1 += x[1]                                              # 8 cycles an instruction)
+            t2 += x[2]
+            t3 += x[3]
+            t0 += y[0]
+            t1 += y[1]
+            t2 += y[2]
+            t3 += y[3]
+        if qt % 2 == 0:                     # the last share of an odd count
+            x = load4(dq_shares, (b, h, first + qt * tile, d))
             t0 += x[0]
             t1 += x[1]
             t2 += x[2]
@@ -804,20 +835,23 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
-                      "dkdv+dq 4 blocks": (None, None, (32, 32, 4, 4, 4, 1, True))},
+                      "dkdv+dq 4 blocks": (None, None, (32, 32, 4, 4, 4, 1, True)),
+                      "dkdv 2 steps 5 blocks": (None, None, (32, 32, 4, 4, 5, 2, True))},
                  32: {"forward 16-byte staging": ((64, 32, 4, 4), None, None),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
 
 
-def _fast(D, tiles=None, arrays=()):
+def _fast(D, tiles=None, arrays=(), dropout=True):
     """The fast kernels (forward, dq, dk/dv) for head size D, compiled once per tiles: None (the
     defaults, TILES[D]) or (forward_tile, dq_tile, dkdv_tile), each None or a tile; staging 16
-    bytes at a time when all the staged arrays' rows are 16-byte aligned (else 4 bytes)."""
+    bytes at a time when all the staged arrays' rows are 16-byte aligned (else 4 bytes); with
+    dropout compiled in or not."""
     vector = all(aligned16(x) for x in arrays)
-    key = (D, tiles, vector)
+    key = (D, tiles, vector, dropout)
     if key not in _fast_kernels:
-        _fast_kernels[key] = make_attention_kernels(D, *(tiles or ()), vector=vector)
+        _fast_kernels[key] = make_attention_kernels(D, *(tiles or ()), vector=vector,
+                                                    dropout=dropout)
     return _fast_kernels[key]
 
 
@@ -869,7 +903,7 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
         launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale,
                *drop)
         return
-    forward = _fast(D, tiles, (q, k, v))[0]
+    forward = _fast(D, tiles, (q, k, v), dropout_p > 0)[0]
     rows = min(T, rows_per_block or forward.rows)
     launch(forward, (B * H, blocks(T, rows)), forward.threads, out, lse, q, k, v, scale, *drop,
            rows)
@@ -902,7 +936,7 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         launch(attention_backward_reference_kernel, B * H, THREADS,
                dq, dk, dv, delta, dout, q, k, v, out, lse, scale, *drop, accumulate)
         return
-    _, dq_kernel, dkdv_kernel = _fast(D, tiles, (q, k, v, dout))
+    _, dq_kernel, dkdv_kernel = _fast(D, tiles, (q, k, v, dout), dropout_p > 0)
     attention_delta(delta, dout, out)
     tile = dkdv_kernel.rows
     key_rows = min(T, rows_per_block or tile)
