@@ -219,9 +219,13 @@ def test_matmul_512_thread_tiles(rng, tiles, transpose_a, transpose_b):
 
 
 @pytest.mark.parametrize("shape,padded", [((5, 7), (8, 8)), ((3, 4), (4, 12)), ((7,), (8,))])
-def test_pad_and_unpad(rng, shape, padded):
+@pytest.mark.parametrize("row_blocks", [None, 2])
+def test_pad_and_unpad(rng, monkeypatch, shape, padded, row_blocks):
     """pad puts x in the corner of an array with rows of 4k floats (zeros elsewhere); unpad
-    (+)= takes the corner back; both against their NumPy twins, bit for bit."""
+    (+)= takes the corner back; both against their NumPy twins, bit for bit. row_blocks=2:
+    fewer rows of blocks than rows, walked grid-stride (as past 65535 rows)."""
+    if row_blocks:
+        monkeypatch.setattr(pad, "MAX_ROW_BLOCKS", row_blocks)
     x = rng.standard_normal(shape).astype(np.float32)
     out = poisoned(padded)
     pad.pad(out, device(x))
