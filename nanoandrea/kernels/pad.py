@@ -12,12 +12,13 @@ operands on padded copies instead (matmul.pads_unaligned says when): zeros in th
 nothing to a sum over k, and padded rows or columns of the output are dropped by unpad.
 
 pad writes 4 floats at a time (one 16-byte store) and reads 4 bytes at a time, a thread per
-chunk of 4 of the padded array; unpad goes a float at a time, a thread per element of out
-(coalesced both ways). A block row per matrix row (grid-stride past 65535 rows).
+chunk of 4 of the padded array; unpad moves 4 floats a thread, THREADS apart, each access
+coalesced across a warp. Both keep 16 bytes a thread in flight.
 """
 from numba import cuda, float32
 
-from .launch import ELEMENTWISE_THREADS as THREADS, blocks, check, check_float32, launch
+from .launch import (ELEMENTWISE_MAX_BLOCKS, ELEMENTWISE_THREADS as THREADS, blocks, check,
+                     check_float32, launch)
 from .vector import aligned16, store4
 
 
@@ -26,14 +27,15 @@ def padded_length(n):
     return -(-n // 4) * 4
 
 
-MAX_ROW_BLOCKS = 65535      # (the grid's y extent; more rows are walked grid-stride)
+MAX_BLOCKS = ELEMENTWISE_MAX_BLOCKS     # a grid of about as many blocks as stay resident,
+                                       # each walking rows (grid-stride)
 
 
 @cuda.jit
 def pad_kernel(out, x):
     # out[R4, C4] = x[r, c] for r < R, c < C, else 0; out's rows 16-byte aligned, x any rows.
-    # grid (chunks of a row / THREADS, rows): a thread per 4 floats of out (one 16-byte store,
-    # four 4-byte loads), no division per element
+    # grid (chunks of a row / THREADS, some rows): a thread per 4 floats of out (one 16-byte
+    # store, four 4-byte loads), no division per element
     R, C = x.shape
     R4, C4 = out.shape
     for r in range(cuda.blockIdx.y, R4, cuda.gridDim.y):
@@ -48,17 +50,24 @@ def pad_kernel(out, x):
 
 @cuda.jit
 def unpad_kernel(out, x, accumulate):
-    # out[R, C] (+)= x[r, c] for r < R, c < C (x: [R4, C4]). grid (C / THREADS, rows): a thread
-    # per element of out, so that a warp reads and writes 128 consecutive bytes of a row. (Four
-    # elements a thread, read 16 bytes at a time, wrote out 4 bytes at 16-byte strides across
-    # the warp: 6.6 GB moved in ~5 ms for the LM head's logits, H200, 2026-11-29, session 7.)
+    # out[R, C] (+)= x[r, c] for r < R, c < C (x: [R4, C4]). grid (C / (4 THREADS), some rows):
+    # a block takes 4 THREADS consecutive columns of a row, a thread 4 of them THREADS apart,
+    # so that each of its 4 loads (all in flight at once) reads 128 consecutive bytes a warp
     R, C = out.shape
     for r in range(cuda.blockIdx.y, R, cuda.gridDim.y):
-        for c in range(cuda.grid(1), C, cuda.gridsize(1)):
-            if accumulate:
-                out[r, c] += x[r, c]
-            else:
-                out[r, c] = x[r, c]
+        for c in range(cuda.blockIdx.x * 4 * THREADS + cuda.threadIdx.x, C,
+                       cuda.gridDim.x * 4 * THREADS):
+            x0 = x[r, c]
+            x1 = x[r, c + THREADS] if c + THREADS < C else float32(0.0)
+            x2 = x[r, c + 2 * THREADS] if c + 2 * THREADS < C else float32(0.0)
+            x3 = x[r, c + 3 * THREADS] if c + 3 * THREADS < C else float32(0.0)
+            for e, value in enumerate((x0, x1, x2, x3)):
+                column = c + e * THREADS
+                if column < C:
+                    if accumulate:
+                        out[r, column] += value
+                    else:
+                        out[r, column] = value
 
 
 def _as_matrix(name, x):
@@ -77,20 +86,28 @@ def _check_pad(name, padded, x, on_device=True):
     return P, X
 
 
+def row_grid(rows, blocks_a_row):
+    """(blocks_a_row, blocks down the rows): about MAX_BLOCKS blocks in all, which walk the rows
+    grid-stride. (A block per 256 elements, 3.2 million blocks for the LM head's logits, left
+    unpad bound by launching blocks, ~8 ms for 6.6 GB; a float a thread, one load in flight,
+    is bound by latency; four elements a thread writing 4 bytes at 16-byte strides across a
+    warp, ~5 ms. H200, 2026-11-29, session 7, runs 3-4.)"""
+    return blocks_a_row, max(1, min(rows, MAX_BLOCKS // blocks_a_row))
+
+
 def pad(out, x):
     """out (a fresh, aligned array, rows padded to 4k floats) = x in its corner, zeros elsewhere;
     x and out both [rows, columns] or both vectors."""
     out, x = _check_pad("pad", out, x)
-    rows, cols = out.shape
-    launch(pad_kernel, (blocks(cols // 4, THREADS), min(rows, MAX_ROW_BLOCKS)), THREADS, out, x)
+    launch(pad_kernel, row_grid(out.shape[0], blocks(out.shape[1] // 4, THREADS)), THREADS,
+           out, x)
 
 
 def unpad(out, x, accumulate=False):
     """out (+)= x's corner of out's shape (x: rows padded to 4k floats, aligned)."""
     x, out = _check_pad("unpad", x, out)
-    rows, cols = out.shape
-    launch(unpad_kernel, (blocks(cols, THREADS), min(rows, MAX_ROW_BLOCKS)), THREADS, out, x,
-           accumulate)
+    launch(unpad_kernel, row_grid(out.shape[0], blocks(out.shape[1], 4 * THREADS)), THREADS,
+           out, x, accumulate)
 
 
 def pad_numpy(out, x):
