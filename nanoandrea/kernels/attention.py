@@ -831,7 +831,9 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # two scores steps a trip at 4 blocks per multiprocessor: no spills (at 5 or 6 blocks it
 # spills). Measured at [16,12,1024,64] forward+backward (H200, 2026-11-29, session 4), and
 # dropped from the list: dq tiles 32x32 4.558 ms (the default), 64x16 4.583, 32x16 4.709;
-# forward 32x32 1.059 ms forward against 64x32's 0.979.
+# forward 32x32 1.059 ms forward against 64x32's 0.979. Session 7 (run 3, no dropout compiled
+# in): dk/dv with two scores steps at 5 blocks (16 bytes spilled) 3.544 ms fwd+bwd against
+# the default's 3.547.
 TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
