@@ -5,6 +5,7 @@ a GPU the same tests run at andrea-12m shapes. Outputs are poisoned with NaN bef
 writes them (every element must be written), and each gradient kernel is checked in both modes:
 overwrite (=) and accumulate (+=) onto a random prior value.
 """
+import numba
 import numpy as np
 import pytest
 from numba import cuda
@@ -13,6 +14,8 @@ from conftest import GPU, relative_error
 from nanoandrea.kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding,
                                 gelu, heads, layernorm, matmul, pad)
 from nanoandrea.kernels.launch import launch
+from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
+from nanoandrea.kernels.vector import load4, store4
 
 TOLERANCE = 2e-5 if not GPU else 1e-4      # float32 kernels against a float64 reference
 
@@ -804,3 +807,50 @@ def test_adamw_and_grad_norm(rng):
     adamw.adamw_update_numpy(params, grads, m, v, hyper, want_norm, n_decay)
     for got, expected in zip(arrays, (params, grads, m, v)):
         assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+
+
+# --- dynamic shared memory -------------------------------------------------------------------
+
+SWAP_ROWS, SWAP_COLS = (4, 8) if not GPU else (128, 68)     # on the GPU 2 x 34.8 KB: over 48 KB
+
+
+@cuda.jit
+def swap_through_shared_tiles(out, x):
+    # out[0] = x[1], out[1] = x[0] (x, out [2, SWAP_ROWS, SWAP_COLS]), through two tiles cut
+    # from the dynamic shared array: thread t stores rows t, t + blockDim, ... of both, 16
+    # bytes at a time, and after the barrier reads the other tile's rows
+    buffer = dynamic_shared_floats()
+    first = shared_tile(buffer, 0, SWAP_ROWS, SWAP_COLS)
+    second = shared_tile(buffer, SWAP_ROWS * SWAP_COLS, SWAP_ROWS, SWAP_COLS)
+    for r in range(cuda.threadIdx.x, SWAP_ROWS, cuda.blockDim.x):
+        for c in range(0, SWAP_COLS, 4):
+            a0, a1, a2, a3 = load4(x, (0, r, c))
+            b0, b1, b2, b3 = load4(x, (1, r, c))
+            store4(first, (r, c), a0, a1, a2, a3)
+            store4(second, (r, c), b0, b1, b2, b3)
+    cuda.syncthreads()
+    for r in range(cuda.threadIdx.x, SWAP_ROWS, cuda.blockDim.x):
+        for c in range(SWAP_COLS):
+            out[0, r, c] = second[r, c]
+            out[1, r, c] = first[r, c]
+
+
+def test_shared_tiles_in_dynamic_shared_memory(rng):
+    """Two 2-D tiles cut from the dynamic shared array (shared_tile) hold what was stored to
+    them; on the GPU they take 69.6 KB, so the launch must first let the kernel have more than
+    48 KB (launch's shared_bytes)."""
+    x = rng.standard_normal((2, SWAP_ROWS, SWAP_COLS)).astype(np.float32)
+    out = poisoned(x.shape)
+    launch(swap_through_shared_tiles, 1, 32, out, device(x), shared_bytes=2 * x[0].nbytes)
+    assert np.array_equal(out.copy_to_host(), x[::-1])
+
+
+@pytest.mark.skipif(not GPU, reason="PTX needs the compiler (not the simulator)")
+def test_shared_tiles_stay_in_shared_memory():
+    """shared_tile's views compile to shared-memory loads and stores with constant offsets:
+    no call into Numba's runtime, no local memory, no generic addresses."""
+    ptx, _ = cuda.compile_ptx(swap_through_shared_tiles.py_func,
+                              (numba.float32[:, :, ::1], numba.float32[:, :, ::1]), cc=(9, 0))
+    assert "st.shared.v4.f32" in ptx and "ld.shared.f32" in ptx
+    assert "call" not in ptx and ".local" not in ptx
+    assert ".shared .align 16" in ptx           # (dynamic_shared_floats: 16-byte aligned)

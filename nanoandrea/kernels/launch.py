@@ -31,9 +31,35 @@ warnings.filterwarnings("ignore", category=NumbaPerformanceWarning)
 _stream = 0          # the stream every launch goes to; 0 is the default stream
 
 
-def launch(kernel, grid, block, *args):
-    """Launch `kernel` on the current stream. grid and block are ints or tuples."""
-    kernel[grid, block, _stream](*args)
+STATIC_SHARED_BYTES = 48 * 1024    # a block's shared memory without the kernel opting in
+
+
+def launch(kernel, grid, block, *args, shared_bytes=0):
+    """Launch `kernel` on the current stream. grid and block are ints or tuples. shared_bytes:
+    the size of the kernel's dynamic shared array (`cuda.shared.array(0, ...)`, cut into
+    tiles by kernels/sharedmem.py); over 48 KB, the kernel is let have that much first."""
+    configured = kernel[grid, block, _stream, shared_bytes]
+    if shared_bytes > STATIC_SHARED_BYTES and not SIMULATOR:
+        configured.pre_launch_callbacks.append(_allow_dynamic_shared)
+    configured(*args)
+
+
+_allowed_shared = {}        # compiled kernel -> the dynamic shared bytes it may take
+
+
+def _allow_dynamic_shared(compiled, configuration):
+    # (numba-cuda's pre-launch hook, given the kernel compiled for these arguments.) The
+    # driver's attribute, set the way numba-cuda 0.30 sets a kernel's shared-memory carveout
+    # (CudaPythonFunction.set_shared_memory_carveout), once per kernel and size
+    bytes_wanted = configuration.sharedmem
+    if _allowed_shared.get(id(compiled), 0) >= bytes_wanted:
+        return
+    from cuda.bindings import driver as binding
+    from numba.cuda.cudadrv.driver import driver
+    function = compiled._codelibrary.get_cufunc()
+    attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attribute, bytes_wanted, function.handle, function.device.id)
+    _allowed_shared[id(compiled)] = bytes_wanted
 
 
 def current_stream():

@@ -1,0 +1,71 @@
+"""Dynamic shared memory: more than 48 KB a block, cut into 2-D tiles.
+
+    buffer = dynamic_shared_floats()                 # inside a kernel: the dynamic array
+    k_tile = shared_tile(buffer, 0, ROWS, D_ROW)     # k_tile[r, d], floats 0 .. ROWS*D_ROW - 1
+    v_tile = shared_tile(buffer, ROWS * D_ROW, ROWS, D_ROW)
+    launch(kernel, grid, block, *args, shared_bytes=4 * 2 * ROWS * D_ROW)   (kernels/launch.py)
+
+A kernel's static shared arrays (`cuda.shared.array((R, C), float32)`) may hold at most 48 KB
+a block. An H200 multiprocessor has 228 KB, and a block may take up to 227 KB of it as
+dynamic shared memory once the kernel opts in (the CUDA driver's
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES): bigger attention tiles, deeper matmul
+pipelines. Numba declares the dynamic array as `cuda.shared.array(0, dtype)`, one flat array
+whose size the launch gives; `launch(..., shared_bytes=n)` sets the attribute when n is over
+48 KB, once per compiled kernel.
+
+`shared_tile` makes a [rows, cols] C-contiguous view of the flat array from element `offset`
+on, so that a kernel's tiles keep their 2-D indexing and load4 / store4 (the offset of a tile
+whose rows are 16-byte aligned must be a multiple of 4 floats). It is an intrinsic that fills
+in the array's pointer, shape and strides: NumPy's way, `buffer[a:b].reshape(rows, cols)`,
+compiles in Numba to a call into its runtime through local memory, after which the loads go
+through generic addresses instead of shared ones (PTX, numba-cuda 0.30, 2026-11-29).
+
+`dynamic_shared_floats()` is the dynamic array as float32, declared 16-byte aligned (Numba's
+default is the element's 4 bytes, too little for load4 / store4; the simulator takes no
+alignment).
+
+Under the simulator shared_tile is that slice and reshape (a view of the same memory).
+"""
+from numba import cuda, float32
+
+from .launch import SIMULATOR
+
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def dynamic_shared_floats():
+        return cuda.shared.array(0, float32)
+
+    def shared_tile(buffer, offset, rows, cols):
+        return buffer[offset:offset + rows * cols].reshape(rows, cols)
+
+else:
+    from numba import types
+    from numba.core import cgutils
+    from numba.cuda.extending import intrinsic
+
+    @cuda.jit(device=True, inline="always")
+    def dynamic_shared_floats():
+        return cuda.shared.array(0, float32, alignment=16)
+
+    @intrinsic
+    def shared_tile(typingctx, buffer, offset, rows, cols):
+        if not (isinstance(buffer, types.Array) and buffer.ndim == 1 and
+                all(isinstance(n, types.Integer) for n in (offset, rows, cols))):
+            return None
+        tile = types.Array(buffer.dtype, 2, "C")
+
+        def codegen(context, builder, signature, args):
+            first, n_rows, n_cols = (context.cast(builder, value, from_type, types.intp)
+                                     for value, from_type in zip(args[1:], signature.args[1:]))
+            source = context.make_array(signature.args[0])(context, builder, args[0])
+            itemsize = context.get_constant(types.intp, context.get_abi_sizeof(
+                context.get_data_type(buffer.dtype)))
+            view = context.make_array(tile)(context, builder)
+            context.populate_array(
+                view, data=builder.gep(source.data, [first]),
+                shape=cgutils.pack_array(builder, [n_rows, n_cols]),
+                strides=cgutils.pack_array(builder, [builder.mul(n_cols, itemsize), itemsize]),
+                itemsize=itemsize, meminfo=None)
+            return view._getvalue()
+
+        return tile(buffer, offset, rows, cols), codegen
