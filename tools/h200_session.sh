@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session on the H200 (see docs/gpu-runs.md): the quality run of issue 3, the test
 # suite on the GPU, and where a training step's time goes. Logs and results go to $OUT.
-#   usage: bash tools/h200_session.sh [train|tests|profile|bench|variants|ncu-attention ...]
+#   usage: bash tools/h200_session.sh [train|tests|profile|bench|variants|ncu-attention|
+#                                      ncu-matmul ...]
 #          (default: train tests profile; each call of the device tool has 10 minutes: in
 #          session 4 the whole bench needed more than 300 s and the suite ~200 s in 14 workers,
 #          so "bench" in one call, "tests" in another)
@@ -32,16 +33,23 @@ for step in ${steps[@]}; do
     variants)   # the matmul and attention tile variants, each checked, then timed
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention --variants \
           --json $OUT/variants.json 2>&1 | tee $OUT/variants.log | grep -A80 "^summary" ;;
-    ncu-attention)  # Nsight Compute on one causal attention at SHAPE, ours and SDPA's kernels:
-                    # occupancy, what the warps stall on, shared-memory bank conflicts
+    ncu-attention|ncu-matmul)   # Nsight Compute on one op at SHAPE (tools/run_once.py), ours and
+                                # the library's kernels: occupancy, what the warps stall on,
+                                # shared-memory bank conflicts; our first round is skipped
+      op=${step#ncu-}
+      kernels='blocked_matmul|gemm'
+      [ $op = attention ] && kernels='dkdv|attention_forward|dq_sum|fmha'
       stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier \
           short_scoreboard long_scoreboard mio_throttle math_pipe_throttle wait not_selected \
           lg_throttle dispatch_stall no_instruction)
-      timeout ${NCU_TIMEOUT:-300} ncu -k regex:'dkdv|attention_forward|dq_sum|fmha|attention_kernel' \
+      counts=l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
+      counts=$counts,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed.sum
+      counts=$counts,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum
+      timeout ${NCU_TIMEOUT:-300} ncu -k regex:"$kernels" \
           --launch-skip 3 --launch-count ${NCU_COUNT:-6} --section SpeedOfLight \
           --section LaunchStats --section Occupancy --section SchedulerStats \
-          --section WarpStateStats --metrics "${stalls}l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum" \
-          python3 tools/attention_once.py --shape ${SHAPE:-16,12,1024,64} --rounds 2 \
-          2>&1 | tee $OUT/ncu-attention.log | grep -v "^==PROF==" | tail -${NCU_TAIL:-400} ;;
+          --section WarpStateStats --metrics "$stalls$counts" \
+          python3 tools/run_once.py $op ${SHAPE:+--shape $SHAPE} --rounds 2 \
+          2>&1 | tee $OUT/ncu-$op.log | grep -v "^==PROF==" | tail -${NCU_TAIL:-400} ;;
   esac
 done

@@ -1,0 +1,78 @@
+"""One call of nanoandrea's fast kernels and of their PyTorch / cuBLAS counterparts at one
+shape, for a profiler to look at (Nsight Compute: `bash tools/h200_session.sh ncu-attention`
+or `ncu-matmul`):
+
+    ncu -k regex:'dkdv|fmha' --launch-skip 3 --launch-count 6 --section SpeedOfLight \\
+        python tools/run_once.py attention --shape 16,12,1024,64
+    python tools/run_once.py matmul --shape 16384,3072,768      # M,N,K: Y = X.W, dX, dW
+
+attention: a causal forward and backward, ours then SDPA's (float32). matmul: the forward and
+both backward products of a linear layer, ours then cuBLAS's (CuPy, TF32 off). Each side runs
+`--rounds` times (the first compiles and warms up); nothing is timed here (tools/bench.py
+times, this only gives a profiler the same launches to see)."""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("CUPY_TF32", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from nanoandrea.kernels import attention, matmul  # noqa: E402
+
+
+def run_attention(shape, rounds):
+    import torch
+    B, H, T, D = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", generator=gen) for _ in range(4))
+    Q, K, V, DOUT = (cuda.as_cuda_array(t) for t in (q, k, v, dout))
+    out, dq, dk, dv = (cuda.device_array((B, H, T, D), np.float32) for _ in range(4))
+    lse, delta = (cuda.device_array((B, H, T), np.float32) for _ in range(2))
+    for _ in range(rounds):
+        attention.attention_forward(out, lse, Q, K, V)
+        attention.attention_backward(dq, dk, dv, delta, DOUT, Q, K, V, out, lse)
+    cuda.synchronize()
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    for _ in range(rounds):
+        y = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+        y.backward(dout)
+    torch.cuda.synchronize()
+
+
+def run_matmul(shape, rounds):
+    import cupy
+    M, N, K = shape
+    rng = cupy.random.default_rng(0)
+    x, w, dy = (rng.standard_normal(s, dtype=cupy.float32) for s in ((M, K), (K, N), (M, N)))
+    X, W, DY = (cuda.as_cuda_array(a) for a in (x, w, dy))
+    y, dx, dw = (cuda.device_array(s, np.float32) for s in ((M, N), (M, K), (K, N)))
+    for _ in range(rounds):
+        matmul.matmul(y, X, W)
+        matmul.matmul(dx, DY, W, transpose_b=True)
+        matmul.matmul(dw, X, DY, transpose_a=True)
+    cuda.synchronize()
+    for _ in range(rounds):
+        x @ w
+        dy @ w.T
+        x.T @ dy
+    cupy.cuda.Device().synchronize()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("op", choices=("attention", "matmul"))
+    parser.add_argument("--shape", default=None,
+                        help="attention: B,H,T,D (16,12,1024,64); matmul: M,N,K (16384,3072,768)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    default = "16,12,1024,64" if args.op == "attention" else "16384,3072,768"
+    shape = tuple(int(n) for n in (args.shape or default).split(","))
+    (run_attention if args.op == "attention" else run_matmul)(shape, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
