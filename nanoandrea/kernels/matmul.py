@@ -655,12 +655,14 @@ def pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned=N
     """Whether the blocked product runs on padded copies: the padded (M4, N4, K4) and which of
     out, a, b are copied; None when it does not (every operand aligned, or the copies too
     dear for the product's size; pad_unaligned True / False forces the choice)."""
+    if pad_unaligned is False:
+        return None
     M4, N4, K4 = padded_length(M), padded_length(N), padded_length(K)
     wanted = dict(out=(out, (M4, N4)), a=(a, (K4, M4) if transpose_a else (M4, K4)),
                   b=(b, (N4, K4) if transpose_b else (K4, N4)))
     copied = {name: shape for name, (array, shape) in wanted.items()
               if array.shape != shape or not aligned16(array)}
-    if not copied or pad_unaligned is False:
+    if not copied:
         return None
     copy_bytes = sum(8 * rows * cols for rows, cols in copied.values())
     if pad_unaligned is None and copy_bytes * PAD_MIN_FLOPS_PER_BYTE > M * N * K:
