@@ -501,6 +501,26 @@ def test_attention_tile_variants(rng, D, name):
     check_attention(rng, D, "fast", None, 1, 1, 40, 0.3, tiles=attention.TILE_VARIANTS[D][name])
 
 
+@pytest.mark.parametrize("rows_per_block", [None, 16])
+def test_attention_key_tiles_of_two_query_tiles(rng, rows_per_block):
+    """dk/dv on key tiles twice as long as its query tiles (dq's shares then summed over two
+    query tiles' worth of keys, packed by share_pair; the tiles in dynamic shared memory):
+    tiny tiles of 8 keys x 4 queries on a T that crosses several, one or two key tiles a
+    block."""
+    tiles = (None, None, (8, 4, 4, 2, 0, 1, True) if not GPU else (64, 32, 4, 4, 3, 1, True))
+    check_attention(rng, 64, "fast", rows_per_block, 1, 2, 13 if not GPU else 300, 0.3,
+                    tiles=tiles)
+
+
+def test_share_pairs_are_packed():
+    """share_pair numbers a head's (query tile, key tile) pairs 0, 1, 2, ... in order, the key
+    tiles of query tile q being 0 .. q // ratio."""
+    for ratio in (1, 2, 4):
+        pairs = [(q, k) for q in range(9) for k in range(q // ratio + 1)]
+        assert [attention.share_pair(q, k, ratio) for q, k in pairs] == list(range(len(pairs)))
+        assert attention.share_pair(9, 0, ratio) == len(pairs)
+
+
 @pytest.mark.parametrize("D", attention.FAST_HEAD_SIZES)
 def test_attention_unaligned_heads(rng, monkeypatch, D):
     """q, k, v and dout whose rows are not 16-byte aligned: the fast kernels stage them 4 bytes

@@ -84,7 +84,8 @@ def kernels():
                     D, *tiles[0]), (A4, A3, A4, A4, A4, float32, *DROP, int64)
         yield f"attention forward D={D}, 4-byte staging", attention.make_attention_kernels(
             D, vector=False)[0], (A4, A3, A4, A4, A4, float32, *DROP, int64)
-    yield "attention dq sum", attention.attention_dq_sum_kernel, (A4, A4, float32, int64, BOOL)
+    yield "attention dq sum", attention.attention_dq_sum_kernel, \
+        (A4, A4, float32, int64, int64, BOOL)
     yield "attention reference forward", attention.attention_forward_reference_kernel, \
         (A4, A3, A4, A4, A4, float32, *DROP)
     yield "attention_delta4 (16-byte)", attention.attention_delta4_kernel, (A1, A2, A2)

@@ -52,9 +52,10 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
-from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, elementwise_grid,
-                     launch, scratch)
+from .launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, check, check_float32, check_shape,
+                     elementwise_grid, launch, scratch)
 from .reduce import WARP, warp_barrier, warp_sum
+from .sharedmem import dynamic_shared_floats, shared_tile
 from .vector import aligned16, load4, store4
 
 NEG_INF = float32(-np.inf)
@@ -584,15 +585,59 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
     # score_steps per trip of the scores products: one by default; with two, ptxas spills
     # (outside the products) under the 168 registers that 6 blocks of 64 threads leave a thread.
     # with_dq: the kernel also writes dq's share of each (key tile, query tile) pair, summed by
-    # attention_dq_sum_kernel (square tiles: ROWS == COLS)
+    # attention_dq_sum_kernel; ROWS a multiple of COLS (key tiles of one or more query tiles).
+    # Tiles of more than 48 KB in all live in dynamic shared memory (sharedmem.py).
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
      output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN,
                                                   SCORE_STEPS=score_steps, VECTOR=vector)
     recompute = make_recompute(scores_product, TM, TN)
     factor = dropout_function(dropout)
     THREADS_M, THREADS_N, TD, D_ROW, X_ROW = tile_constants(D, ROWS, COLS, TM, TN)
-    assert THREADS_M * THREADS_N >= COLS, ("a thread per query of a tile", ROWS, COLS, TM, TN)
-    assert not with_dq or ROWS == COLS, ("dq's share needs square tiles", ROWS, COLS)
+    THREADS = THREADS_M * THREADS_N
+    assert THREADS >= COLS, ("a thread per query of a tile", ROWS, COLS, TM, TN)
+    assert not with_dq or ROWS % COLS == 0, ("key tiles of whole query tiles", ROWS, COLS)
+    RATIO = ROWS // COLS
+    # dq's share, dS K [COLS, D] summed over the ROWS keys: the same threads on a grid of
+    # COLS/TM query rows (TM each) by the rest (a TM x TD_Q tile each); for square tiles the
+    # grid of the other products
+    Q_THREADS_M = COLS // TM
+    Q_TN = ROWS // (THREADS // Q_THREADS_M)
+    (q_position, q_row_of, q_dim_of, _, _, _, q_output_product, _) = tile_functions(
+        D, COLS, ROWS, TM, Q_TN, VECTOR=vector)
+    _, _, TD_Q, _, K_ROW = tile_constants(D, COLS, ROWS, TM, Q_TN)
+    floats = 2 * ROWS * D_ROW + 2 * COLS * D_ROW + 2 * COLS * X_ROW + 2 * COLS
+    # dynamic shared memory past 48 KB, and for key tiles of several query tiles (their keys_t
+    # lies over q and dout: too big for P G's place)
+    DYNAMIC = 4 * floats > STATIC_SHARED_BYTES or (with_dq and RATIO > 1)
+
+    if DYNAMIC:     # one flat array: k, v, q, dout, P G, dS, the row statistics; dS keys-major
+        @cuda.jit(device=True, inline="always")     # (dq's product) over q and dout
+        def shared_tiles():
+            buffer = dynamic_shared_floats()
+            at = 0
+            k_tile = shared_tile(buffer, at, ROWS, D_ROW)
+            v_tile = shared_tile(buffer, at + ROWS * D_ROW, ROWS, D_ROW)
+            at += 2 * ROWS * D_ROW
+            q_tile = shared_tile(buffer, at, COLS, D_ROW)
+            dout_tile = shared_tile(buffer, at + COLS * D_ROW, COLS, D_ROW)
+            keys_t = shared_tile(buffer, at, ROWS, K_ROW)   # (2 COLS D_ROW >= ROWS K_ROW)
+            at += 2 * COLS * D_ROW
+            pg_t = shared_tile(buffer, at, COLS, X_ROW)
+            ds_t = shared_tile(buffer, at + COLS * X_ROW, COLS, X_ROW)
+            stats = shared_tile(buffer, at + 2 * COLS * X_ROW, 2, COLS)
+            return k_tile, v_tile, q_tile, dout_tile, pg_t, ds_t, stats, keys_t
+    else:
+        @cuda.jit(device=True, inline="always")
+        def shared_tiles():
+            k_tile = cuda.shared.array((ROWS, D_ROW), float32)
+            v_tile = cuda.shared.array((ROWS, D_ROW), float32)
+            q_tile = cuda.shared.array((COLS, D_ROW), float32)
+            dout_tile = cuda.shared.array((COLS, D_ROW), float32)
+            pg_t = cuda.shared.array((COLS, X_ROW), float32)
+            ds_t = cuda.shared.array((COLS, X_ROW), float32)
+            stats = cuda.shared.array((2, COLS), float32)
+            return k_tile, v_tile, q_tile, dout_tile, pg_t, ds_t, stats, pg_t
+    assert 2 * COLS * D_ROW >= ROWS * K_ROW or not DYNAMIC
 
     @cuda.jit(device=True, inline="always")
     def keys_major(tile, ds_t):
@@ -610,42 +655,42 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
 
     @cuda.jit(device=True, inline="always")
     def store_dq_share(dq_shares, acc, b, h, row0, ty, tx):
-        # dq_shares[b, h, row0 + row_of(ty, i), dim_of(tx, j)] = acc[i, j], 16 bytes at a time
-        # (4 consecutive head dimensions; dq_shares is attention_backward's own, aligned)
+        # dq_shares[b, h, row0 + q_row_of(ty, i), q_dim_of(tx, j)] = acc[i, j], 16 bytes at a
+        # time (4 consecutive head dimensions; dq_shares is attention_backward's own, aligned;
+        # (ty, tx) the thread's place on dq's grid, q_position)
         for i in range(TM):
-            row = row0 + row_of(ty, i)
-            for j in range(0, TD, 4):
-                store4(dq_shares, (b, h, row, dim_of(tx, j)), acc[i, j], acc[i, j + 1],
+            row = row0 + q_row_of(ty, i)
+            for j in range(0, TD_Q, 4):
+                store4(dq_shares, (b, h, row, q_dim_of(tx, j)), acc[i, j], acc[i, j + 1],
                        acc[i, j + 2], acc[i, j + 3])
 
-    @cuda.jit(**launch_bounds(THREADS_M * THREADS_N, blocks_per_sm))
+    @cuda.jit(**launch_bounds(THREADS, blocks_per_sm))
     def attention_dkdv_kernel(dk, dv, dq_shares, dout, q, k, v, lse, delta, scale, seed, site,
                               threshold, keep, rows_per_block, accumulate):
         # dk, dv [B,H,T,D] (+)= gradients; grid (B*H, T/rows_per_block), block THREADS. The roles
         # of the dq kernel swapped: per tile of ROWS keys, for each tile of COLS queries from the
-        # diagonal on,
+        # tile's first key on,
         #   S^T = K Q^T / sqrt(D), dP^T = V dout^T   [ROWS, COLS], TM x TN of each per thread
         #   dv_acc += (P G)^T dout,  dk_acc += dS^T Q / sqrt(D)   [ROWS, D], TM x TD each
         # with_dq: also dq's share from this pair of tiles, dS K [COLS, D] (unscaled), into
-        # dq_shares[b, h, pair * COLS : (pair + 1) * COLS, :] with pair = qt (qt + 1) / 2 + kt
-        # (query tile qt >= key tile kt: the pairs of a causal head, packed); rows_per_block a
+        # dq_shares[b, h, pair * COLS : (pair + 1) * COLS, :], pair = share_pair(qt, kt, RATIO)
+        # (query tile qt, key tile kt: the pairs of a causal head, packed); rows_per_block a
         # multiple of ROWS. Else dq_shares is not read.
-        k_tile = cuda.shared.array((ROWS, D_ROW), float32)  # k_tile[r, d] = k[key_base + r, d]
-        v_tile = cuda.shared.array((ROWS, D_ROW), float32)  # v_tile[r, d] = v[key_base + r, d]
-        q_tile = cuda.shared.array((COLS, D_ROW), float32)  # q_tile[c, d] = q[i0 + c, d]/sqrt(D)
-        dout_tile = cuda.shared.array((COLS, D_ROW), float32)   # dout[i0 + c, d]
-        pg_t = cuda.shared.array((COLS, X_ROW), float32)    # pg_t[c, r] = (P G)[i0+c, key_base+r]
-        ds_t = cuda.shared.array((COLS, X_ROW), float32)    # ds_t[c, r] = dS[i0+c, key_base+r]
-        lse_tile = cuda.shared.array(COLS, float32)         # lse[i0 + c], delta[i0 + c] (not in
-        delta_tile = cuda.shared.array(COLS, float32)       # registers: live through the products)
+        # k_tile[r, d] = k[key_base + r, d], v_tile the same; q_tile[c, d] = q[i0 + c, d] /
+        # sqrt(D), dout_tile[c, d] = dout[i0 + c, d]; pg_t[c, r] = (P G)[i0+c, key_base+r],
+        # ds_t[c, r] = dS[i0+c, key_base+r]; stats[0, c] = lse[i0 + c], stats[1, c] =
+        # delta[i0 + c] (not in registers: live through the products); keys_t[r, c] = dS again,
+        # keys down (dq's product)
+        k_tile, v_tile, q_tile, dout_tile, pg_t, ds_t, stats, keys_t = shared_tiles()
         s = cuda.local.array((TM, TN), float32)
         dp = cuda.local.array((TM, TN), float32)
         dk_acc = cuda.local.array((TM, TD), float32)
         dv_acc = cuda.local.array((TM, TD), float32)
-        dq_acc = cuda.local.array((TM, TD), float32)
+        dq_acc = cuda.local.array((TM, TD_Q), float32)
         B, H, T, _ = q.shape
         b, h, row_start, row_end = block_rows(H, T, rows_per_block, False)
         ty, tx = thread_position()
+        q_ty, q_tx = q_position()
         tid = cuda.threadIdx.x
         for key_base in range(row_start, row_end, ROWS):
             stage(k_tile, k[b, h], key_base, ROWS, T, float32(1.0))
@@ -659,14 +704,14 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
                 stage(dout_tile, dout[b, h], i0, COLS, T, float32(1.0))
                 if tid < COLS:
                     query = i0 + tid
-                    lse_tile[tid] = lse[b, h, query] if query < T else float32(0.0)
-                    delta_tile[tid] = delta[b, h, query] if query < T else float32(0.0)
+                    stats[0, tid] = lse[b, h, query] if query < T else float32(0.0)
+                    stats[1, tid] = delta[b, h, query] if query < T else float32(0.0)
                 cuda.syncthreads()
                 recompute(s, k_tile, q_tile, dp, v_tile, dout_tile)  # S^T = K Q^T, dP^T = V dout^T
                 for j in range(TN):                          # s becomes (P G)^T, dp dS^T
                     query = i0 + tx + j * THREADS_N
-                    query_lse = lse_tile[tx + j * THREADS_N]
-                    query_delta = delta_tile[tx + j * THREADS_N]
+                    query_lse = stats[0, tx + j * THREADS_N]
+                    query_delta = stats[1, tx + j * THREADS_N]
                     for i in range(TM):
                         key = key_base + row_of(ty, i)
                         pg = float32(0.0)
@@ -684,33 +729,49 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
                 output_product(dv_acc, pg_t, dout_tile)
                 output_product(dk_acc, ds_t, q_tile)
                 cuda.syncthreads()                           # before the next tiles are staged
-                if with_dq:     # dq's share: dS K, dS keys-major in pg_t (read by all now)
-                    keys_major(pg_t, ds_t)
+                if with_dq:     # dq's share: dS K, dS keys-major in keys_t (read by all now)
+                    keys_major(keys_t, ds_t)
                     for i in range(TM):
-                        for j in range(TD):
+                        for j in range(TD_Q):
                             dq_acc[i, j] = float32(0.0)
                     cuda.syncthreads()
-                    output_product(dq_acc, pg_t, k_tile)
-                    qt = i0 // COLS
-                    store_dq_share(dq_shares, dq_acc, b, h,
-                                   (qt * (qt + 1) // 2 + key_base // ROWS) * COLS, ty, tx)
-                    # (pg_t is written again only after the next tiles' syncthreads)
+                    q_output_product(dq_acc, keys_t, k_tile)
+                    pair = share_pair_device(i0 // COLS, key_base // ROWS, RATIO)
+                    store_dq_share(dq_shares, dq_acc, b, h, pair * COLS, q_ty, q_tx)
+                    if RATIO > 1:   # keys_t lies over q and dout, staged next
+                        cuda.syncthreads()
+                    # (else keys_t is pg_t, written again only after the next tiles' barrier)
             if with_dq:
                 cuda.syncthreads()      # the last dq product has read k_tile: the next may come
             store_rows(dk, dk_acc, b, h, key_base, row_end, float32(1.0), accumulate, ty, tx)
             store_rows(dv, dv_acc, b, h, key_base, row_end, float32(1.0), accumulate, ty, tx)
 
-    kernel = with_shape(attention_dkdv_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
+    kernel = with_shape(attention_dkdv_kernel, THREADS, ROWS, blocks_per_sm)
     kernel.with_dq = with_dq
+    kernel.cols = COLS
+    kernel.shared_bytes = 4 * floats if DYNAMIC else 0
     return kernel
 
 
+def share_pair(qt, kt, ratio):
+    """Where dq's share of (query tile qt, key tile kt) goes among a head's packed pairs, key
+    tiles `ratio` query tiles long: the pairs of query tile q are kt = 0 .. q // ratio, in
+    order of q, then of kt. (ratio 1: qt (qt + 1) / 2 + kt.) share_pair(n, 0, ratio) is the
+    number of pairs of n query tiles."""
+    whole = qt // ratio                 # sum over q < qt of (q // ratio + 1)
+    return qt + ratio * whole * (whole - 1) // 2 + whole * (qt - whole * ratio) + kt
+
+
+share_pair_device = cuda.jit(device=True, inline="always")(share_pair)
+
+
 @cuda.jit
-def attention_dq_sum_kernel(dq, dq_shares, scale, tile, accumulate):
+def attention_dq_sum_kernel(dq, dq_shares, scale, tile, ratio, accumulate):
     # dq[B,H,T,D] (+)= scale * the sum of query i's shares, i = qt * tile + r:
-    #   dq_shares[b, h, (qt (qt + 1) / 2 + kt) * tile + r, :] over key tiles kt = 0 .. qt, in
-    # that order (the dk/dv kernel with_dq wrote them). 4 consecutive d of a row at a time:
-    # 16-byte loads of the shares (aligned: attention_backward allocates them); grid-stride.
+    #   dq_shares[b, h, share_pair(qt, kt, ratio) * tile + r, :] over key tiles kt = 0 ..
+    # qt // ratio, in that order (the dk/dv kernel with_dq wrote them; its key tiles are `ratio`
+    # query tiles of `tile` rows). 4 consecutive d of a row at a time: 16-byte loads of the
+    # shares (aligned: attention_backward allocates them); grid-stride.
     B, H, T, D = dq.shape
     for n in range(cuda.grid(1), B * H * T * (D // 4), cuda.gridsize(1)):
         d = (n % (D // 4)) * 4
@@ -718,9 +779,10 @@ def attention_dq_sum_kernel(dq, dq_shares, scale, tile, accumulate):
         i = row % T
         b, h = row // (T * H), (row // T) % H
         qt = i // tile
-        first = (qt * (qt + 1) // 2) * tile + i - qt * tile
+        first = share_pair_device(qt, 0, ratio) * tile + i - qt * tile
+        last = qt // ratio                      # the last key tile
         t0 = t1 = t2 = t3 = float32(0.0)
-        for kt in range(0, qt, 2):          # two shares' loads in flight, then both added in
+        for kt in range(0, last, 2):        # two shares' loads in flight, then both added in
             x = load4(dq_shares, (b, h, first + kt * tile, d))      # order (Nsight Compute: a
             y = load4(dq_shares, (b, h, first + (kt + 1) * tile, d))    # load at a time left
             t0 += x[0]                                              # the warps stalled on it
@@ -731,8 +793,8 @@ def attention_dq_sum_kernel(dq, dq_shares, scale, tile, accumulate):
             t1 += y[1]
             t2 += y[2]
             t3 += y[3]
-        if qt % 2 == 0:                     # the last share of an odd count
-            x = load4(dq_shares, (b, h, first + qt * tile, d))
+        if last % 2 == 0:                   # the last share of an odd count
+            x = load4(dq_shares, (b, h, first + last * tile, d))
             t0 += x[0]
             t1 += x[1]
             t2 += x[2]
@@ -833,12 +895,15 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # dropped from the list: dq tiles 32x32 4.558 ms (the default), 64x16 4.583, 32x16 4.709;
 # forward 32x32 1.059 ms forward against 64x32's 0.979. Session 7 (run 3, no dropout compiled
 # in): dk/dv with two scores steps at 5 blocks (16 bytes spilled) 3.544 ms fwd+bwd against
-# the default's 3.547.
+# the default's 3.547. Not yet timed: dk/dv on 64-key tiles of 128 threads (68 KB of dynamic
+# shared memory, 3 blocks of 4 warps a multiprocessor against 5 of 2; half the staging of q and
+# dout and half the dq shares; ptxas: 168 registers, no spills).
 TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
                       "dkdv+dq 4 blocks": (None, None, (32, 32, 4, 4, 4, 1, True)),
-                      "dkdv 2 steps 5 blocks": (None, None, (32, 32, 4, 4, 5, 2, True))},
+                      "dkdv 2 steps 5 blocks": (None, None, (32, 32, 4, 4, 5, 2, True)),
+                      "dkdv 64 keys": (None, None, (64, 32, 4, 4, 3, 1, True))},
                  32: {"forward 16-byte staging": ((64, 32, 4, 4), None, None),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
@@ -940,14 +1005,15 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         return
     _, dq_kernel, dkdv_kernel = _fast(D, tiles, (q, k, v, dout), dropout_p > 0)
     attention_delta(delta, dout, out)
-    tile = dkdv_kernel.rows
+    tile, query_tile = dkdv_kernel.rows, dkdv_kernel.cols
     key_rows = min(T, rows_per_block or tile)
     if dkdv_kernel.with_dq:
         # dq's shares from the dk/dv kernel, one per (query tile, key tile) pair, then their sum;
         # a block's keys are whole tiles (rows_per_block rounded up)
         key_rows = min(T, blocks(key_rows, tile) * tile)
-        n = blocks(T, tile)
-        dq_shares = scratch("attention dq shares", (B, H, n * (n + 1) // 2 * tile, D))
+        ratio = tile // query_tile
+        pairs = share_pair(blocks(T, query_tile), 0, ratio)
+        dq_shares = scratch("attention dq shares", (B, H, pairs * query_tile, D))
     else:
         rows = min(T, rows_per_block or dq_kernel.rows)
         launch(dq_kernel, (B * H, blocks(T, rows)), dq_kernel.threads,
@@ -955,10 +1021,10 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         dq_shares = None
     launch(dkdv_kernel, (B * H, blocks(T, key_rows)), dkdv_kernel.threads, dk, dv,
            dk if dq_shares is None else dq_shares, dout, q, k, v, lse, delta, scale, *drop,
-           key_rows, accumulate)
+           key_rows, accumulate, shared_bytes=dkdv_kernel.shared_bytes)
     if dq_shares is not None:
         launch(attention_dq_sum_kernel, *elementwise_grid(B * H * T * D // 4), dq, dq_shares,
-               scale, tile, accumulate)
+               scale, query_tile, ratio, accumulate)
 
 
 _no_seeds = {}
