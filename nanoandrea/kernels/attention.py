@@ -738,7 +738,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
                     q_output_product(dq_acc, keys_t, k_tile)
                     pair = share_pair_device(i0 // COLS, key_base // ROWS, RATIO)
                     store_dq_share(dq_shares, dq_acc, b, h, pair * COLS, q_ty, q_tx)
-                    if RATIO > 1:   # keys_t lies over q and dout, staged next
+                    if DYNAMIC:     # keys_t lies over q and dout, staged next
                         cuda.syncthreads()
                     # (else keys_t is pg_t, written again only after the next tiles' barrier)
             if with_dq:
