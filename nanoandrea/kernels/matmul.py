@@ -651,17 +651,23 @@ def copies_b_transposed(M, N, transpose_a, transpose_b, copy_b_transposed=None):
 PAD_MIN_FLOPS_PER_BYTE = 75
 
 
-def pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned=None):
+def pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned=None,
+                   aligned=None):
     """Whether the blocked product runs on padded copies: the padded (M4, N4, K4) and which of
     out, a, b are copied; None when it does not (every operand aligned, or the copies too
-    dear for the product's size; pad_unaligned True / False forces the choice)."""
+    dear for the product's size; pad_unaligned True / False forces the choice). Only the
+    extents that are some operand's row length are padded (N always, M with transpose_a, K
+    unless a is transposed and b is not). aligned: aligned16 of out, a, b if known."""
     if pad_unaligned is False:
         return None
-    M4, N4, K4 = padded_length(M), padded_length(N), padded_length(K)
+    M4 = padded_length(M) if transpose_a else M
+    K4 = padded_length(K) if transpose_b or not transpose_a else K
+    N4 = padded_length(N)
+    aligned = aligned or dict(out=aligned16(out), a=aligned16(a), b=aligned16(b))
     wanted = dict(out=(out, (M4, N4)), a=(a, (K4, M4) if transpose_a else (M4, K4)),
                   b=(b, (N4, K4) if transpose_b else (K4, N4)))
     copied = {name: shape for name, (array, shape) in wanted.items()
-              if array.shape != shape or not aligned16(array)}
+              if array.shape != shape or not aligned[name]}
     if not copied:
         return None
     copy_bytes = sum(8 * rows * cols for rows, cols in copied.values())
@@ -720,21 +726,22 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     if not has_bias:            # kernels take arrays, not None: a placeholder the kernel never reads
         bias = out.reshape(out.size)[:1]
     hidden = gelu_out if gelu_out is not None else gelu_input
-    padding = kernel == "blocked" and hidden is None and pads_unaligned(
-        M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned)
-    if padding:
-        padded_matmul(out, a, b, bias if has_bias else None, transpose_a, transpose_b,
-                      accumulate, *padding, kernel=kernel, k_splits=k_splits, tiles=tiles,
-                      copy_b_transposed=copy_b_transposed)
-        return
-    if kernel == "blocked" and copies_b_transposed(M, N, transpose_a, transpose_b,
-                                                   copy_b_transposed):
-        b_transposed = cuda.device_array((K, N), dtype=np.float32, stream=current_stream())
-        transpose(b_transposed, b)
-        b, transpose_b = b_transposed, False
-    if kernel == "blocked":
-        vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias))
-                   and (hidden is None or aligned16(hidden)))
+    if kernel == "blocked":     # (each operand's alignment looked at once)
+        aligned = dict(out=aligned16(out), a=aligned16(a), b=aligned16(b))
+        padding = hidden is None and not all(aligned.values()) and pads_unaligned(
+            M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned, aligned)
+        if padding:
+            padded_matmul(out, a, b, bias if has_bias else None, transpose_a, transpose_b,
+                          accumulate, *padding, kernel=kernel, k_splits=k_splits, tiles=tiles,
+                          copy_b_transposed=copy_b_transposed)
+            return
+        if copies_b_transposed(M, N, transpose_a, transpose_b, copy_b_transposed):
+            b_transposed = cuda.device_array((K, N), dtype=np.float32, stream=current_stream())
+            transpose(b_transposed, b)
+            b, transpose_b = b_transposed, False
+            aligned["b"] = aligned16(b)
+        vectors = (aligned["a"], aligned["b"], aligned["out"]
+                   and (not has_bias or aligned16(bias)) and (hidden is None or aligned16(hidden)))
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
         BM, BN, BK = fast.tile
         slots = resident_blocks(fast.threads, fast.thread_outputs)
