@@ -195,6 +195,16 @@ def test_matmul_8x16_thread_tiles(rng, transpose_a, transpose_b):
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
+def test_matmul_warp_tiled_threads(rng, transpose_a, transpose_b):
+    """warp_rows=4: a warp covers 4 x 8 threads of the grid, not 2 rows of 16 (on the GPU the
+    default 128 x 128 tiles; in the simulator 32 x 128 tiles of 64 threads, two warps side by
+    side), with ragged edges, bias and the accumulating epilogue."""
+    tiles = dict(warp_rows=4) if GPU else dict(BM=32, BN=128, warp_rows=4)
+    M, N, K = (40, 140, 12) if not GPU else (1000, 389, 771)
+    check_blocked_tiles(rng, tiles, transpose_a, transpose_b, M, N, K)
+
+
 def check_blocked_tiles(rng, tiles, transpose_a, transpose_b, M, N, K):
     """The blocked kernel with these tiles against NumPy, bias included, on a poisoned out."""
     a = rng.standard_normal((K, M) if transpose_a else (M, K))

@@ -236,7 +236,7 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
     variants = [("", None, None), (" [1 block/SM]", dict(blocks_per_sm=1), None),
                 (" [W^T in kernel]", None, False)]
     variants += [(f" [{name}]", tiles, None) for name, tiles in MATMUL_VARIANTS.items()
-                 if "8x16" in name and wanted(args, name)]
+                 if ("8x16" in name or "warps" in name) and wanted(args, name)]
     for variant, tiles, copy in variants:
         fused_out.copy_to_device(np.full((m, k), np.nan, np.float32))
         fused(tiles, copy)
@@ -260,8 +260,9 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
 # kernel's 85%). Timed in session 7 (run 1): 0.74-0.81x cuBLAS on the 120m products where
 # the 8 x 8 kernel runs 0.89-0.96x (one block of 8 warps a multiprocessor hides too little).
 MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
-                   "8x16 a thread": dict(BN=256, thread_cols=16, blocks_per_sm=1)}
-LM_VARIANTS = {"8x16 a thread": MATMUL_VARIANTS["8x16 a thread"]}
+                   "8x16 a thread": dict(BN=256, thread_cols=16, blocks_per_sm=1),
+                   "warps 4x8": dict(warp_rows=4), "warps 8x4": dict(warp_rows=8)}
+LM_VARIANTS = {name: MATMUL_VARIANTS[name] for name in ("8x16 a thread", "warps 4x8")}
 
 
 # --- attention ------------------------------------------------------------------------------

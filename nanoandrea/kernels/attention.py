@@ -876,14 +876,16 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 # bounded at 4 blocks per multiprocessor (128 registers, 12 bytes spilled; unbounded it takes
 # 150 and 3 fit): 0.873 against 0.924 ms at [16,12,1024,64] (session 6, run 2); at D=32 it
 # stages 4 bytes at a time (96 registers against 150): 0.172 against 0.190 ms at [64,12,256,32].
-# A block's shared memory is at most 48 KB (more needs an opt-in Numba does not expose): 44.5
-# KB for the forward at D=64 (q 64x68, k, v and P 32x68 floats, the row partials 64x8), 43 KB
-# for dk/dv (k, v, q, dout 32x68 each, P G and dS 32x36). TM, COLS and TD = D / (COLS/TN) must
+# Static shared memory is at most 48 KB a block: 44.5 KB for the forward at D=64 (q 64x68, k,
+# v and P 32x68 floats, the row partials 64x8). dk/dv at D=64 takes 64-key tiles in 68 KB of
+# dynamic shared memory (sharedmem.py; k, v 64x68 each, q, dout, P G and dS 32x68), 3 blocks
+# of 128 threads a multiprocessor (session 8: 3.175 ms fwd+bwd at [16,12,1024,64] against the
+# 32-key tiles' 3.531, 43 KB and 5 blocks of 64). TM, COLS and TD = D / (COLS/TN) must
 # be multiples of 4 (runs of 4 rows and head dimensions, four steps per trip of the output
 # product). In the simulator the tiles are tiny and unequal (ROWS x COLS = 4 x 4, 8 x 4, 4 x 4;
 # 1 x 2, 1 x 2 and 1 x 4 threads, the dq tile two runs of rows), so T=7 crosses two tiles of
 # most kinds.
-GPU_TILES = {64: ((64, 32, 4, 4, 4), (32, 32, 4, 4), (32, 32, 4, 4, 6, 1, True)),
+GPU_TILES = {64: ((64, 32, 4, 4, 4), (32, 32, 4, 4), (64, 32, 4, 4, 3, 1, True)),
              32: ((64, 32, 4, 4, 0, False), (64, 32, 4, 4), (32, 32, 4, 4, 6, 1, True))}
 SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1, 0, 1, True))
                    for D in FAST_HEAD_SIZES}
@@ -895,15 +897,18 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # dropped from the list: dq tiles 32x32 4.558 ms (the default), 64x16 4.583, 32x16 4.709;
 # forward 32x32 1.059 ms forward against 64x32's 0.979. Session 7 (run 3, no dropout compiled
 # in): dk/dv with two scores steps at 5 blocks (16 bytes spilled) 3.544 ms fwd+bwd against
-# the default's 3.547. Not yet timed: dk/dv on 64-key tiles of 128 threads (68 KB of dynamic
-# shared memory, 3 blocks of 4 warps a multiprocessor against 5 of 2; half the staging of q and
-# dout and half the dq shares; ptxas: 168 registers, no spills).
+# the default's 3.547. Session 8 (run 1): dk/dv on 64-key tiles of 128 threads (68 KB of
+# dynamic shared memory, 3 blocks of 4 warps a multiprocessor against 5 of 2; half the staging
+# of q and dout and half the dq shares; ptxas: 168 registers, no spills) 3.175 ms against the
+# 32-key tiles' 3.531: the default since. Not yet timed: 64 keys x 64 queries, 256 threads
+# (4 x 4 of dk and dv each), 103 KB, 2 blocks (16 warps) a multiprocessor; ptxas: 128
+# registers, 16 bytes spilled.
 TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
-                      "dkdv+dq 4 blocks": (None, None, (32, 32, 4, 4, 4, 1, True)),
-                      "dkdv 2 steps 5 blocks": (None, None, (32, 32, 4, 4, 5, 2, True)),
-                      "dkdv 64 keys": (None, None, (64, 32, 4, 4, 3, 1, True))},
+                      "dkdv 32 keys": (None, None, (32, 32, 4, 4, 6, 1, True)),
+                      "dkdv 32 keys 4 blocks": (None, None, (32, 32, 4, 4, 4, 1, True)),
+                      "dkdv 64x64": (None, None, (64, 64, 4, 4, 2, 1, True))},
                  32: {"forward 16-byte staging": ((64, 32, 4, 4), None, None),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}

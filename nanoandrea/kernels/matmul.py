@@ -85,7 +85,7 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
                                vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
                                gelu=False, gelu_grad=False, stages=0, gather_epilogue=True,
-                               thread_cols=8):
+                               thread_cols=8, warp_rows=None):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
@@ -115,6 +115,11 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     thread_cols (8 or 16): the columns of a thread's tile, in runs of 4 BN/(thread_cols/4)
     apart; 16 makes a 128 x 256 block tile of 256 threads, each 8 x 16 (128 accumulators: 6
     shared loads feed 128 multiply-adds per step of k), the shape of CUTLASS's SIMT SGEMM.
+    warp_rows: the rows of the THREADS_M x THREADS_N thread grid that one warp covers (32 /
+    warp_rows columns of it); None: whole rows of the grid (thread tid at row tid // THREADS_N).
+    A warp's fragment loads from shared memory touch as many distinct 16-byte runs as it
+    covers rows (of a_tiles) and columns (of b_tiles): 2 x 16 threads read 2 + 16 runs a step
+    of k (1 + 2 wavefronts a load), 4 x 8 threads 4 + 8 (1 + 1).
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline); only for operands whose rows
     run along M or N (transpose_a and not transpose_b: the weight gradients), read 16 bytes at
@@ -125,6 +130,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     RUNS_N, RUN_N = TC // 4, BN // (TC // 4)
     THREADS_N = BN // TC
     THREADS = THREADS_M * THREADS_N
+    WARP_TILED = bool(warp_rows)            # (a None in a device function's branch put it out of
+    WARP_ROWS = warp_rows or 1              # line) warp_rows: a warp is WARP_ROWS x WARP_COLS,
+    WARP_COLS = 32 // WARP_ROWS             # WARPS_N of them side by side in the grid
+    WARPS_N = THREADS_N // WARP_COLS
+    assert not WARP_TILED or (WARP_ROWS * WARP_COLS == 32 and THREADS_N % WARP_COLS == 0
+                             and THREADS % 32 == 0), ("warp", warp_rows, THREADS_M, THREADS_N)
     HALF_M = BM // 2                        # (its rows: 2 runs of 4, HALF_M apart)
     GATHERED = 4 * TC                       # the epilogue gathers 4 rows' values at a time
     assert TC % 4 == 0 and BN % TC == 0, ("runs of 4 columns", BN, TC)
@@ -304,7 +315,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         z = cuda.blockIdx.z
         k_start = z * k_per_split
         tid = cuda.threadIdx.x
-        return (z, k_start, min(K, k_start + k_per_split), tid, tid // THREADS_N, tid % THREADS_N,
+        ty, tx = tid // THREADS_N, tid % THREADS_N
+        if WARP_TILED:
+            warp, lane = tid // 32, tid % 32
+            ty = (warp // WARPS_N) * WARP_ROWS + lane // WARP_COLS
+            tx = (warp % WARPS_N) * WARP_COLS + lane % WARP_COLS
+        return (z, k_start, min(K, k_start + k_per_split), tid, ty, tx,
                 cuda.blockIdx.y * BM, cuda.blockIdx.x * BN)
 
     @cuda.jit(device=True, inline="always")
