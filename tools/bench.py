@@ -259,9 +259,12 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
 # registers, 8 bytes spilled, the k loop 1024 FFMA of 1151 instructions (89%, the 8 x 8
 # kernel's 85%). Timed in session 7 (run 1): 0.74-0.81x cuBLAS on the 120m products where
 # the 8 x 8 kernel runs 0.89-0.96x (one block of 8 warps a multiprocessor hides too little).
+# "warps 4x8": a warp covers 4 x 8 threads of the grid, not 2 x 16 (4 shared-memory wavefronts
+# a warp a step of k, not 6; ptxas the same registers): 3-6% slower on every product of qkv,
+# mlp and lmVp (session 8, run 2; 8 x 4 the same), so the wavefronts were not what held it.
 MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
                    "8x16 a thread": dict(BN=256, thread_cols=16, blocks_per_sm=1),
-                   "warps 4x8": dict(warp_rows=4), "warps 8x4": dict(warp_rows=8)}
+                   "warps 4x8": dict(warp_rows=4)}
 LM_VARIANTS = {name: MATMUL_VARIANTS[name] for name in ("8x16 a thread", "warps 4x8")}
 
 
