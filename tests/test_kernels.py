@@ -232,12 +232,13 @@ def test_matmul_512_thread_tiles(rng, tiles, transpose_a, transpose_b):
 
 
 @pytest.mark.parametrize("shape,padded", [((5, 7), (8, 8)), ((3, 4), (4, 12)), ((3, 70), (4, 72)),
-                                          ((7,), (8,))])
+                                          ((2, 130), (4, 132)), ((7,), (8,))])
 @pytest.mark.parametrize("max_blocks", [None, 2])
 def test_pad_and_unpad(rng, monkeypatch, shape, padded, max_blocks):
     """pad puts x in the corner of an array with rows of 4k floats (zeros elsewhere); unpad
-    (+)= takes the corner back; both against their NumPy twins, bit for bit. max_blocks=2:
-    fewer rows of blocks than rows, walked grid-stride."""
+    (+)= takes the corner back; both against their NumPy twins, bit for bit. 130 columns:
+    two blocks a row in the simulator (a block takes 4 x 32 columns). max_blocks=2: fewer
+    rows of blocks than rows, walked grid-stride."""
     if max_blocks:
         monkeypatch.setattr(pad, "MAX_BLOCKS", max_blocks)
     x = rng.standard_normal(shape).astype(np.float32)

@@ -619,6 +619,22 @@ def bench_small(args):
     same("cross-entropy: dlogits", dlogits, want_dlogits, 1e-4)
     compare(f"cross-entropy fwd+bwd [{N}x{V}]", ours_ce, theirs_ce, 4 * (2 * N * V + N))
 
+    # pad and unpad (kernels/pad.py): the logits' rows of V floats to rows of 4k and back, the
+    # copies matmul makes for the LM head at an unaligned vocabulary, against torch's F.pad and
+    # slice-and-copy (each moves ~8 bytes a float)
+    from nanoandrea.kernels import pad
+    V4 = pad.padded_length(V)
+    wide, twide = cuda.device_array((N, V4), np.float32), F.pad(tlogits.detach(), (0, V4 - V))
+    back = cuda.device_array((N, V), np.float32)
+    pad.pad(wide, logits)
+    pad.unpad(back, wide)
+    same("pad", wide, twide, 1e-30)         # (a copy: bit for bit)
+    same("unpad", back, tlogits, 1e-30)
+    compare(f"pad [{N}x{V}] -> [{N}x{V4}]", lambda: pad.pad(wide, logits),
+            lambda: F.pad(tlogits.detach(), (0, V4 - V)), 4 * N * (V + V4))
+    compare(f"unpad [{N}x{V4}] -> [{N}x{V}]", lambda: pad.unpad(back, wide),
+            lambda: twide[:, :V].contiguous(), 4 * N * (V + V4))
+
     # one AdamW step (global-norm clipping included) over all P parameters in one flat buffer,
     # against clip_grad_norm_ + torch's fused AdamW
     (params, tparams), (grads, tgrads) = pair(P, scale=0.02), pair(P)

@@ -11,15 +11,16 @@ there the blocked matmul must read and write 4 bytes at a time (0.70-0.77x cuBLA
 operands on padded copies instead (matmul.pads_unaligned says when): zeros in the padding add
 nothing to a sum over k, and padded rows or columns of the output are dropped by unpad.
 
-pad writes 4 floats at a time (one 16-byte store) and reads 4 bytes at a time, a thread per
-chunk of 4 of the padded array; unpad moves 4 floats a thread, THREADS apart, each access
-coalesced across a warp. Both keep 16 bytes a thread in flight.
+One kernel does both: copy_corner_kernel writes every element of its output, from x where x
+has one, zeros elsewhere. A thread moves 4 floats of a row, THREADS apart, so that each of its
+4-byte loads and stores covers 128 consecutive bytes across a warp, all 4 loads in flight
+before the stores; the rows are walked grid-stride.
 """
 from numba import cuda, float32
 
 from .launch import (ELEMENTWISE_MAX_BLOCKS, ELEMENTWISE_THREADS as THREADS, blocks, check,
                      check_float32, launch)
-from .vector import aligned16, store4
+from .vector import aligned16
 
 
 def padded_length(n):
@@ -29,45 +30,50 @@ def padded_length(n):
 
 MAX_BLOCKS = ELEMENTWISE_MAX_BLOCKS     # a grid of about as many blocks as stay resident,
                                        # each walking rows (grid-stride)
+RUN = 4 * THREADS                       # the columns a block takes of a row
+
+
+@cuda.jit(device=True, inline="always")
+def put(out_row, c, value, accumulate):
+    if accumulate:
+        out_row[c] += value
+    else:
+        out_row[c] = value
 
 
 @cuda.jit
-def pad_kernel(out, x):
-    # out[R4, C4] = x[r, c] for r < R, c < C, else 0; out's rows 16-byte aligned, x any rows.
-    # grid (chunks of a row / THREADS, some rows): a thread per 4 floats of out (one 16-byte
-    # store, four 4-byte loads), no division per element
-    R, C = x.shape
-    R4, C4 = out.shape
-    for r in range(cuda.blockIdx.y, R4, cuda.gridDim.y):
-        for c in range(4 * cuda.grid(1), C4, 4 * cuda.gridsize(1)):
-            inside = r < R
-            x0 = x[r, c] if inside and c < C else float32(0.0)
-            x1 = x[r, c + 1] if inside and c + 1 < C else float32(0.0)
-            x2 = x[r, c + 2] if inside and c + 2 < C else float32(0.0)
-            x3 = x[r, c + 3] if inside and c + 3 < C else float32(0.0)
-            store4(out, (r, c), x0, x1, x2, x3)
-
-
-@cuda.jit
-def unpad_kernel(out, x, accumulate):
-    # out[R, C] (+)= x[r, c] for r < R, c < C (x: [R4, C4]). grid (C / (4 THREADS), some rows):
-    # a block takes 4 THREADS consecutive columns of a row, a thread 4 of them THREADS apart,
-    # so that each of its 4 loads (all in flight at once) reads 128 consecutive bytes a warp
+def copy_corner_kernel(out, x, accumulate):
+    # out[R, C] (+)= x[r, c] where r < RX and c < CX (x: [RX, CX]), else 0. grid (C / RUN, some
+    # rows): a block takes RUN consecutive columns of a row (the grid covers a row: no loop over
+    # columns), a thread 4 of them THREADS apart; the rows grid-stride in a while loop.
+    # (The first pad and unpad kernels walked the columns in a range loop inside the row loop,
+    # whose trip count is a 64-bit division on every row, and unpad stored through a loop over
+    # a tuple: loops of 346 and 427 instructions in SASS for a thread's 4 floats of a row, this
+    # kernel's 118 and 131 (sm_90, 2026-11-29). Over the LM head's 206 million such steps the
+    # old loops come to ~2.1 and ~2.6 ms of instruction issue on the H200, about what the copies
+    # were inferred to cost there: ~2.3 ms for pad and ~4 ms for unpad, the padded products'
+    # times less the aligned ones'. Not profiled.)
     R, C = out.shape
-    for r in range(cuda.blockIdx.y, R, cuda.gridDim.y):
-        for c in range(cuda.blockIdx.x * 4 * THREADS + cuda.threadIdx.x, C,
-                       cuda.gridDim.x * 4 * THREADS):
-            x0 = x[r, c]
-            x1 = x[r, c + THREADS] if c + THREADS < C else float32(0.0)
-            x2 = x[r, c + 2 * THREADS] if c + 2 * THREADS < C else float32(0.0)
-            x3 = x[r, c + 3 * THREADS] if c + 3 * THREADS < C else float32(0.0)
-            for e, value in enumerate((x0, x1, x2, x3)):
-                column = c + e * THREADS
-                if column < C:
-                    if accumulate:
-                        out[r, column] += value
-                    else:
-                        out[r, column] = value
+    RX, CX = x.shape
+    c = cuda.blockIdx.x * RUN + cuda.threadIdx.x
+    r = cuda.blockIdx.y
+    while r < R:
+        inside = r < RX                 # (rows past x's end read nothing)
+        x_row = x[r if inside else 0]   # row views: each row's address worked out once
+        out_row = out[r]
+        x0 = x_row[c] if inside and c < CX else float32(0.0)
+        x1 = x_row[c + THREADS] if inside and c + THREADS < CX else float32(0.0)
+        x2 = x_row[c + 2 * THREADS] if inside and c + 2 * THREADS < CX else float32(0.0)
+        x3 = x_row[c + 3 * THREADS] if inside and c + 3 * THREADS < CX else float32(0.0)
+        if c < C:
+            put(out_row, c, x0, accumulate)
+        if c + THREADS < C:
+            put(out_row, c + THREADS, x1, accumulate)
+        if c + 2 * THREADS < C:
+            put(out_row, c + 2 * THREADS, x2, accumulate)
+        if c + 3 * THREADS < C:
+            put(out_row, c + 3 * THREADS, x3, accumulate)
+        r += cuda.gridDim.y
 
 
 def _as_matrix(name, x):
@@ -86,28 +92,25 @@ def _check_pad(name, padded, x, on_device=True):
     return P, X
 
 
-def row_grid(rows, blocks_a_row):
-    """(blocks_a_row, blocks down the rows): about MAX_BLOCKS blocks in all, which walk the rows
-    grid-stride. unpad of the LM head's logits (6.6 GB moved), H200, 2026-11-29, session 7:
-    four floats a thread with 4-byte stores 16 bytes apart across a warp, ~5 ms (run 3); a
-    block per 256 elements, a float a thread, 3.2 million blocks, ~8 ms (run 4); this grid and
-    unpad_kernel, ~4 ms (run 5), still about half of what a copy should take."""
-    return blocks_a_row, max(1, min(rows, MAX_BLOCKS // blocks_a_row))
+def copy_corner(out, x, accumulate):
+    """out (+)= x's corner of out's shape, zeros where x has none (both matrices)."""
+    rows, columns = out.shape
+    blocks_a_row = blocks(columns, RUN)
+    launch(copy_corner_kernel, (blocks_a_row, max(1, min(rows, MAX_BLOCKS // blocks_a_row))),
+           THREADS, out, x, accumulate)
 
 
 def pad(out, x):
     """out (a fresh, aligned array, rows padded to 4k floats) = x in its corner, zeros elsewhere;
     x and out both [rows, columns] or both vectors."""
     out, x = _check_pad("pad", out, x)
-    launch(pad_kernel, row_grid(out.shape[0], blocks(out.shape[1] // 4, THREADS)), THREADS,
-           out, x)
+    copy_corner(out, x, False)
 
 
 def unpad(out, x, accumulate=False):
     """out (+)= x's corner of out's shape (x: rows padded to 4k floats, aligned)."""
     x, out = _check_pad("unpad", x, out)
-    launch(unpad_kernel, row_grid(out.shape[0], blocks(out.shape[1], 4 * THREADS)), THREADS,
-           out, x, accumulate)
+    copy_corner(out, x, accumulate)
 
 
 def pad_numpy(out, x):
