@@ -523,6 +523,16 @@ def test_attention_key_tiles_of_two_query_tiles(rng, rows_per_block):
                     tiles=tiles)
 
 
+@pytest.mark.parametrize("keys", [4, 8] if not GPU else [32, 64])
+def test_attention_dq_added_atomically(rng, keys):
+    """dq_atomic: the dk/dv kernel adds each dq share into dq with 16-byte atomic adds (dq
+    zeroed first, or accumulated into), on key tiles of one and of two query tiles; dropout
+    on, T crossing several tiles."""
+    small = (keys, 4, 4, 1 if keys == 4 else 2, 0, 1, True, True)
+    tiles = (None, None, small if not GPU else (keys, 32, 4, 4, 3, 1, True, True))
+    check_attention(rng, 64, "fast", None, 1, 2, 13 if not GPU else 300, 0.3, tiles=tiles)
+
+
 def test_share_pairs_are_packed():
     """share_pair numbers a head's (query tile, key tile) pairs 0, 1, 2, ... in order, the key
     tiles of query tile q being 0 .. q // ratio."""

@@ -85,6 +85,9 @@ def kernels():
             if tiles[0] is not None:
                 yield f"attention forward D={D} [{name}]", attention.make_forward_kernel(
                     D, *tiles[0]), (A4, A3, A4, A4, A4, float32, *DROP, int64)
+            if tiles[2] is not None:
+                yield f"attention dk/dv D={D} [{name}]", attention.make_dkdv_kernel(
+                    D, *tiles[2], dropout=False), dkdv_args
         yield f"attention forward D={D}, 4-byte staging", attention.make_attention_kernels(
             D, vector=False)[0], (A4, A3, A4, A4, A4, float32, *DROP, int64)
     yield "attention dq sum", attention.attention_dq_sum_kernel, \

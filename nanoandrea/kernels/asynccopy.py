@@ -46,7 +46,7 @@ else:
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    from .vector import _check, _element_pointer
+    from .vector import _asm, _check, _element_pointer
 
     I32, I64 = ir.IntType(32), ir.IntType(64)
     COPY16 = """{
@@ -57,11 +57,6 @@ else:
     cvta.to.global.u64 global_address, $1;
     cp.async.cg.shared.global [shared_address], [global_address], 16, $2;
 }"""
-
-    def _asm(builder, text, constraints, arguments, kinds):
-        function = ir.InlineAsm(ir.FunctionType(ir.VoidType(), kinds), text, constraints,
-                                side_effect=True)
-        builder.call(function, arguments)
 
     @intrinsic
     def copy16_async(typingctx, dst, dst_index, src, src_index, valid):

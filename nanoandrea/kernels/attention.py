@@ -52,11 +52,12 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
+from .elementwise import fill
 from .launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, check, check_float32, check_shape,
                      elementwise_grid, launch, scratch)
 from .reduce import WARP, warp_barrier, warp_sum
 from .sharedmem import dynamic_shared_floats, shared_tile
-from .vector import aligned16, load4, store4
+from .vector import add4, aligned16, load4, store4
 
 NEG_INF = float32(-np.inf)
 LOG2E = float32(1.0 / math.log(2.0))
@@ -581,11 +582,14 @@ def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, vector=True, dropout=
 
 
 def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with_dq=False,
-                     vector=True, dropout=True):
+                     dq_atomic=False, vector=True, dropout=True):
     # score_steps per trip of the scores products: one by default; with two, ptxas spills
     # (outside the products) under the 168 registers that 6 blocks of 64 threads leave a thread.
     # with_dq: the kernel also writes dq's share of each (key tile, query tile) pair, summed by
     # attention_dq_sum_kernel; ROWS a multiple of COLS (key tiles of one or more query tiles).
+    # dq_atomic (with with_dq): each share is added straight into dq instead (16-byte atomic
+    # adds, vector.add4), scaled; no shares in memory and no sum kernel, but the order in which
+    # a query's shares land varies from run to run, and so do dq's last bits.
     # Tiles of more than 48 KB in all live in dynamic shared memory (sharedmem.py).
     (thread_position, row_of, dim_of, stage, scores_product, exchange,
      output_product, store_rows) = tile_functions(D, ROWS, COLS, TM, TN,
@@ -664,6 +668,17 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
                 store4(dq_shares, (b, h, row, q_dim_of(tx, j)), acc[i, j], acc[i, j + 1],
                        acc[i, j + 2], acc[i, j + 3])
 
+    @cuda.jit(device=True, inline="always")
+    def add_dq_share(dq, acc, b, h, i0, T, scale, ty, tx):
+        # dq[b, h, i0 + q_row_of(ty, i), q_dim_of(tx, j)] += scale * acc[i, j], rows < T, 16
+        # bytes at a time, atomically (dq aligned: attention_backward checks)
+        for i in range(TM):
+            row = i0 + q_row_of(ty, i)
+            if row < T:
+                for j in range(0, TD_Q, 4):
+                    add4(dq, (b, h, row, q_dim_of(tx, j)), scale * acc[i, j],
+                         scale * acc[i, j + 1], scale * acc[i, j + 2], scale * acc[i, j + 3])
+
     @cuda.jit(**launch_bounds(THREADS, blocks_per_sm))
     def attention_dkdv_kernel(dk, dv, dq_shares, dout, q, k, v, lse, delta, scale, seed, site,
                               threshold, keep, rows_per_block, accumulate):
@@ -675,7 +690,8 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
         # with_dq: also dq's share from this pair of tiles, dS K [COLS, D] (unscaled), into
         # dq_shares[b, h, pair * COLS : (pair + 1) * COLS, :], pair = share_pair(qt, kt, RATIO)
         # (query tile qt, key tile kt: the pairs of a causal head, packed); rows_per_block a
-        # multiple of ROWS. Else dq_shares is not read.
+        # multiple of ROWS. dq_atomic: dq_shares is dq, and the shares are added into it, scaled.
+        # Else dq_shares is not read.
         # k_tile[r, d] = k[key_base + r, d], v_tile the same; q_tile[c, d] = q[i0 + c, d] /
         # sqrt(D), dout_tile[c, d] = dout[i0 + c, d]; pg_t[c, r] = (P G)[i0+c, key_base+r],
         # ds_t[c, r] = dS[i0+c, key_base+r]; stats[0, c] = lse[i0 + c], stats[1, c] =
@@ -736,8 +752,11 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
                             dq_acc[i, j] = float32(0.0)
                     cuda.syncthreads()
                     q_output_product(dq_acc, keys_t, k_tile)
-                    pair = share_pair_device(i0 // COLS, key_base // ROWS, RATIO)
-                    store_dq_share(dq_shares, dq_acc, b, h, pair * COLS, q_ty, q_tx)
+                    if dq_atomic:
+                        add_dq_share(dq_shares, dq_acc, b, h, i0, T, scale, q_ty, q_tx)
+                    else:
+                        pair = share_pair_device(i0 // COLS, key_base // ROWS, RATIO)
+                        store_dq_share(dq_shares, dq_acc, b, h, pair * COLS, q_ty, q_tx)
                     if DYNAMIC:     # keys_t lies over q and dout, staged next
                         cuda.syncthreads()
                     # (else keys_t is pg_t, written again only after the next tiles' barrier)
@@ -748,6 +767,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
 
     kernel = with_shape(attention_dkdv_kernel, THREADS, ROWS, blocks_per_sm)
     kernel.with_dq = with_dq
+    kernel.dq_atomic = with_dq and dq_atomic
     kernel.cols = COLS
     kernel.shared_bytes = 4 * floats if DYNAMIC else 0
     return kernel
@@ -907,7 +927,8 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
-                      "dkdv 32 keys": (None, None, (32, 32, 4, 4, 6, 1, True))},
+                      "dkdv 32 keys": (None, None, (32, 32, 4, 4, 6, 1, True)),
+                      "dq atomic": (None, None, (64, 32, 4, 4, 3, 1, True, True))},
                  32: {"forward 16-byte staging": ((64, 32, 4, 4), None, None),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
@@ -1011,23 +1032,28 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
     attention_delta(delta, dout, out)
     tile, query_tile = dkdv_kernel.rows, dkdv_kernel.cols
     key_rows = min(T, rows_per_block or tile)
-    if dkdv_kernel.with_dq:
-        # dq's shares from the dk/dv kernel, one per (query tile, key tile) pair, then their sum;
-        # a block's keys are whole tiles (rows_per_block rounded up)
-        key_rows = min(T, blocks(key_rows, tile) * tile)
-        ratio = tile // query_tile
-        pairs = share_pair(blocks(T, query_tile), 0, ratio)
-        dq_shares = scratch("attention dq shares", (B, H, pairs * query_tile, D))
-    else:
+    summed = dkdv_kernel.with_dq and not dkdv_kernel.dq_atomic
+    if not dkdv_kernel.with_dq:     # dq by a kernel of its own (the dk/dv kernel's dq unread)
         rows = min(T, rows_per_block or dq_kernel.rows)
         launch(dq_kernel, (B * H, blocks(T, rows)), dq_kernel.threads,
                dq, dout, q, k, v, lse, delta, scale, *drop, rows, accumulate)
-        dq_shares = None
-    launch(dkdv_kernel, (B * H, blocks(T, key_rows)), dkdv_kernel.threads, dk, dv,
-           dk if dq_shares is None else dq_shares, dout, q, k, v, lse, delta, scale, *drop,
-           key_rows, accumulate, shared_bytes=dkdv_kernel.shared_bytes)
-    if dq_shares is not None:
-        launch(attention_dq_sum_kernel, *elementwise_grid(B * H * T * D // 4), dq, dq_shares,
+        dq_target = dk
+    else:       # dq from the dk/dv kernel; a block's keys are whole tiles (rows rounded up)
+        key_rows = min(T, blocks(key_rows, tile) * tile)
+        if dkdv_kernel.dq_atomic:   # each share added into dq, 16 bytes at a time
+            check(aligned16(dq), "attention: the atomic dq adds need dq's rows 16-byte aligned")
+            if not accumulate:
+                fill(dq, 0.0)
+            dq_target = dq
+        else:                       # one share per (query tile, key tile) pair, summed after
+            ratio = tile // query_tile
+            pairs = share_pair(blocks(T, query_tile), 0, ratio)
+            dq_target = scratch("attention dq shares", (B, H, pairs * query_tile, D))
+    launch(dkdv_kernel, (B * H, blocks(T, key_rows)), dkdv_kernel.threads, dk, dv, dq_target,
+           dout, q, k, v, lse, delta, scale, *drop, key_rows, accumulate,
+           shared_bytes=dkdv_kernel.shared_bytes)
+    if summed:
+        launch(attention_dq_sum_kernel, *elementwise_grid(B * H * T * D // 4), dq, dq_target,
                scale, query_tile, ratio, accumulate)
 
 

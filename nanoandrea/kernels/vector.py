@@ -2,12 +2,17 @@
 
     x0, x1, x2, x3 = load4(array, (i, j))      array[i, j], array[i, j+1], array[i, j+2], array[i, j+3]
     store4(array, (i, j), x0, x1, x2, x3)
+    add4(array, (i, j), x0, x1, x2, x3)        array[i, j:j+4] += (x0, .., x3), atomically
 
 One 16-byte instruction (ld.global.v4.f32, ld.shared.v4.f32, st.shared.v4.f32, ...) instead of
 four 4-byte ones: a quarter of the load/store instructions, which is what a register-blocked
 matmul is short of. Numba has no float4 type, so these are Numba intrinsics that emit LLVM IR
 directly: a pointer to the first element, bitcast to <4 x float>*, one aligned load or store.
 NVVM then picks the address space (global or shared) from where the array lives.
+
+add4 is one `red.global.add.v4.f32` (sm_90, inline PTX): a reduction into global memory that
+other threads' adds to the same elements cannot tear, in whatever order they land (so a sum
+made of such adds is not reproducible to the bit). The array must be in global memory.
 
 The caller guarantees what the hardware needs: the last index is the contiguous axis, the four
 elements are in bounds, and the first one's address is a multiple of 16 bytes (row lengths a
@@ -37,6 +42,8 @@ def aligned16(array):
 
 
 if SIMULATOR:
+    from numba import cuda
+
     def load4(array, index):
         *outer, j = index
         outer = tuple(outer)
@@ -50,6 +57,13 @@ if SIMULATOR:
         array[outer + (j + 1,)] = x1
         array[outer + (j + 2,)] = x2
         array[outer + (j + 3,)] = x3
+
+    @cuda.jit(device=True)              # (a device function: the simulator gives those, not
+    def add4(array, index, x0, x1, x2, x3):     # plain functions, its cuda.atomic)
+        *outer, j = index
+        outer = tuple(outer)
+        for e, x in enumerate((x0, x1, x2, x3)):
+            cuda.atomic.add(array, outer + (j + e,), x)
 
 else:
     from llvmlite import ir
@@ -70,9 +84,10 @@ else:
 
     def _check(array, index):
         if not (isinstance(array, types.Array) and array.dtype == types.float32):
-            raise TypeError(f"load4/store4 need a float32 array, got {array}")
+            raise TypeError(f"load4, store4, add4 need a float32 array, got {array}")
         if not (isinstance(index, types.BaseTuple) and len(index) == array.ndim):
-            raise TypeError(f"load4/store4 need a tuple of {array.ndim} indices, got {index}")
+            raise TypeError(f"load4, store4, add4 need a tuple of {array.ndim} indices, "
+                            f"got {index}")
 
     @intrinsic
     def load4(typingctx, array, index):
@@ -101,5 +116,32 @@ else:
                 value = context.cast(builder, value, kind, types.float32)
                 vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
             builder.store(vector, pointer, align=16)
+
+        return types.void(array, index, x0, x1, x2, x3), codegen
+
+    def _asm(builder, text, constraints, arguments, kinds):
+        """Inline PTX with side effects (kept where it stands), returning nothing."""
+        function = ir.InlineAsm(ir.FunctionType(ir.VoidType(), kinds), text, constraints,
+                                side_effect=True)
+        builder.call(function, arguments)
+
+    ADD4 = """{
+    .reg .u64 global_address;
+    cvta.to.global.u64 global_address, $0;
+    red.global.add.v4.f32 [global_address], {$1, $2, $3, $4};
+}"""
+
+    @intrinsic
+    def add4(typingctx, array, index, x0, x1, x2, x3):
+        _check(array, index)
+
+        def codegen(context, builder, signature, args):
+            pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                       signature.args[1], args[1])
+            values = [context.cast(builder, value, kind, types.float32)
+                      for value, kind in zip(args[2:], signature.args[2:])]
+            _asm(builder, ADD4, "l,f,f,f,f,~{memory}",
+                 [builder.ptrtoint(pointer, ir.IntType(64)), *values],
+                 [ir.IntType(64)] + [ir.FloatType()] * 4)
 
         return types.void(array, index, x0, x1, x2, x3), codegen
