@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session on the H200 (see docs/gpu-runs.md): the quality run of issue 3, the test
 # suite on the GPU, and where a training step's time goes. Logs and results go to $OUT.
-#   usage: bash tools/h200_session.sh [train|tests|profile|bench|variants|ncu-attention|
+#   usage: bash tools/h200_session.sh [train|tests|profile|bench|ready|variants|ncu-attention|
 #                                      ncu-matmul ...]
 #          (default: train tests profile; each call of the device tool has 10 minutes: in
 #          session 4 the whole bench needed more than 300 s and the suite ~200 s in 14 workers,
@@ -30,6 +30,12 @@ for step in ${steps[@]}; do
           ${MODELS:+--models $MODELS} 2>&1 | grep -v "Warn\|warn(" | tee $OUT/profile.log ;;
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
+    ready)      # what was built after the last device time ran out (docs/perf.md, "Ready to
+                # time"): pad and unpad alone, the LM head at 50257 on padded copies, two dk/dv
+                # variants
+      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only small,matmul,attention \
+          --shapes "lm head,1024x64" --variants "dq atomic,dkdv 64 keys 2 steps" --json $OUT/ready.json 2>&1 \
+          | grep -v "Warn\|warn(" | tee $OUT/ready.log | grep -A40 "^summary" ;;
     variants)   # the matmul and attention tile variants, each checked, then timed
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention --variants \
           --json $OUT/variants.json 2>&1 | tee $OUT/variants.log | grep -A80 "^summary" ;;

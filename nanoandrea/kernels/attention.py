@@ -923,12 +923,15 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # 32-key tiles' 3.531: the default since. Run 2, dropped from the list: the 32-key tiles at 4
 # blocks 3.635 ms; 64 keys x 64 queries, 256 threads (4 x 4 of dk and dv each), 103 KB, 2
 # blocks (16 warps) a multiprocessor, ptxas 128 registers and 16 bytes spilled: 3.305 ms
-# against the default's 3.177.
+# against the default's 3.177. Not yet timed (session 8): dq added atomically (dq_atomic);
+# the 64-key tiles with two scores steps a trip (ptxas: 32 bytes spilled at 168 registers;
+# the scores loops 128 FFMA of 156 instructions, not 64 of 85).
 TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
                       "dkdv 32 keys": (None, None, (32, 32, 4, 4, 6, 1, True)),
-                      "dq atomic": (None, None, (64, 32, 4, 4, 3, 1, True, True))},
+                      "dq atomic": (None, None, (64, 32, 4, 4, 3, 1, True, True)),
+                      "dkdv 64 keys 2 steps": (None, None, (64, 32, 4, 4, 3, 2, True))},
                  32: {"forward 16-byte staging": ((64, 32, 4, 4), None, None),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
