@@ -891,8 +891,8 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 # The fast kernels' tiles per head size: (forward, dq, dk/dv), each (ROWS, COLS, TM, TN[,
 # blocks_per_sm]) as in tile_functions, picked by timing variants on the H200 (2026-11-29);
 # the forward's sixth entry is wide_staging, dk/dv's sixth its scores steps per loop trip, its
-# seventh with_dq (dq's shares made there, the dq kernel not run; ptxas: 48 bytes of spills at
-# 6 blocks of 64 threads with 16-byte staging, 12 with 4-byte). The forward at D=64 is
+# seventh with_dq (dq's shares made there, the dq kernel not run), its eighth dq_atomic (those
+# shares added into dq at once, not summed after). The forward at D=64 is
 # bounded at 4 blocks per multiprocessor (128 registers, 12 bytes spilled; unbounded it takes
 # 150 and 3 fit): 0.873 against 0.924 ms at [16,12,1024,64] (session 6, run 2); at D=32 it
 # stages 4 bytes at a time (96 registers against 150): 0.172 against 0.190 ms at [64,12,256,32].

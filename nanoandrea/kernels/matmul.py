@@ -130,9 +130,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     RUNS_N, RUN_N = TC // 4, BN // (TC // 4)
     THREADS_N = BN // TC
     THREADS = THREADS_M * THREADS_N
-    WARP_TILED = bool(warp_rows)            # (a None in a device function's branch put it out of
-    WARP_ROWS = warp_rows or 1              # line) warp_rows: a warp is WARP_ROWS x WARP_COLS,
-    WARP_COLS = 32 // WARP_ROWS             # WARPS_N of them side by side in the grid
+    # warp_rows: a warp is WARP_ROWS x WARP_COLS threads, WARPS_N of them side by side in the
+    # grid. (block_start branches on WARP_TILED, a bool: a branch on warp_rows itself, None by
+    # default, made compiling without a GPU fail in tools/kernel_report.py.)
+    WARP_TILED = bool(warp_rows)
+    WARP_ROWS = warp_rows or 1
+    WARP_COLS = 32 // WARP_ROWS
     WARPS_N = THREADS_N // WARP_COLS
     assert not WARP_TILED or (WARP_ROWS * WARP_COLS == 32 and THREADS_N % WARP_COLS == 0
                              and THREADS % 32 == 0), ("warp", warp_rows, THREADS_M, THREADS_N)
