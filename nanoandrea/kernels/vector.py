@@ -82,6 +82,14 @@ else:
                                            wraparound=False)
         return builder.bitcast(pointer, ir.PointerType(FLOAT4))
 
+    def _pointer_and_values(context, builder, signature, args):
+        """For (array, index, x0, x1, x2, x3): the <4 x float>* to array[index] and the four
+        values as float32s."""
+        pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                   signature.args[1], args[1])
+        return pointer, [context.cast(builder, value, kind, types.float32)
+                         for value, kind in zip(args[2:], signature.args[2:])]
+
     def _check(array, index):
         if not (isinstance(array, types.Array) and array.dtype == types.float32):
             raise TypeError(f"load4, store4, add4 need a float32 array, got {array}")
@@ -109,11 +117,9 @@ else:
         _check(array, index)
 
         def codegen(context, builder, signature, args):
-            pointer = _element_pointer(context, builder, signature.args[0], args[0],
-                                       signature.args[1], args[1])
+            pointer, values = _pointer_and_values(context, builder, signature, args)
             vector = ir.Constant(FLOAT4, ir.Undefined)
-            for i, (value, kind) in enumerate(zip(args[2:], signature.args[2:])):
-                value = context.cast(builder, value, kind, types.float32)
+            for i, value in enumerate(values):
                 vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
             builder.store(vector, pointer, align=16)
 
@@ -136,10 +142,7 @@ else:
         _check(array, index)
 
         def codegen(context, builder, signature, args):
-            pointer = _element_pointer(context, builder, signature.args[0], args[0],
-                                       signature.args[1], args[1])
-            values = [context.cast(builder, value, kind, types.float32)
-                      for value, kind in zip(args[2:], signature.args[2:])]
+            pointer, values = _pointer_and_values(context, builder, signature, args)
             _asm(builder, ADD4, "l,f,f,f,f,~{memory}",
                  [builder.ptrtoint(pointer, ir.IntType(64)), *values],
                  [ir.IntType(64)] + [ir.FloatType()] * 4)
