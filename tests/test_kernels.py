@@ -5,6 +5,8 @@ a GPU the same tests run at andrea-12m shapes. Outputs are poisoned with NaN bef
 writes them (every element must be written), and each gradient kernel is checked in both modes:
 overwrite (=) and accumulate (+=) onto a random prior value.
 """
+import re
+
 import numba
 import numpy as np
 import pytest
@@ -253,6 +255,18 @@ def test_pad_and_unpad(rng, monkeypatch, shape, padded, max_blocks):
         want_back = prior.astype(np.float32)
         pad.unpad_numpy(want_back, want.astype(np.float32), accumulate)
         assert np.array_equal(back.copy_to_host(), want_back)
+
+
+@pytest.mark.skipif(not GPU, reason="PTX needs the compiler (not the simulator)")
+def test_pad_copies_do_not_divide():
+    """The copy kernel behind pad and unpad has no integer division or remainder in its PTX
+    (the first kernels divided on every row they walked, in loops of 346 and 427 instructions
+    for a thread's 4 floats), and no call or local memory."""
+    ptx, _ = cuda.compile_ptx(pad.copy_corner_kernel.py_func,
+                              (numba.float32[:, ::1], numba.float32[:, ::1], numba.boolean),
+                              cc=(9, 0))
+    assert not re.search(r"\b(div|rem)\.", ptx)
+    assert "call" not in ptx and ".local" not in ptx
 
 
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
