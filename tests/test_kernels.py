@@ -15,7 +15,7 @@ from numba import cuda
 from conftest import GPU, relative_error
 from nanoandrea.kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding,
                                 gelu, heads, layernorm, matmul, pad)
-from nanoandrea.kernels.launch import launch
+from nanoandrea.kernels.launch import current_stream, launch
 from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
 from nanoandrea.kernels.vector import load4, store4
 
@@ -898,6 +898,19 @@ def test_shared_tiles_in_dynamic_shared_memory(rng):
     out = poisoned(x.shape)
     launch(swap_through_shared_tiles, 1, 32, out, device(x), shared_bytes=2 * x[0].nbytes)
     assert np.array_equal(out.copy_to_host(), x[::-1])
+
+
+@pytest.mark.skipif(not GPU, reason="the simulator has no launch hooks")
+def test_dynamic_shared_hook_added_once(rng):
+    """numba-cuda hands back the same configured launch for the same grid, block, stream and
+    bytes: launching it again must not add launch's hook again (the list would grow by one a
+    launch, and every launch would run them all)."""
+    x = rng.standard_normal((2, SWAP_ROWS, SWAP_COLS)).astype(np.float32)
+    out, source = poisoned(x.shape), device(x)
+    for _ in range(3):
+        launch(swap_through_shared_tiles, 1, 32, out, source, shared_bytes=2 * x[0].nbytes)
+    configured = swap_through_shared_tiles[1, 32, current_stream(), 2 * x[0].nbytes]
+    assert len(configured.pre_launch_callbacks) == 1
 
 
 @pytest.mark.skipif(not GPU, reason="PTX needs the compiler (not the simulator)")

@@ -236,7 +236,8 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
     variants = [("", None, None), (" [1 block/SM]", dict(blocks_per_sm=1), None),
                 (" [W^T in kernel]", None, False)]
     variants += [(f" [{name}]", tiles, None) for name, tiles in MATMUL_VARIANTS.items()
-                 if ("8x16" in name or "warps" in name) and wanted(args, name)]
+                 if "SM" not in name and wanted(args, name)]   # (the blocks/SM: listed above,
+                                                            # or this kernel's default)
     for variant, tiles, copy in variants:
         fused_out.copy_to_device(np.full((m, k), np.nan, np.float32))
         fused(tiles, copy)

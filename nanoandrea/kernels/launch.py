@@ -39,7 +39,10 @@ def launch(kernel, grid, block, *args, shared_bytes=0):
     the size of the kernel's dynamic shared array (`cuda.shared.array(0, ...)`, cut into
     tiles by kernels/sharedmem.py); over 48 KB, the kernel is let have that much first."""
     configured = kernel[grid, block, _stream, shared_bytes]
-    if shared_bytes > STATIC_SHARED_BYTES and not SIMULATOR:
+    # (numba-cuda caches the configured launch per (grid, block, stream, bytes): the hook goes
+    # on it once, not on every launch)
+    if (shared_bytes > STATIC_SHARED_BYTES and not SIMULATOR
+            and _allow_dynamic_shared not in configured.pre_launch_callbacks):
         configured.pre_launch_callbacks.append(_allow_dynamic_shared)
     configured(*args)
 
