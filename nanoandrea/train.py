@@ -29,6 +29,7 @@ from .backend import get_backend
 from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from .config import ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
+from .kernels import attention as attention_kernels
 from .kernels.dropout import mix32
 from .kernels.launch import gpu_available
 from .model import GPT
@@ -71,6 +72,7 @@ class TrainOptions:
     stop_at: int = None              # stop after this step (a checkpoint is written), as if killed
     sample_tokens: int = 200         # length of the sample written at each evaluation
     cuda_graph: bool = True          # GPU: capture the step once as a CUDA graph, then replay it
+    deterministic: bool = False      # GPU: attention's dq summed in a fixed order (bit-reproducible)
 
 
 # What `train` uses on the CPU when the user did not choose: a run that finishes in minutes
@@ -166,6 +168,7 @@ class Trainer:
         self.report = report
         self.out = Path(o.out)
         self.backend = get_backend("cuda" if o.device == "cuda" else "numpy")
+        attention_kernels.use_deterministic(o.deterministic)
         self.dataset = Dataset(resolve_data(o.data, o.tokenizer, o.vocab_size, report=report))
         self.config = model_config(o, self.dataset.vocab_size)
         self.dataset.check_block_size(self.config.block_size)

@@ -411,9 +411,9 @@ def recording_launches(monkeypatch, module):
     """The list of the kernels `module` launches from now on, in order (they still run)."""
     launched = []
 
-    def record(kernel, *arguments):
+    def record(kernel, *arguments, **options):
         launched.append(kernel)
-        launch(kernel, *arguments)
+        launch(kernel, *arguments, **options)
 
     monkeypatch.setattr(module, "launch", record)
     return launched
@@ -545,6 +545,30 @@ def test_attention_dq_added_atomically(rng, keys):
     small = (keys, 4, 4, 1 if keys == 4 else 2, 0, 1, True, True)
     tiles = (None, None, small if not GPU else (keys, 32, 4, 4, 3, 1, True, True))
     check_attention(rng, 64, "fast", None, 1, 2, 13 if not GPU else 300, 0.3, tiles=tiles)
+
+
+def test_attention_deterministic_sums_the_shares(rng, monkeypatch):
+    """deterministic=True (or use_deterministic) on tiles that add dq atomically: the shares
+    are summed in a fixed order instead (the sum kernel runs), and dq comes out
+    the same to the bit twice."""
+    atomic = (8, 4, 4, 2, 0, 1, True, True) if not GPU else (64, 32, 4, 4, 3, 1, True, True)
+    assert attention.deterministic_tiles(64, (None, None, atomic))[2] == atomic[:7] + (False,)
+    B, H, T, D = (1, 2, 13, 64) if not GPU else (2, 4, 300, 64)
+    q, k, v, dout, out = (device(rng.standard_normal((B, H, T, D))) for _ in range(5))
+    lse = poisoned((B, H, T))
+    attention.attention_forward(out, lse, q, k, v)
+    launched = recording_launches(monkeypatch, attention)
+    monkeypatch.setattr(attention, "DETERMINISTIC", False)
+    attention.use_deterministic()
+    results = []
+    for _ in range(2):
+        dq, dk, dv = (poisoned((B, H, T, D)) for _ in range(3))
+        attention.attention_backward(dq, dk, dv, poisoned((B, H, T)), dout, q, k, v, out, lse,
+                                     tiles=(None, None, atomic))
+        results.append(dq.copy_to_host())
+    assert attention.attention_dq_sum_kernel in launched
+    assert attention.DETERMINISTIC
+    assert np.array_equal(results[0], results[1])
 
 
 def test_share_pairs_are_packed():

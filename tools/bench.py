@@ -191,6 +191,8 @@ def bench_matmul(args):
                            sorted({max(1, chosen // 2), 2 * chosen} - {chosen})]
             dw_variants += [(f"cp.async, {stages} stages", None, dict(stages=stages))
                             for stages in (3, 4)]     # ... and with its slices copied by cp.async
+            dw_variants += [("8x16 128 threads, cp.async 3 stages", None,       # (cuBLAS's)
+                             dict(thread_cols=16, blocks_per_sm=2, stages=3))]
             for variant, splits, tiles in [v for v in dw_variants if wanted(args, v[0])]:
                 cases.append((f"bwd dW=X^T.dY [{variant}]",
                               lambda splits=splits, tiles=tiles: matmul_kernels.matmul(
@@ -263,10 +265,19 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
 # "warps 4x8": a warp covers 4 x 8 threads of the grid, not 2 x 16 (4 shared-memory wavefronts
 # a warp a step of k, not 6; ptxas the same registers): 3-6% slower on every product of qkv,
 # mlp and lmVp (session 8, run 2; 8 x 4 the same), so the wavefronts were not what held it.
+# "8x16 128 threads": 128 x 128 block tiles of 128 threads, each 8 x 16, 2 blocks (8 warps) a
+# multiprocessor: the tile, threads and occupancy of the cuBLAS kernel that beats ours at
+# 16384 x 3072 x 768 (Nsight Compute, session 9: sm80_xmma_gemm_f32f32..._tilesize128x128x8_
+# stage3, 128 threads, 255 registers, 91% of cycles issuing against our 84%, with ~2.2x fewer
+# barrier and ~4x fewer dispatch stalls an instruction). ptxas: NN 255 registers and 20 bytes
+# spilled, NT 243 and none, TN 254 and 8 bytes; the k loop 1024 FFMA of ~1180 instructions
+# (87%; the 8 x 8 kernel's 512 of 600) and 48 shared loads for them (the 8 x 8: 32 for 512).
 MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
                    "8x16 a thread": dict(BN=256, thread_cols=16, blocks_per_sm=1),
-                   "warps 4x8": dict(warp_rows=4)}
-LM_VARIANTS = {name: MATMUL_VARIANTS[name] for name in ("8x16 a thread", "warps 4x8")}
+                   "warps 4x8": dict(warp_rows=4),
+                   "8x16 128 threads": dict(thread_cols=16, blocks_per_sm=2)}
+LM_VARIANTS = {name: MATMUL_VARIANTS[name] for name in ("8x16 a thread", "warps 4x8",
+                                                        "8x16 128 threads")}
 
 
 # --- attention ------------------------------------------------------------------------------
@@ -325,6 +336,16 @@ def bench_attention(args):
                 if error >= 1e-4:
                     print(f"  note: {label} {name}: ours and SDPA differ by {error:.1e} "
                           f"(both match float64 NumPy, checked above)")
+
+            if kernel == "fast" and rows is None:   # same inputs again: the same bits?
+                first = torch.as_tensor(dq, device="cuda").clone()
+                backward()
+                again = torch.autograd.grad(F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=True), (qs, ks, vs), dout)[0]
+                same = [torch.equal(first, torch.as_tensor(dq, device="cuda")),
+                        torch.equal(ref_grads[0], again)]
+                print(f"  note: {label}{variant}: dq the same to the bit in a second backward: "
+                      f"ours {'yes' if same[0] else 'no'}, SDPA {'yes' if same[1] else 'no'}")
 
             def torch_forward():
                 with torch.no_grad():

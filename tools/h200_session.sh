@@ -31,10 +31,11 @@ for step in ${steps[@]}; do
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
     ready)      # what was built after the last device time ran out (docs/perf.md, "Ready to
-                # time"): pad and unpad alone, the LM head at 50257 on padded copies, two dk/dv
-                # variants
-      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only small,matmul,attention \
-          --shapes "lm head,1024x64" --variants "dq atomic,dkdv 64 keys 2 steps" --json $OUT/ready.json 2>&1 \
+                # time"): the cuBLAS-shaped SGEMM tiles (8x16 a thread, 128 threads) on the
+                # 120m products, attention's deterministic dq and the 2-step dk/dv
+      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention \
+          --shapes "qkv,mlp,lmVp,lm head,1024x64" --variants "8x16 128,dq shares,dkdv 64 keys 2 steps" \
+          --json $OUT/ready.json 2>&1 \
           | grep -v "Warn\|warn(" | tee $OUT/ready.log | grep -A40 "^summary" ;;
     variants)   # the matmul and attention tile variants, each checked, then timed
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention --variants \

@@ -905,7 +905,7 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 # product). In the simulator the tiles are tiny and unequal (ROWS x COLS = 4 x 4, 8 x 4, 4 x 4;
 # 1 x 2, 1 x 2 and 1 x 4 threads, the dq tile two runs of rows), so T=7 crosses two tiles of
 # most kinds.
-GPU_TILES = {64: ((64, 32, 4, 4, 4), (32, 32, 4, 4), (64, 32, 4, 4, 3, 1, True)),
+GPU_TILES = {64: ((64, 32, 4, 4, 4), (32, 32, 4, 4), (64, 32, 4, 4, 3, 1, True, True)),
              32: ((64, 32, 4, 4, 0, False), (64, 32, 4, 4), (32, 32, 4, 4, 6, 1, True))}
 SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1, 0, 1, True))
                    for D in FAST_HEAD_SIZES}
@@ -923,18 +923,42 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # 32-key tiles' 3.531: the default since. Run 2, dropped from the list: the 32-key tiles at 4
 # blocks 3.635 ms; 64 keys x 64 queries, 256 threads (4 x 4 of dk and dv each), 103 KB, 2
 # blocks (16 warps) a multiprocessor, ptxas 128 registers and 16 bytes spilled: 3.305 ms
-# against the default's 3.177. Not yet timed (session 8): dq added atomically (dq_atomic);
-# the 64-key tiles with two scores steps a trip (ptxas: 32 bytes spilled at 168 registers;
-# the scores loops 128 FFMA of 156 instructions, not 64 of 85).
+# against the default's 3.177. Session 9 (2026-11-30, run 1): dq added atomically
+# (dq_atomic) 3.085 ms against the shares' 3.175: the default at D=64 since, the shares kept
+# for deterministic=True ("dq shares" below). Not yet timed (session 8): the 64-key tiles with
+# two scores steps a trip (ptxas: 32 bytes spilled at 168 registers; the scores loops 128 FFMA
+# of 156 instructions, not 64 of 85).
 TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
                       "dkdv 32 keys": (None, None, (32, 32, 4, 4, 6, 1, True)),
-                      "dq atomic": (None, None, (64, 32, 4, 4, 3, 1, True, True)),
+                      "dq shares": (None, None, (64, 32, 4, 4, 3, 1, True)),
                       "dkdv 64 keys 2 steps": (None, None, (64, 32, 4, 4, 3, 2, True))},
                  32: {"forward 16-byte staging": ((64, 32, 4, 4), None, None),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
+# Whether attention_backward sums dq's shares in a fixed order where its dk/dv tile would add
+# them atomically (deterministic=None takes this; `train --deterministic` sets it). With the
+# atomic adds, the order in which a query's shares land varies from run to run, and so do dq's
+# last bits; PyTorch's float32 SDPA backward (the memory-efficient kernel) makes the same trade.
+DETERMINISTIC = False
+
+
+def use_deterministic(flag=True):
+    """Make attention_backward's dq reproducible to the bit (the shares summed in order) or not
+    (added atomically where the tiles say so: ~3% faster at [16,12,1024,64])."""
+    global DETERMINISTIC
+    DETERMINISTIC = bool(flag)
+
+
+def deterministic_tiles(D, tiles=None):
+    """tiles (as attention_forward takes them) whose dk/dv tile makes dq's shares to be summed
+    in a fixed order where it would add them atomically."""
+    forward, dq, dkdv = tiles or (None, None, None)
+    dkdv = dkdv or TILES[D][2]
+    if len(dkdv) > 7 and dkdv[7]:
+        dkdv = dkdv[:7] + (False,) + dkdv[8:]
+    return forward, dq, dkdv
 
 
 def _fast(D, tiles=None, arrays=(), dropout=True):
@@ -1019,9 +1043,10 @@ def attention_delta(delta, dout, out):
 
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
                        kernel="auto", rows_per_block=None, dropout_p=0.0, seed=None, site=0,
-                       tiles=None):
+                       tiles=None, deterministic=None):
     """dq, dk, dv (+)= the gradients of attention_forward (same dropout and tiles arguments);
-    delta [B,H,T] is scratch."""
+    delta [B,H,T] is scratch. deterministic: dq reproducible to the bit (None: DETERMINISTIC);
+    else the default tiles at D=64 add its shares atomically."""
     check_float32(dq=dq, dk=dk, dv=dv, delta=delta, dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     B, H, T, D = _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
                                   delta=delta)
@@ -1031,6 +1056,8 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         launch(attention_backward_reference_kernel, B * H, THREADS,
                dq, dk, dv, delta, dout, q, k, v, out, lse, scale, *drop, accumulate)
         return
+    if DETERMINISTIC if deterministic is None else deterministic:
+        tiles = deterministic_tiles(D, tiles)
     _, dq_kernel, dkdv_kernel = _fast(D, tiles, (q, k, v, dout), dropout_p > 0)
     attention_delta(delta, dout, out)
     tile, query_tile = dkdv_kernel.rows, dkdv_kernel.cols
@@ -1102,7 +1129,7 @@ def attention_forward_numpy(out, lse, q, k, v, kernel="auto", rows_per_block=Non
 
 def attention_backward_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
                              kernel="auto", rows_per_block=None, dropout_p=0.0, seed=None,
-                             site=0, tiles=None):
+                             site=0, tiles=None, deterministic=None):
     _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse, delta=delta)
     D = q.shape[-1]
     p, _ = _probabilities(q, k, lse)
