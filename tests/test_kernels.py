@@ -623,16 +623,19 @@ DELTA_HEAD_SIZES = [8, 72, 6, 136] if not GPU else [32, 64, 72, 30, 136]
 @pytest.mark.parametrize("D", DELTA_HEAD_SIZES)
 @pytest.mark.parametrize("offset", [0, 1])
 def test_attention_delta(rng, monkeypatch, D, offset):
-    """delta = dout . out per row (the scratch of the fast backward); offset 1: rows not 16-byte
-    aligned, which on a GPU must take the one-thread kernel. N = B*H*T = 30 rows: the last warp
+    """delta = dout . out per row (the scratch of the fast backward), and `zeroed` set to zeros
+    (dq before its shares are added); offset 1: rows not 16-byte aligned, which on a GPU must
+    take the one-thread kernel (and zeroed a fill of its own). N = B*H*T = 30 rows: the last warp
     of the simulator's warp kernel (4 rows) holds two."""
     B, H, T = (2, 3, 5) if not GPU else (64, 12, 256)
     launched = recording_launches(monkeypatch, attention)
     dout, out = rng.standard_normal((B, H, T, D)), rng.standard_normal((B, H, T, D))
     delta = poisoned((B, H, T))
+    zeroed = device_at(rng.standard_normal((B, H, T, D)).astype(np.float32), offset)
     attention.attention_delta(delta, device_at(dout.astype(np.float32), offset),
-                              device_at(out.astype(np.float32), offset))
+                              device_at(out.astype(np.float32), offset), zeroed)
     assert relative_error(delta.copy_to_host(), (dout * out).sum(axis=-1)) < TOLERANCE
+    assert not zeroed.copy_to_host().any(), "zeroed: every element set to 0"
     four_wide = D % 4 == 0 and D <= 128 and not (GPU and offset)
     assert launched == [attention.attention_delta4_kernel if four_wide else
                         attention.attention_delta_kernel]

@@ -94,7 +94,7 @@ def kernels():
         (A4, A4, float32, int64, int64, BOOL)
     yield "attention reference forward", attention.attention_forward_reference_kernel, \
         (A4, A3, A4, A4, A4, float32, *DROP)
-    yield "attention_delta4 (16-byte)", attention.attention_delta4_kernel, (A1, A2, A2)
+    yield "attention_delta4 (16-byte)", attention.attention_delta4_kernel, (A1, A2, A2, A2, BOOL)
     yield "attention_delta (4-byte)", attention.attention_delta_kernel, (A3, A4, A4)
     yield "split_heads4 (16-byte)", heads.split_heads4_kernel, (A4, A4, BOOL)
     yield "merge_heads4 (16-byte)", heads.merge_heads4_kernel, (A4, A4, BOOL)

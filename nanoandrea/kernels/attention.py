@@ -850,11 +850,13 @@ def attention_delta_kernel(delta, dout, out):
 
 
 @cuda.jit
-def attention_delta4_kernel(delta, dout, out):
+def attention_delta4_kernel(delta, dout, out, zeroed, zero):
     # delta[N] = dout[N,D] . out[N,D] along D (N = B*H*T rows), D % 4 == 0, D <= 4 * WARP, rows
-    # 16-byte aligned. block (WARP, DELTA_WARPS): a warp takes DELTA_ROWS consecutive rows, lane
-    # l holds d = 4l..4l+3 of each (lanes past D/4 count zero), so a row is one coalesced
-    # 16-byte load per array and lane; then each row's sum meets in warp_sum.
+    # 16-byte aligned; with zero, zeroed[N,D] = 0 too (dq, before the dk/dv kernel adds its
+    # shares into it: one pass fewer). block (WARP, DELTA_WARPS): a warp takes DELTA_ROWS
+    # consecutive rows, lane l holds d = 4l..4l+3 of each (lanes past D/4 count zero), so a
+    # row is one coalesced 16-byte load per array and lane; then each row's sum meets in
+    # warp_sum.
     # All 2 DELTA_ROWS loads of a lane are in flight at once: no `if` per row (a row past N is
     # row N-1 again, not stored), and every load before the first product (ptxas, sm_90: with
     # the products next to their loads, a row's product waited for its loads before the next
@@ -878,6 +880,11 @@ def attention_delta4_kernel(delta, dout, out):
         for r in range(DELTA_ROWS):                      # ... then the products
             for i in range(4):
                 partial[r] += g[r, i] * o[r, i]
+        if zero:
+            for r in range(DELTA_ROWS):
+                if first + r < N:
+                    store4(zeroed, (first + r, d), float32(0.0), float32(0.0), float32(0.0),
+                           float32(0.0))
     for r in range(DELTA_ROWS):
         total = warp_sum(partial[r])                     # every lane of the warp calls it
         if lane == 0 and first + r < N:
@@ -933,7 +940,8 @@ TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
                       "dkdv 32 keys": (None, None, (32, 32, 4, 4, 6, 1, True)),
                       "dq shares": (None, None, (64, 32, 4, 4, 3, 1, True)),
-                      "dkdv 64 keys 2 steps": (None, None, (64, 32, 4, 4, 3, 2, True))},
+                      "dkdv 64 keys 2 steps": (None, None, (64, 32, 4, 4, 3, 2, True)),
+                      "dq atomic 2 steps": (None, None, (64, 32, 4, 4, 3, 2, True, True))},
                  32: {"forward 16-byte staging": ((64, 32, 4, 4), None, None),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
@@ -1028,17 +1036,20 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
            rows)
 
 
-def attention_delta(delta, dout, out):
+def attention_delta(delta, dout, out, zeroed=None):
     """delta[B,H,T] = dout . out along D (dout, out [B,H,T,D]): the warp kernel on 16-byte
-    aligned rows of D % 4 == 0, D <= 4 * WARP floats, else a thread per row."""
+    aligned rows of D % 4 == 0, D <= 4 * WARP floats, else a thread per row. zeroed (None or
+    [B,H,T,D]): also set to zeros, by the warp kernel in the same pass where it can."""
     B, H, T, D = out.shape
     N = B * H * T
-    dout_rows, out_rows = dout.reshape(N, D), out.reshape(N, D)
-    if D <= 4 * WARP and aligned16(dout_rows) and aligned16(out_rows):
+    rows = [x.reshape(N, D) for x in (dout, out, out if zeroed is None else zeroed)]
+    if D <= 4 * WARP and all(aligned16(x) for x in rows):
         launch(attention_delta4_kernel, blocks(N, DELTA_WARPS * DELTA_ROWS),
-               (WARP, DELTA_WARPS), delta.reshape(N), dout_rows, out_rows)
-    else:
-        launch(attention_delta_kernel, blocks(N, THREADS), THREADS, delta, dout, out)
+               (WARP, DELTA_WARPS), delta.reshape(N), *rows, zeroed is not None)
+        return
+    launch(attention_delta_kernel, blocks(N, THREADS), THREADS, delta, dout, out)
+    if zeroed is not None:
+        fill(zeroed, 0.0)
 
 
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
@@ -1059,7 +1070,10 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
     if DETERMINISTIC if deterministic is None else deterministic:
         tiles = deterministic_tiles(D, tiles)
     _, dq_kernel, dkdv_kernel = _fast(D, tiles, (q, k, v, dout), dropout_p > 0)
-    attention_delta(delta, dout, out)
+    check(not dkdv_kernel.dq_atomic or aligned16(dq),
+          "attention: the atomic dq adds need dq's rows 16-byte aligned")
+    zero_dq = dkdv_kernel.dq_atomic and not accumulate      # (the shares are added into dq)
+    attention_delta(delta, dout, out, dq if zero_dq else None)
     tile, query_tile = dkdv_kernel.rows, dkdv_kernel.cols
     key_rows = min(T, rows_per_block or tile)
     summed = dkdv_kernel.with_dq and not dkdv_kernel.dq_atomic
@@ -1070,11 +1084,8 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         dq_target = dk
     else:       # dq from the dk/dv kernel; a block's keys are whole tiles (rows rounded up)
         key_rows = min(T, blocks(key_rows, tile) * tile)
-        if dkdv_kernel.dq_atomic:   # each share added into dq, 16 bytes at a time
-            check(aligned16(dq), "attention: the atomic dq adds need dq's rows 16-byte aligned")
-            if not accumulate:
-                fill(dq, 0.0)
-            dq_target = dq
+        if dkdv_kernel.dq_atomic:   # each share added into dq, 16 bytes at a time (dq
+            dq_target = dq          # zeroed with delta, unless accumulating)
         else:                       # one share per (query tile, key tile) pair, summed after
             ratio = tile // query_tile
             pairs = share_pair(blocks(T, query_tile), 0, ratio)
