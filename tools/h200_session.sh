@@ -34,7 +34,7 @@ for step in ${steps[@]}; do
                 # time"): the cuBLAS-shaped SGEMM tiles (8x16 a thread, 128 threads) on the
                 # 120m products, attention's deterministic dq and the 2-step dk/dv
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention \
-          --shapes "qkv,mlp,lmVp,lm head,1024x64" --variants "8x16 128,dq shares,dkdv 64 keys 2 steps" \
+          --shapes "qkv,mlp,lmVp,lm head,1024x64" --variants "8x16 128,dq shares,dq atomic 1 step" \
           --json $OUT/ready.json 2>&1 \
           | grep -v "Warn\|warn(" | tee $OUT/ready.log | grep -A40 "^summary" ;;
     variants)   # the matmul and attention tile variants, each checked, then timed

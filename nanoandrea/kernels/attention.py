@@ -912,7 +912,7 @@ THREADS = 32 if SIMULATOR else 128      # the reference kernels' block (and the 
 # product). In the simulator the tiles are tiny and unequal (ROWS x COLS = 4 x 4, 8 x 4, 4 x 4;
 # 1 x 2, 1 x 2 and 1 x 4 threads, the dq tile two runs of rows), so T=7 crosses two tiles of
 # most kinds.
-GPU_TILES = {64: ((64, 32, 4, 4, 4), (32, 32, 4, 4), (64, 32, 4, 4, 3, 1, True, True)),
+GPU_TILES = {64: ((64, 32, 4, 4, 4), (32, 32, 4, 4), (64, 32, 4, 4, 3, 2, True, True)),
              32: ((64, 32, 4, 4, 0, False), (64, 32, 4, 4), (32, 32, 4, 4, 6, 1, True))}
 SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1, 0, 1, True))
                    for D in FAST_HEAD_SIZES}
@@ -930,18 +930,17 @@ TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 # 32-key tiles' 3.531: the default since. Run 2, dropped from the list: the 32-key tiles at 4
 # blocks 3.635 ms; 64 keys x 64 queries, 256 threads (4 x 4 of dk and dv each), 103 KB, 2
 # blocks (16 warps) a multiprocessor, ptxas 128 registers and 16 bytes spilled: 3.305 ms
-# against the default's 3.177. Session 9 (2026-11-30, run 1): dq added atomically
-# (dq_atomic) 3.085 ms against the shares' 3.175: the default at D=64 since, the shares kept
-# for deterministic=True ("dq shares" below). Not yet timed (session 8): the 64-key tiles with
-# two scores steps a trip (ptxas: 32 bytes spilled at 168 registers; the scores loops 128 FFMA
-# of 156 instructions, not 64 of 85).
+# against the default's 3.177. Session 9 (2026-11-30): dq added atomically (dq_atomic) 3.085
+# ms against the shares' 3.175 (run 2), and with two scores steps a trip (ptxas: 168
+# registers, 32 bytes spilled; the scores loops 128 FFMA of 156 instructions, not 64 of 85)
+# 3.005 against 3.081 (run 3, dq zeroed by the delta kernel): the default since. The shares,
+# two scores steps, are what deterministic=True runs ("dq shares": 3.129 ms in run 2).
 TILE_VARIANTS = {64: {"forward unbounded": ((64, 32, 4, 4), None, None),
                       "dkdv 2 steps": (None, None, (32, 32, 4, 4, 4, 2, True)),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6)),
                       "dkdv 32 keys": (None, None, (32, 32, 4, 4, 6, 1, True)),
-                      "dq shares": (None, None, (64, 32, 4, 4, 3, 1, True)),
-                      "dkdv 64 keys 2 steps": (None, None, (64, 32, 4, 4, 3, 2, True)),
-                      "dq atomic 2 steps": (None, None, (64, 32, 4, 4, 3, 2, True, True))},
+                      "dq shares": (None, None, (64, 32, 4, 4, 3, 2, True)),
+                      "dq atomic 1 step": (None, None, (64, 32, 4, 4, 3, 1, True, True))},
                  32: {"forward 16-byte staging": ((64, 32, 4, 4), None, None),
                       "dq kernel": (None, None, (32, 32, 4, 4, 6))}}
 _fast_kernels = {}
