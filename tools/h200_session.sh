@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device session on the H200 (see docs/gpu-runs.md): the quality run of issue 3, the test
 # suite on the GPU, and where a training step's time goes. Logs and results go to $OUT.
-#   usage: bash tools/h200_session.sh [train|tests|profile|bench|ready|variants|ncu-attention|
-#                                      ncu-matmul ...]
+#   usage: bash tools/h200_session.sh [train|tests|profile|bench|ready|e2e|variants|
+#                                      ncu-attention|ncu-matmul ...]
 #          (default: train tests profile; each call of the device tool has 10 minutes: in
 #          session 4 the whole bench needed more than 300 s and the suite ~200 s in 14 workers,
 #          so "bench" in one call, "tests" in another)
@@ -31,12 +31,15 @@ for step in ${steps[@]}; do
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
     ready)      # what was built after the last device time ran out (docs/perf.md, "Ready to
-                # time"): the cuBLAS-shaped SGEMM tiles (8x16 a thread, 128 threads) on the
-                # 120m products, attention's deterministic dq and the 2-step dk/dv
-      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention \
-          --shapes "qkv,mlp,lmVp,lm head,1024x64" --variants "8x16 128,dq shares,dq atomic 1 step" \
+                # time"): the LM head at 50257 through the cp.async pipeline's 4-byte copies
+                # (no padded copies), the LM head's input gradient split along its K
+      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul \
+          --shapes "lm head,lmVp" --variants "cp.async 4-byte,dX k_splits" \
           --json $OUT/ready.json 2>&1 \
           | grep -v "Warn\|warn(" | tee $OUT/ready.log | grep -A40 "^summary" ;;
+    e2e)        # training tokens/s, ours (eager and graph) against PyTorch's GPT-2, same B, T
+      timeout ${E2E_TIMEOUT:-300} python3 tools/bench.py --only e2e ${MODELS:+--models $MODELS} \
+          --json $OUT/e2e.json 2>&1 | grep -v "Warn\|warn(" | tee $OUT/e2e.log | tail -6 ;;
     variants)   # the matmul and attention tile variants, each checked, then timed
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention --variants \
           --json $OUT/variants.json 2>&1 | tee $OUT/variants.log | grep -A80 "^summary" ;;

@@ -2,6 +2,9 @@
 
     copy16_async(dst, (i, .., j), src, (r, .., c), valid)
         dst[i, .., j:j+4] = src[r, .., c:c+4] if valid else 0      16 bytes, started, not waited for
+    copy4_async(dst, (i, .., j), src, (r, .., c), valid)
+        dst[i, .., j] = src[r, .., c] if valid else 0              4 bytes: any alignment, and
+                                                                   any place in dst (a transpose)
     commit_copies()          the copies started since the last commit form one group
     wait_copies(n)()         wait until at most n groups are still in flight (n: a Python int)
 
@@ -15,11 +18,12 @@ block has passed a barrier.
 Numba has no API for it, so these are Numba intrinsics whose code is inline PTX (llvmlite
 InlineAsm), as kernels/vector.py's load4 and store4 are LLVM IR:
     cp.async.cg.shared.global [dst], [src], 16, src_size;    (src_size 0: 16 zero bytes written)
+    cp.async.ca.shared.global [dst], [src], 4, src_size;     (4 bytes, through the L1 cache)
 The array pointers Numba holds are generic addresses; `cvta.to.shared` and `cvta.to.global` turn
-them into the state spaces the instruction takes. The caller guarantees 16-byte alignment of
-both addresses (rows of a multiple of 4 floats, aligned bases: vector.aligned16) and, even when
-valid is False, that src's index is inside the array (nothing is read then; the address stays
-legal).
+them into the state spaces the instruction takes. For the 16-byte copy the caller guarantees
+16-byte alignment of both addresses (rows of a multiple of 4 floats, aligned bases:
+vector.aligned16); for either, even when valid is False, that src's index is inside the array
+(nothing is read then; the address stays legal).
 
 Under the CUDA simulator there is no PTX: the copy happens at once (a legal schedule of an
 asynchronous copy), and committing and waiting do nothing.
@@ -32,6 +36,9 @@ if SIMULATOR:
         *rows, c = src_index
         for e in range(4):
             dst[tuple(outer) + (j + e,)] = src[tuple(rows) + (c + e,)] if valid else 0.0
+
+    def copy4_async(dst, dst_index, src, src_index, valid):
+        dst[dst_index] = src[src_index] if valid else 0.0
 
     def commit_copies():
         pass
@@ -49,32 +56,43 @@ else:
     from .vector import _asm, _check, _element_pointer
 
     I32, I64 = ir.IntType(32), ir.IntType(64)
-    COPY16 = """{
+    COPY = """{{
     .reg .u64 shared_64, global_address;
     .reg .u32 shared_address;
     cvta.to.shared.u64 shared_64, $0;
     cvt.u32.u64 shared_address, shared_64;
     cvta.to.global.u64 global_address, $1;
-    cp.async.cg.shared.global [shared_address], [global_address], 16, $2;
-}"""
+    cp.async.{cache}.shared.global [shared_address], [global_address], {size}, $2;
+}}"""
 
-    @intrinsic
-    def copy16_async(typingctx, dst, dst_index, src, src_index, valid):
-        _check(dst, dst_index)
-        _check(src, src_index)
+    def _copy_async(size, cache):
+        """The intrinsic copy<size>_async: one cp.async of `size` bytes (src_size 0 when not
+        valid: zeros written, nothing read)."""
+        code = COPY.format(cache=cache, size=size)
 
-        def codegen(context, builder, signature, args):
-            dst_pointer = _element_pointer(context, builder, signature.args[0], args[0],
-                                           signature.args[1], args[1])
-            src_pointer = _element_pointer(context, builder, signature.args[2], args[2],
-                                           signature.args[3], args[3])
-            is_valid = context.cast(builder, args[4], signature.args[4], types.boolean)
-            size = builder.select(is_valid, ir.Constant(I32, 16), ir.Constant(I32, 0))
-            _asm(builder, COPY16, "l,l,r,~{memory}",
-                 [builder.ptrtoint(dst_pointer, I64), builder.ptrtoint(src_pointer, I64), size],
-                 [I64, I64, I32])
+        @intrinsic
+        def copy_async(typingctx, dst, dst_index, src, src_index, valid):
+            _check(dst, dst_index)
+            _check(src, src_index)
 
-        return types.void(dst, dst_index, src, src_index, valid), codegen
+            def codegen(context, builder, signature, args):
+                dst_pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                               signature.args[1], args[1])
+                src_pointer = _element_pointer(context, builder, signature.args[2], args[2],
+                                               signature.args[3], args[3])
+                is_valid = context.cast(builder, args[4], signature.args[4], types.boolean)
+                source_size = builder.select(is_valid, ir.Constant(I32, size),
+                                             ir.Constant(I32, 0))
+                _asm(builder, code, "l,l,r,~{memory}",
+                     [builder.ptrtoint(dst_pointer, I64), builder.ptrtoint(src_pointer, I64),
+                      source_size], [I64, I64, I32])
+
+            return types.void(dst, dst_index, src, src_index, valid), codegen
+        return copy_async
+
+    copy16_async = _copy_async(16, "cg")    # (.cg, past L1: each 16 bytes are read once)
+    copy4_async = _copy_async(4, "ca")      # (.cg takes 16 bytes only; a warp's 4-byte copies
+                                            # of a row's 32 floats meet in L1)
 
     @intrinsic
     def commit_copies(typingctx):

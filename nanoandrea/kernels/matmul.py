@@ -34,7 +34,7 @@ from numba import cuda, float32
 
 import numpy as np
 
-from .asynccopy import commit_copies, copy16_async, wait_copies
+from .asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
 from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
                    gelu_forward_numpy, gelu_value)
 from .pad import pad, padded_length, unpad
@@ -121,9 +121,11 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     covers rows (of a_tiles) and columns (of b_tiles): 2 x 16 threads read 2 + 16 runs a step
     of k (1 + 2 wavefronts a load), 4 x 8 threads 4 + 8 (1 + 1).
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
-    through registers, `stages` of them in flight (a pipeline); only for operands whose rows
-    run along M or N (transpose_a and not transpose_b: the weight gradients), read 16 bytes at
-    a time.
+    through registers, `stages` of them in flight (a pipeline): 16 bytes a copy for an operand
+    whose rows run along M or N (a transposed, b not) and are 16-byte runs (vector), else 4
+    bytes a copy, which may land anywhere: a slice whose rows run along k is transposed by
+    its copies, and rows of any alignment are read (the LM head at V = 50257 without padded
+    copies).
     """
     THREADS_M = BM // 8
     TC = thread_cols                        # a thread's columns: RUNS_N runs of 4, RUN_N apart
@@ -153,9 +155,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     if gelu and gelu_grad:
         raise ValueError("matmul: one GELU epilogue, forward (gelu) or backward (gelu_grad)")
     gather_epilogue = gather_epilogue or gelu_grad
-    if stages and (A_ALONG_K or B_ALONG_K or not vector_a or not vector_b or stages < 2):
-        raise ValueError("matmul: the cp.async pipeline takes 2 or more stages of operands "
-                         "whose aligned rows run along M or N (transpose_a, not transpose_b)")
+    if stages and stages < 2:
+        raise ValueError("matmul: the cp.async pipeline takes 2 or more stages")
+    A_COPIES, B_COPIES = -(-BM * BK // THREADS), -(-BK * BN // THREADS)    # 4-byte copies
     WAIT_FOR_OLDEST = wait_copies(stages - 2) if stages else None
     WAIT_FOR_ALL = wait_copies(0)
 
@@ -427,34 +429,57 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
 
     @cuda.jit(device=True, inline="always")
-    def copy_slice(tiles, stage, x, chunks, total, width, size, k_end, first, k0, tid):
-        # one operand's slice x[k0:k0+BK, first:first+width] (x[K, size], rows along M or N)
-        # into tiles[stage] with cp.async, 16 bytes per chunk; zeros outside x[:k_end, :size]
-        for r in range(chunks):
-            chunk = tid + r * THREADS
-            if total % THREADS != 0 and chunk >= total:
+    def copy_slice(tiles, stage, x, chunks, total, copies, along_k, width, vector, size, k_end,
+                   first, k0, tid):
+        # one operand's slice into tiles[stage, k, i] with cp.async, zeros outside x[:size,
+        # :k_end] (along_k: x[size, K], the slice x[first:first+width, k0:k0+BK]) or x[:k_end,
+        # :size] (x[K, size], the slice x[k0:k0+BK, first:first+width])
+        if vector and not along_k:      # 16 bytes a copy
+            for r in range(chunks):
+                chunk = tid + r * THREADS
+                if total % THREADS != 0 and chunk >= total:
+                    continue
+                k, i = chunk // (width // 4), (chunk % (width // 4)) * 4
+                valid = k0 + k < k_end and first + i < size
+                copy16_async(tiles, (stage, k, i), x, (k0 + k if valid else 0,
+                                                       first + i if valid else 0), valid)
+            return
+        # 4 bytes a copy, consecutive threads on consecutive floats of x: a warp reads 128
+        # bytes of a row (or 8 floats of each of 4 rows along k, which land transposed, on 32
+        # different banks: the tiles' rows are width + 4 floats)
+        for r in range(copies):
+            f = tid + r * THREADS
+            if (width * BK) % THREADS != 0 and f >= width * BK:
                 continue
-            k, i = chunk // (width // 4), (chunk % (width // 4)) * 4
-            valid = k0 + k < k_end and first + i < size
-            copy16_async(tiles, (stage, k, i), x, (k0 + k if valid else 0,
-                                                   first + i if valid else 0), valid)
+            if along_k:
+                i, k = f // BK, f % BK
+                valid = k0 + k < k_end and first + i < size
+                copy4_async(tiles, (stage, k, i), x, (first + i if valid else 0,
+                                                      k0 + k if valid else 0), valid)
+            else:
+                k, i = f // width, f % width
+                valid = k0 + k < k_end and first + i < size
+                copy4_async(tiles, (stage, k, i), x, (k0 + k if valid else 0,
+                                                      first + i if valid else 0), valid)
 
     @cuda.jit(**bounds)
     def pipelined_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
-        # as blocked_matmul_kernel, for a[K,M], b[K,N]; `stages` slices in flight
+        # as blocked_matmul_kernel; `stages` slices in flight
         a_tiles = cuda.shared.array((stages, BK, A_PAD), float32)
         b_tiles = cuda.shared.array((stages, BK, B_PAD), float32)
         acc = cuda.local.array((8, TC), float32)
         a_frag = cuda.local.array(8, float32)
         b_frag = cuda.local.array(TC, float32)
         M, N = out.shape[1], out.shape[2]
-        K = a.shape[0]
+        K = a.shape[0] if transpose_a else a.shape[1]
         z, k_start, k_end, tid, ty, tx, m0, n0 = block_start(acc, K, k_per_split)
 
         # the first stages - 1 slices start on their way, a group each
         for s in range(stages - 1):
-            copy_slice(a_tiles, s, a, A_CHUNKS, A_TOTAL, BM, M, k_end, m0, k_start + s * BK, tid)
-            copy_slice(b_tiles, s, b, B_CHUNKS, B_TOTAL, BN, N, k_end, n0, k_start + s * BK, tid)
+            copy_slice(a_tiles, s, a, A_CHUNKS, A_TOTAL, A_COPIES, A_ALONG_K, BM, vector_a, M,
+                       k_end, m0, k_start + s * BK, tid)
+            copy_slice(b_tiles, s, b, B_CHUNKS, B_TOTAL, B_COPIES, B_ALONG_K, BN, vector_b, N,
+                       k_end, n0, k_start + s * BK, tid)
             commit_copies()
         stage = 0
         for k0 in range(k_start, k_end, BK):
@@ -462,10 +487,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             cuda.syncthreads()      # ... and everyone's; everyone is done with the last slice
             # so its stage takes the slice stages - 1 ahead (zeros past k_end: groups stay even)
             ahead = stage - 1 if stage > 0 else stages - 1      # (stage + stages - 1) % stages
-            copy_slice(a_tiles, ahead, a, A_CHUNKS, A_TOTAL, BM, M, k_end, m0,
-                       k0 + (stages - 1) * BK, tid)
-            copy_slice(b_tiles, ahead, b, B_CHUNKS, B_TOTAL, BN, N, k_end, n0,
-                       k0 + (stages - 1) * BK, tid)
+            copy_slice(a_tiles, ahead, a, A_CHUNKS, A_TOTAL, A_COPIES, A_ALONG_K, BM, vector_a,
+                       M, k_end, m0, k0 + (stages - 1) * BK, tid)
+            copy_slice(b_tiles, ahead, b, B_CHUNKS, B_TOTAL, B_COPIES, B_ALONG_K, BN, vector_b,
+                       N, k_end, n0, k0 + (stages - 1) * BK, tid)
             commit_copies()
             for kk in range(0, BK, 8):
                 slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, stage, kk, ty, tx)
