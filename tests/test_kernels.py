@@ -88,15 +88,20 @@ def test_matmul_cp_async_pipeline_equals_register_staging(rng):
     assert np.array_equal(staged.copy_to_host(), pipelined.copy_to_host())
 
 
-@pytest.mark.parametrize("transpose_a,transpose_b",
-                         [(False, False), (False, True), (True, False), (True, True)])
-@pytest.mark.parametrize("aligned", [True, False])
+ORIENTATIONS = [(False, False), (False, True), (True, False), (True, True)]
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b,aligned,tiles",
+                         [(ta, tb, aligned, {}) for ta, tb in ORIENTATIONS
+                          for aligned in (True, False)]
+                         + [(False, False, False, dict(BN=96)), (True, False, False, dict(BN=96))])
 def test_matmul_cp_async_pipeline_any_operands(rng, monkeypatch, transpose_a, transpose_b,
-                                               aligned):
+                                               aligned, tiles):
     """The pipeline for every orientation of the operands: slices whose rows run along k are
     copied 4 bytes at a time and land transposed, and so are rows that are not 16-byte runs
     (on a GPU one float off; the simulator has no addresses, so there aligned16 is made to
-    say no). Same products in the same order as the register-staged kernel: the same bits."""
+    say no); with 192 threads (BN=96) a's slice does not divide among them. Same products in
+    the same order as the register-staged kernel: the same bits."""
     M, N, K = (12, 20, 44) if not GPU else (1000, 388, 4100)
     if not GPU and not aligned:
         monkeypatch.setattr(matmul, "aligned16", lambda array: False)
@@ -106,8 +111,8 @@ def test_matmul_cp_async_pipeline_any_operands(rng, monkeypatch, transpose_a, tr
     staged, pipelined = poisoned((M, N)), poisoned((M, N))
     options = dict(transpose_a=transpose_a, transpose_b=transpose_b, kernel="blocked",
                    copy_b_transposed=False, pad_unaligned=False)
-    matmul.matmul(staged, A, B, **options)
-    matmul.matmul(pipelined, A, B, tiles=dict(stages=3), **options)
+    matmul.matmul(staged, A, B, tiles=tiles, **options)
+    matmul.matmul(pipelined, A, B, tiles=dict(tiles, stages=3), **options)
     want = np.empty((M, N))
     matmul.matmul_numpy(want, a, b, transpose_a=transpose_a, transpose_b=transpose_b)
     assert relative_error(pipelined.copy_to_host(), want) < TOLERANCE
