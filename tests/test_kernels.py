@@ -94,14 +94,16 @@ ORIENTATIONS = [(False, False), (False, True), (True, False), (True, True)]
 @pytest.mark.parametrize("transpose_a,transpose_b,aligned,tiles",
                          [(ta, tb, aligned, {}) for ta, tb in ORIENTATIONS
                           for aligned in (True, False)]
-                         + [(False, False, False, dict(BN=96)), (True, False, False, dict(BN=96))])
+                         + [(False, False, False, dict(BN=96)), (True, False, False, dict(BN=96)),
+                            (True, False, True, dict(BK=16))])
 def test_matmul_cp_async_pipeline_any_operands(rng, monkeypatch, transpose_a, transpose_b,
                                                aligned, tiles):
     """The pipeline for every orientation of the operands: slices whose rows run along k are
     copied 4 bytes at a time and land transposed, and so are rows that are not 16-byte runs
     (on a GPU one float off; the simulator has no addresses, so there aligned16 is made to
-    say no); with 192 threads (BN=96) a's slice does not divide among them. Same products in
-    the same order as the register-staged kernel: the same bits."""
+    say no); with 192 threads (BN=96) a's slice does not divide among them; slices of 16
+    (BK=16, a weight gradient). Same products in the same order as the register-staged
+    kernel: the same bits."""
     M, N, K = (12, 20, 44) if not GPU else (1000, 388, 4100)
     if not GPU and not aligned:
         monkeypatch.setattr(matmul, "aligned16", lambda array: False)
@@ -122,6 +124,8 @@ def test_matmul_cp_async_pipeline_any_operands(rng, monkeypatch, transpose_a, tr
 def test_matmul_cp_async_pipeline_refuses_one_stage():
     with pytest.raises(ValueError, match="cp.async pipeline"):
         matmul.make_blocked_matmul_kernel(True, False, stages=1)
+    with pytest.raises(ValueError, match="cp.async pipeline"):
+        matmul.make_blocked_matmul_kernel(True, False, stages=2, BK=24)
 
 
 @pytest.mark.parametrize("kernel,k_splits", [("tiled", None), ("blocked", None), ("blocked", 2)])

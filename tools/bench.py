@@ -199,19 +199,24 @@ def bench_matmul(args):
                               lambda splits=splits: matmul_kernels.matmul(
                                   out_dx, DY, W, transpose_b=True, k_splits=splits),
                               lambda: dy @ w.T, out_dx))
-        if n < 50257:                       # the weight gradient with half and twice the slices
-            chosen = matmul_kernels.split_count(k, n, m, (128, 128, 8))   # of K split_count picks
-            dw_variants = [(f"k_splits={splits}", splits, None) for splits in
-                           sorted({max(1, chosen // 2), 2 * chosen} - {chosen})]
+        # the weight gradient in slices of 16 (one barrier a 1024 FFMA, not 512; ptxas: 128
+        # registers, no spills, the k loop 1191 instructions for 1024 FFMA against the
+        # default's 578 for 512; Nsight Compute found the weight gradient the most
+        # barrier-stalled of the three products, session 9)
+        dw_variants = [("BK16, cp.async 2 stages", None, dict(BK=16, stages=2))]
+        if n < 50257:                       # with half and twice the slices of K split_count
+            chosen = matmul_kernels.split_count(k, n, m, (128, 128, 8))             # picks
+            dw_variants += [(f"k_splits={splits}", splits, None) for splits in
+                            sorted({max(1, chosen // 2), 2 * chosen} - {chosen})]
             dw_variants += [(f"cp.async, {stages} stages", None, dict(stages=stages))
                             for stages in (3, 4)]     # ... and with its slices copied by cp.async
             dw_variants += [("8x16 128 threads, cp.async 3 stages", None,       # (cuBLAS's)
                              dict(thread_cols=16, blocks_per_sm=2, stages=3))]
-            for variant, splits, tiles in [v for v in dw_variants if wanted(args, v[0])]:
-                cases.append((f"bwd dW=X^T.dY [{variant}]",
-                              lambda splits=splits, tiles=tiles: matmul_kernels.matmul(
-                                  out_dw, X, DY, transpose_a=True, k_splits=splits, tiles=tiles),
-                              lambda: x.T @ dy, out_dw))
+        for variant, splits, tiles in [v for v in dw_variants if wanted(args, v[0])]:
+            cases.append((f"bwd dW=X^T.dY [{variant}]",
+                          lambda splits=splits, tiles=tiles: matmul_kernels.matmul(
+                              out_dw, X, DY, transpose_a=True, k_splits=splits, tiles=tiles),
+                          lambda: x.T @ dy, out_dw))
         if "down" in label:
             gelu_backward_pair(args, label, m, n, k, DY, W, out_dx)
         for name, ours, theirs, out in cases:

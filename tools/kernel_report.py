@@ -42,6 +42,12 @@ def kernels():
     variants = [
         ("blocked matmul TN, cp.async 3 stages",            # a weight gradient, pipelined
          blocked(True, False, (True, True, True), dict(stages=3))),
+        ("blocked matmul TN BK=16, cp.async 2 stages",      # ... in slices of 16
+         blocked(True, False, (True, True, True), dict(BK=16, stages=2))),
+        ("blocked matmul TN, cp.async 3 stages, a 4-byte",  # the LM head's dW at V = 50257
+         blocked(True, False, (False, True, True), dict(stages=3))),
+        ("blocked matmul NT, cp.async 3 stages, 4-byte",    # its dX there (both operands)
+         blocked(False, True, (False, False, True), dict(stages=3))),
         ("blocked matmul NN, GELU epilogue",                # the MLP's first layer
          blocked(False, False, (True, True, True), gelu=True)),
         ("blocked matmul NN, GELU-backward epilogue",       # the MLP's dH, times gelu'(H),
