@@ -175,24 +175,25 @@ def bench_matmul(args):
         variants.update({name: tiles for name, tiles in
                          (MATMUL_VARIANTS if n < 50257 else LM_VARIANTS).items()
                          if wanted(args, name)})
+        pipelined = []
         if n % 4:                           # rows of V floats: padded copies, or 4 bytes at a time
+            if wanted(args, "cp.async 4-byte"):     # (the cp.async pipeline's 4-byte copies)
+                pipelined = [(f"{name} [cp.async 4-byte]", ta, tb, out, a, b, theirs)
+                             for name, ta, tb, out, a, b, theirs, copy, _ in products
+                             if copy is None]
             products += [(f"{name} [4-byte kernels]", ta, tb, out, a, b, theirs, None, False)
                          for name, ta, tb, out, a, b, theirs, copy, _ in products if copy is None]
-            if wanted(args, "cp.async 4-byte"):     # ... or the cp.async pipeline's 4-byte copies
-                products += [(f"{name} [cp.async 4-byte]", ta, tb, out, a, b, theirs, False, False)
-                             for name, ta, tb, out, a, b, theirs, copy, _ in products
-                             if copy is None and "[" not in name]
         cases = [(f"{name} [{variant}]" if variant else name,
                   lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles, copy=copy, pads=pads:
                   matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles,
                                         copy_b_transposed=copy, pad_unaligned=pads), theirs, out)
                  for name, ta, tb, out, a, b, theirs, copy, pads in products
                  for variant, tiles in variants.items()
-                 if ((copy is None and pads is None) or not variant) and "cp.async" not in name]
+                 if (copy is None and pads is None) or not variant]
         cases += [(name, lambda out=out, a=a, b=b, ta=ta, tb=tb: matmul_kernels.matmul(
                        out, a, b, transpose_a=ta, transpose_b=tb, tiles=dict(stages=3),
                        copy_b_transposed=False, pad_unaligned=False), theirs, out)
-                  for name, ta, tb, out, a, b, theirs, _, _ in products if "cp.async" in name]
+                  for name, ta, tb, out, a, b, theirs in pipelined]
         if n >= 50257 and wanted(args, "dX k_splits"):  # the input gradient's K is the vocabulary:
             for splits in (2, 3):                       # 768 output tiles, 2.9 waves, in slices
                 cases.append((f"bwd dX=dY.W^T [dX k_splits={splits}]",

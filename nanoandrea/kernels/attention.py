@@ -1041,6 +1041,7 @@ def attention_delta(delta, dout, out, zeroed=None):
     [B,H,T,D]): also set to zeros, by the warp kernel in the same pass where it can."""
     B, H, T, D = out.shape
     N = B * H * T
+    # (without zeroed, out stands in for it: the kernel then leaves it alone)
     rows = [x.reshape(N, D) for x in (dout, out, out if zeroed is None else zeroed)]
     if D <= 4 * WARP and all(aligned16(x) for x in rows):
         launch(attention_delta4_kernel, blocks(N, DELTA_WARPS * DELTA_ROWS),

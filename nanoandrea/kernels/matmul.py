@@ -155,9 +155,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     if gelu and gelu_grad:
         raise ValueError("matmul: one GELU epilogue, forward (gelu) or backward (gelu_grad)")
     gather_epilogue = gather_epilogue or gelu_grad
-    if stages and (stages < 2 or BK not in (8, 16)):
-        raise ValueError("matmul: the cp.async pipeline takes 2 or more stages of BK = 8 or 16")
-    A_COPIES, B_COPIES = -(-BM * BK // THREADS), -(-BK * BN // THREADS)    # 4-byte copies
+    if stages and (stages < 2 or BK not in (8, 16) or THREADS % BK != 0):
+        raise ValueError("matmul: the cp.async pipeline takes 2 or more stages of BK = 8 or 16 "
+                         "(and threads a multiple of BK)")
+    LINE = THREADS // BK                    # its 4-byte copies: threads on a line of a slice
     WAIT_FOR_OLDEST = wait_copies(stages - 2) if stages else None
     WAIT_FOR_ALL = wait_copies(0)
 
@@ -429,8 +430,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
 
     @cuda.jit(device=True, inline="always")
-    def copy_slice(tiles, stage, x, chunks, total, copies, along_k, width, vector, size, k_end,
-                   first, k0, tid):
+    def copy_slice(tiles, stage, x, chunks, total, along_k, width, vector, size, k_end, first,
+                   k0, tid):
         # one operand's slice into tiles[stage, k, i] with cp.async, zeros outside x[:size,
         # :k_end] (along_k: x[size, K], the slice x[first:first+width, k0:k0+BK]) or x[:k_end,
         # :size] (x[K, size], the slice x[k0:k0+BK, first:first+width])
@@ -444,41 +445,35 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 copy16_async(tiles, (stage, k, i), x, (k0 + k if valid else 0,
                                                        first + i if valid else 0), valid)
             return
-        # 4 bytes a copy, consecutive threads on consecutive floats of x. Each copy's address
-        # is a row's (the same every slice, or once a slice) plus a column, so that the k loop
-        # spends few instructions on them (SASS: 664 against the 16-byte pipeline's 609 for
-        # TN, where an index worked out whole for each copy took 696).
-        if (width * BK) % THREADS != 0 or (not along_k and width % copies != 0):
-            # (tiles whose threads do not divide the slice: copy f = tid + r THREADS of it)
-            for r in range(copies):
-                f = tid + r * THREADS
-                if f >= width * BK:
-                    continue
-                i, k = (f // BK, f % BK) if along_k else (f % width, f // width)
-                valid = k0 + k < k_end and first + i < size
-                copy4_async(tiles, (stage, k, i), x, (first + i if valid else 0,
-                                                      k0 + k if valid else 0) if along_k else
-                            (k0 + k if valid else 0, first + i if valid else 0), valid)
-            return
+        # 4 bytes a copy: the slice is BK lines of width floats (rows of x along M or N, or
+        # its columns along k), LINE = THREADS / BK threads on each, consecutive threads on
+        # consecutive floats of x. Each copy's address is a row's (the same every slice, or
+        # once a slice) plus a column, so that the k loop spends few instructions on them
+        # (SASS: 665 against the 16-byte pipeline's 609 for TN, where an index worked out whole
+        # for each copy took 696).
+        copies = -(-width // LINE)
         if along_k:
-            # x[size, K]: a thread copies column k0 + k of rows THREADS / BK apart; a warp 8
-            # floats of each of 4 rows, which land transposed on 32 different banks (the tiles'
-            # rows are width + 4 floats)
+            # x[size, K]: a thread copies column k0 + k of rows LINE apart; a warp 8 floats of
+            # each of 4 rows, which land transposed on 32 different banks (the tiles' rows are
+            # width + 4 floats)
             k = tid % BK
             column = k0 + k if k0 + k < k_end else 0
             for r in range(copies):
-                i = tid // BK + r * (THREADS // BK)
+                i = tid // BK + r * LINE
+                if width % LINE != 0 and i >= width:
+                    continue
                 row = first + i
                 copy4_async(tiles, (stage, k, i), x[row if row < size else 0], (column,),
                             k0 + k < k_end and row < size)
             return
-        # x[K, size], rows along M or N: a thread's copies all in one row of x, `run` floats
+        # x[K, size], rows along M or N: a thread's copies all in one row of x, LINE floats
         # apart; a warp's 32 on consecutive floats of a row
-        run = width // copies
-        k, c = tid // run, tid % run
+        k, c = tid // LINE, tid % LINE
         row = x[k0 + k if k0 + k < k_end else 0]
         for r in range(copies):
-            i = c + r * run
+            i = c + r * LINE
+            if width % LINE != 0 and i >= width:
+                continue
             column = first + i          # (its clamp the same every slice: worked out once)
             copy4_async(tiles, (stage, k, i), row, (column if column < size else 0,),
                         k0 + k < k_end and column < size)
@@ -497,9 +492,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
 
         # the first stages - 1 slices start on their way, a group each
         for s in range(stages - 1):
-            copy_slice(a_tiles, s, a, A_CHUNKS, A_TOTAL, A_COPIES, A_ALONG_K, BM, vector_a, M,
+            copy_slice(a_tiles, s, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, M,
                        k_end, m0, k_start + s * BK, tid)
-            copy_slice(b_tiles, s, b, B_CHUNKS, B_TOTAL, B_COPIES, B_ALONG_K, BN, vector_b, N,
+            copy_slice(b_tiles, s, b, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, vector_b, N,
                        k_end, n0, k_start + s * BK, tid)
             commit_copies()
         stage = 0
@@ -508,9 +503,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             cuda.syncthreads()      # ... and everyone's; everyone is done with the last slice
             # so its stage takes the slice stages - 1 ahead (zeros past k_end: groups stay even)
             ahead = stage - 1 if stage > 0 else stages - 1      # (stage + stages - 1) % stages
-            copy_slice(a_tiles, ahead, a, A_CHUNKS, A_TOTAL, A_COPIES, A_ALONG_K, BM, vector_a,
+            copy_slice(a_tiles, ahead, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a,
                        M, k_end, m0, k0 + (stages - 1) * BK, tid)
-            copy_slice(b_tiles, ahead, b, B_CHUNKS, B_TOTAL, B_COPIES, B_ALONG_K, BN, vector_b,
+            copy_slice(b_tiles, ahead, b, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, vector_b,
                        N, k_end, n0, k0 + (stages - 1) * BK, tid)
             commit_copies()
             # (BK = 16 written out: as a loop over kk it stayed rolled in SASS, 1234

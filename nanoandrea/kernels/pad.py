@@ -52,7 +52,9 @@ def copy_corner_kernel(out, x, accumulate):
     # kernel's 118 and 131 (sm_90, 2026-11-29). Over the LM head's 206 million such steps the
     # old loops come to ~2.1 and ~2.6 ms of instruction issue on the H200, about what the copies
     # were inferred to cost there: ~2.3 ms for pad and ~4 ms for unpad, the padded products'
-    # times less the aligned ones'. Not profiled.)
+    # times less the aligned ones'. Timed alone with this kernel (H200, 2026-11-30, session 9):
+    # pad 2.70 ms (2.4 TB/s, torch's F.pad 3.0 ms), unpad 3.45 ms (1.9 TB/s, torch's slice
+    # copy 2.3 ms): the instructions were not what held them; not profiled.)
     R, C = out.shape
     RX, CX = x.shape
     c = cuda.blockIdx.x * RUN + cuda.threadIdx.x
