@@ -298,7 +298,8 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
 MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
                    "8x16 a thread": dict(BN=256, thread_cols=16, blocks_per_sm=1),
                    "warps 4x8": dict(warp_rows=4),
-                   "8x16 128 threads": dict(thread_cols=16, blocks_per_sm=2)}
+                   "8x16 128 threads": dict(thread_cols=16, blocks_per_sm=2),
+                   "128x256 cp.async": dict(BN=256, thread_cols=16, blocks_per_sm=1, stages=3)}
 LM_VARIANTS = {name: MATMUL_VARIANTS[name] for name in ("8x16 a thread", "warps 4x8")}
 
 
