@@ -17,7 +17,7 @@ from nanoandrea.kernels import (adamw, attention, crossentropy, dropout, element
                                 gelu, heads, layernorm, matmul, pad)
 from nanoandrea.kernels.launch import current_stream, launch
 from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
-from nanoandrea.kernels.vector import load4, load4_unaligned, store4
+from nanoandrea.kernels.vector import load4, store4
 
 TOLERANCE = 2e-5 if not GPU else 1e-4      # float32 kernels against a float64 reference
 
@@ -927,33 +927,6 @@ def test_adamw_and_grad_norm(rng):
 
 
 # --- dynamic shared memory -------------------------------------------------------------------
-
-@cuda.jit
-def every_unaligned_chunk(out, x):
-    # out[i, j] = x[i, j:j+4] through load4_unaligned, for every j with j + 3 in the row
-    i, j = cuda.grid(2)
-    if i < x.shape[0] and j + 3 < x.shape[1]:
-        x0, x1, x2, x3 = load4_unaligned(x, (i, j))
-        out[i, j, 0] = x0
-        out[i, j, 1] = x1
-        out[i, j, 2] = x2
-        out[i, j, 3] = x3
-
-
-@pytest.mark.parametrize("offset,wider", [(0, 0), (1, 0), (3, 0), (2, 2)])
-def test_load4_unaligned_reads_every_chunk(rng, offset, wider):
-    """Four floats from any column of rows of any length (13 or 1001 floats; cut from rows 2
-    wider), a first element 1-3 floats past 16 bytes): two 16-byte runs and the four picked out by
-    the first one's place in its run, every place; the simulator computes the places from the
-    array's start (it has no addresses), the GPU from the address."""
-    rows, cols = (5, 13) if not GPU else (33, 1001)
-    wide = rng.standard_normal((rows, cols + wider)).astype(np.float32)
-    x = device_at(wide, offset)[:, :cols]
-    out = poisoned((rows, cols - 3, 4))
-    every_unaligned_chunk[(rows, -(-(cols - 3) // 32)), (1, 32)](out, x)
-    want = np.stack([wide[:, j:j + 4] for j in range(cols - 3)], axis=1)
-    assert np.array_equal(out.copy_to_host(), want)
-
 
 SWAP_ROWS, SWAP_COLS = (4, 8) if not GPU else (128, 68)     # on the GPU 2 x 34.8 KB: over 48 KB
 

@@ -40,7 +40,7 @@ from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_for
 from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
                      current_stream, elementwise_grid, launch)
-from .vector import aligned16, load4, load4_unaligned, store4
+from .vector import aligned16, load4, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
 
@@ -165,14 +165,13 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     @cuda.jit(device=True, inline="always")
     def read_chunk(x, rows, cols, r, c, vector):
         # x[r, c:c+4], zeros outside x[:rows, :cols]; 16 bytes at once when vector (then
-        # cols % 4 == 0, so a chunk is all in or all out), else two 16-byte runs around the
-        # chunk where it is all in, 4 bytes at a time at the edges
+        # cols % 4 == 0, so a chunk is all in or all out). (Rows that are not 16-byte runs
+        # read through the two 16-byte runs around a chunk and ten selects were 6-12% slower
+        # than these four 4-byte loads on the LM head at V = 50257: docs/perf.md, v12.)
         if vector:
             if r < rows and c < cols:
                 return load4(x, (r, c))
             return float32(0.0), float32(0.0), float32(0.0), float32(0.0)
-        if r < rows and c + 3 < cols:
-            return load4_unaligned(x, (r, c))
         x0 = x[r, c] if r < rows and c < cols else float32(0.0)
         x1 = x[r, c + 1] if r < rows and c + 1 < cols else float32(0.0)
         x2 = x[r, c + 2] if r < rows and c + 2 < cols else float32(0.0)

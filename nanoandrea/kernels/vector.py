@@ -1,7 +1,6 @@
 """16-byte loads and stores of four float32s: `load4` and `store4`, for use inside kernels.
 
     x0, x1, x2, x3 = load4(array, (i, j))      array[i, j], array[i, j+1], array[i, j+2], array[i, j+3]
-    x0, x1, x2, x3 = load4_unaligned(array, (i, j))   the same, j anywhere (2-d arrays)
     store4(array, (i, j), x0, x1, x2, x3)
     add4(array, (i, j), x0, x1, x2, x3)        array[i, j:j+4] += (x0, .., x3), atomically
 
@@ -19,18 +18,9 @@ The caller guarantees what the hardware needs: the last index is the contiguous 
 elements are in bounds, and the first one's address is a multiple of 16 bytes (row lengths a
 multiple of 4 and 16-byte aligned base pointers; `aligned16` checks a device array).
 
-load4_unaligned reads four floats that need not start at a multiple of 16 bytes (rows of
-50257 floats): the two 16-byte runs around them, the four picked out of the eight by the
-first one's place in its run (its address / 4 mod 4, `phase4`): two 16-byte loads and ten
-selects instead of four 4-byte loads. The caller guarantees that all four are in bounds (the
-runs around them then hold at least one valid element each, so they never reach past an
-allocation).
-
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) there is no LLVM: the same names are plain
 Python functions that index the array four times, so kernels using them run there unchanged.
 """
-from numba import cuda
-
 from .launch import SIMULATOR
 
 
@@ -51,40 +41,8 @@ def aligned16(array):
             and all(stride % 16 == 0 for stride in strides[:last]))
 
 
-@cuda.jit(device=True, inline="always")
-def funnel4(phase, x0, x1, x2, x3, y0, y1, y2):
-    """The four floats from place `phase` (0-3) on of x0 .. x3, y0 .. y2: selects, no branch."""
-    odd = phase & 1
-    s0 = x1 if odd else x0
-    s1 = x2 if odd else x1
-    s2 = x3 if odd else x2
-    s3 = y0 if odd else x3
-    s4 = y1 if odd else y0
-    s5 = y2 if odd else y1
-    two = phase & 2
-    return (s2 if two else s0), (s3 if two else s1), (s4 if two else s2), (s5 if two else s3)
-
-
 if SIMULATOR:
-    def _flat_element(array, f):
-        # element f of a 2-d array's rows laid end to end at its row stride; 0 outside them
-        # (the simulator's stand-in for the bytes a 16-byte run reaches beyond a row)
-        row_stride = array.strides[0] // 4
-        i, j = f // row_stride, f % row_stride
-        if 0 <= f and i < array.shape[0] and j < array.shape[1]:
-            return array[i, j]
-        return 0.0
-
-    def phase4(array, index):       # the place relative to the array's first element
-        i, j = index
-        return (i * (array.strides[0] // 4) + j) % 4
-
-    def load4_unaligned(array, index):
-        i, j = index
-        phase = phase4(array, index)
-        f = i * (array.strides[0] // 4) + j - phase
-        runs = [_flat_element(array, f + e) for e in range(7)]
-        return funnel4(phase, *runs)
+    from numba import cuda
 
     def load4(array, index):
         *outer, j = index
@@ -166,30 +124,6 @@ else:
             builder.store(vector, pointer, align=16)
 
         return types.void(array, index, x0, x1, x2, x3), codegen
-
-    @intrinsic
-    def phase4(typingctx, array, index):
-        """array[index]'s place in its 16-byte run: its address / 4 mod 4."""
-        _check(array, index)
-
-        def codegen(context, builder, signature, args):
-            pointer = _element_pointer(context, builder, signature.args[0], args[0],
-                                       signature.args[1], args[1])
-            address = builder.ptrtoint(pointer, ir.IntType(64))
-            return builder.and_(builder.lshr(address, ir.Constant(ir.IntType(64), 2)),
-                                ir.Constant(ir.IntType(64), 3))
-
-        return types.int64(array, index), codegen
-
-    @cuda.jit(device=True, inline="always")
-    def load4_unaligned(array, index):
-        # the runs at j - phase and 4 floats on (or the first again, phase 0: nothing beyond
-        # the four is read); indices below a row's start are plain address arithmetic here
-        i, j = index
-        phase = phase4(array, index)
-        x0, x1, x2, x3 = load4(array, (i, j - phase))
-        y0, y1, y2, _ = load4(array, (i, j - phase + (4 if phase else 0)))
-        return funnel4(phase, x0, x1, x2, x3, y0, y1, y2)
 
     def _asm(builder, text, constraints, arguments, kinds):
         """Inline PTX with side effects (kept where it stands), returning nothing."""
