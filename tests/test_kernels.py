@@ -233,6 +233,36 @@ def test_matmul_8x16_thread_tiles(rng, transpose_a, transpose_b):
 
 
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
+def test_matmul_fragments_ahead(rng, transpose_a, transpose_b):
+    """fragments_ahead: each step's shared-memory fragments read while the step before is
+    multiplied, the next slice's first right after the barrier. The same multiply-adds in the
+    same order as the default kernel: the same bits, with ragged edges (a K that leaves a
+    partial last slice), 4-byte operands, bias and the accumulating epilogue; a pipelined or
+    BK=16 kernel refuses it."""
+    tiles = dict(fragments_ahead=True) if GPU else dict(BM=16, BN=16, fragments_ahead=True)
+    M, N, K = (21, 18, 37) if not GPU else (1000, 389, 771)
+    a = rng.standard_normal((K, M) if transpose_a else (M, K))
+    b = rng.standard_normal((N, K) if transpose_b else (K, N))
+    bias = rng.standard_normal(N)
+    prior = rng.standard_normal((M, N)).astype(np.float32)
+    outs = []
+    for variant in (tiles, {name: size for name, size in tiles.items() if "ahead" not in name}):
+        out = device(prior)
+        matmul.matmul(out, device(a), device(b), device(bias), transpose_a, transpose_b, True,
+                      kernel="blocked", k_splits=1, tiles=variant, copy_b_transposed=False,
+                      pad_unaligned=False)
+        outs.append(out.copy_to_host())
+    want = prior.astype(np.float64)
+    matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b, True)
+    assert relative_error(outs[0], want) < TOLERANCE
+    assert np.array_equal(outs[0], outs[1])
+    for refused in (dict(stages=3), dict(BK=16)):
+        with pytest.raises(ValueError, match="fragments_ahead"):
+            matmul.make_blocked_matmul_kernel(transpose_a, transpose_b, fragments_ahead=True,
+                                              **refused)
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
 def test_matmul_warp_tiled_threads(rng, transpose_a, transpose_b):
     """warp_rows=4: a warp covers 4 x 8 threads of the grid, not 2 rows of 16 (on the GPU the
     default 128 x 128 tiles; in the simulator 32 x 128 tiles of 64 threads, two warps side by

@@ -285,6 +285,13 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
 # "warps 4x8": a warp covers 4 x 8 threads of the grid, not 2 x 16 (4 shared-memory wavefronts
 # a warp a step of k, not 6; ptxas the same registers): 3-6% slower on every product of qkv,
 # mlp and lmVp (session 8, run 2; 8 x 4 the same), so the wavefronts were not what held it.
+# "128x256 cp.async": CUTLASS's SIMT tile again, through the cp.async pipeline (no staging
+# registers; ptxas: 255 registers, no spills, the k loop 1202 instructions for 1024 FFMA):
+# 0.77-0.87x cuBLAS where the default ran 0.89-0.97x (session 10, run 4).
+# "fragments ahead": each step's shared-memory fragments read while the step before is
+# multiplied, and the next slice's first right after the barrier, under the last step's 64
+# FFMA (ptxas: the same 124-128 registers, no spills, the k loops 597-631 instructions against
+# 578-617). Not yet timed (session 10 ran out of device time).
 # "8x16 128 threads": 128 x 128 block tiles of 128 threads, each 8 x 16, 2 blocks (8 warps) a
 # multiprocessor: the tile, threads and occupancy of the cuBLAS kernel that beats ours at
 # 16384 x 3072 x 768 (Nsight Compute, session 9: sm80_xmma_gemm_f32f32..._tilesize128x128x8_
@@ -299,8 +306,10 @@ MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(bloc
                    "8x16 a thread": dict(BN=256, thread_cols=16, blocks_per_sm=1),
                    "warps 4x8": dict(warp_rows=4),
                    "8x16 128 threads": dict(thread_cols=16, blocks_per_sm=2),
-                   "128x256 cp.async": dict(BN=256, thread_cols=16, blocks_per_sm=1, stages=3)}
-LM_VARIANTS = {name: MATMUL_VARIANTS[name] for name in ("8x16 a thread", "warps 4x8")}
+                   "128x256 cp.async": dict(BN=256, thread_cols=16, blocks_per_sm=1, stages=3),
+                   "fragments ahead": dict(fragments_ahead=True)}
+LM_VARIANTS = {name: MATMUL_VARIANTS[name] for name in ("8x16 a thread", "warps 4x8",
+                                                        "fragments ahead")}
 
 
 # --- attention ------------------------------------------------------------------------------

@@ -31,11 +31,10 @@ for step in ${steps[@]}; do
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
     ready)      # what was built after the last device time ran out (docs/perf.md, "Ready to
-                # time"): the LM head at 50257 through the cp.async pipeline's 4-byte copies
-                # (no padded copies), the LM head's input gradient split along its K, the
-                # weight gradients in slices of 16
+                # time"): the SGEMM with its shared-memory fragments read a step ahead, the
+                # next slice's first across the barrier
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul \
-          --shapes "qkv,mlp,lmVp,lm head" --variants "cp.async 4-byte,dX k_splits,BK16" \
+          --shapes "qkv,mlp,lmVp,12m" --variants "fragments ahead" \
           --json $OUT/ready.json 2>&1 \
           | grep -v "Warn\|warn(" | tee $OUT/ready.log | grep -A40 "^summary" ;;
     e2e)        # training tokens/s, ours (eager and graph) against PyTorch's GPT-2, same B, T

@@ -85,7 +85,7 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
                                vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
                                gelu=False, gelu_grad=False, stages=0, gather_epilogue=True,
-                               thread_cols=8, warp_rows=None):
+                               thread_cols=8, warp_rows=None, fragments_ahead=False):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
@@ -120,6 +120,11 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     A warp's fragment loads from shared memory touch as many distinct 16-byte runs as it
     covers rows (of a_tiles) and columns (of b_tiles): 2 x 16 threads read 2 + 16 runs a step
     of k (1 + 2 wavefronts a load), 4 x 8 threads 4 + 8 (1 + 1).
+    fragments_ahead (register-staged slices of 8): each step's fragments are read from shared
+    memory while the step before is multiplied (two sets of fragment registers), and the next
+    slice's first ones right after the barrier, before the last step of this slice is
+    multiplied: its 64 multiply-adds cover the shared loads' latency where, without, every warp
+    of the block leaves the barrier at once and waits on its loads together.
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline): 16 bytes a copy for an operand
     whose rows run along M or N (a transposed, b not) and are 16-byte runs (vector), else 4
@@ -158,6 +163,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     if stages and (stages < 2 or BK not in (8, 16) or THREADS % BK != 0):
         raise ValueError("matmul: the cp.async pipeline takes 2 or more stages of BK = 8 or 16 "
                          "(and threads a multiple of BK)")
+    if fragments_ahead and (stages or BK != 8):
+        raise ValueError("matmul: fragments_ahead takes register-staged slices of 8")
     LINE = THREADS // BK                    # its 4-byte copies: threads on a line of a slice
     WAIT_FOR_OLDEST = wait_copies(stages - 2) if stages else None
     WAIT_FOR_ALL = wait_copies(0)
@@ -212,9 +219,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                        staged[4 * r + 2], staged[4 * r + 3])
 
     @cuda.jit(device=True, inline="always")
-    def outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
-        # acc[8,TC] += the thread's 8 values of op(a)[:, kk] times its TC of op(b)[kk, :]:
-        # 2 + TC/4 16-byte shared-memory loads feed 8*TC multiply-adds (4 feed 64 at TC = 8)
+    def load_fragments(a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
+        # the thread's 8 values of op(a)[:, kk] and its TC of op(b)[kk, :]: 2 + TC/4 16-byte
+        # shared-memory loads
         for half in range(2):
             x = load4(a_tiles, (buffer, kk, half * HALF_M + ty * 4))
             for i in range(4):
@@ -223,9 +230,36 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             y = load4(b_tiles, (buffer, kk, run * RUN_N + tx * 4))
             for i in range(4):
                 b_frag[run * 4 + i] = y[i]
+
+    @cuda.jit(device=True, inline="always")
+    def multiply_fragments(acc, a_frag, b_frag):
+        # acc[8,TC] += a_frag (outer) b_frag: 8*TC multiply-adds (64 at TC = 8)
         for i in range(8):
             for j in range(TC):
                 acc[i, j] += a_frag[i] * b_frag[j]
+
+    @cuda.jit(device=True, inline="always")
+    def outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
+        # one step of k: acc[8,TC] += op(a)[thread's rows, kk] (outer) op(b)[kk, thread's cols]
+        load_fragments(a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx)
+        multiply_fragments(acc, a_frag, b_frag)
+
+    @cuda.jit(device=True, inline="always")
+    def step_ahead(acc, a_now, b_now, a_next, b_next, a_tiles, b_tiles, buffer, kk_next, ty, tx):
+        # step kk_next's fragments read while the step before (in a_now, b_now) is multiplied
+        load_fragments(a_next, b_next, a_tiles, b_tiles, buffer, kk_next, ty, tx)
+        multiply_fragments(acc, a_now, b_now)
+
+    @cuda.jit(device=True, inline="always")
+    def slice_product_ahead(acc, a0, b0, a1, b1, a_tiles, b_tiles, buffer, ty, tx):
+        # steps 0-6 of a slice of 8 whose step 0 is in (a0, b0); leaves step 7 in (a1, b1)
+        step_ahead(acc, a0, b0, a1, b1, a_tiles, b_tiles, buffer, 1, ty, tx)
+        step_ahead(acc, a1, b1, a0, b0, a_tiles, b_tiles, buffer, 2, ty, tx)
+        step_ahead(acc, a0, b0, a1, b1, a_tiles, b_tiles, buffer, 3, ty, tx)
+        step_ahead(acc, a1, b1, a0, b0, a_tiles, b_tiles, buffer, 4, ty, tx)
+        step_ahead(acc, a0, b0, a1, b1, a_tiles, b_tiles, buffer, 5, ty, tx)
+        step_ahead(acc, a1, b1, a0, b0, a_tiles, b_tiles, buffer, 6, ty, tx)
+        step_ahead(acc, a0, b0, a1, b1, a_tiles, b_tiles, buffer, 7, ty, tx)
 
     @cuda.jit(device=True, inline="always")
     def slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
@@ -395,6 +429,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         acc = cuda.local.array((8, TC), float32)
         a_frag = cuda.local.array(8, float32)
         b_frag = cuda.local.array(TC, float32)
+        a_frag_ahead = cuda.local.array(8, float32)        # (fragments_ahead: the second set)
+        b_frag_ahead = cuda.local.array(TC, float32)
         a_next = cuda.local.array(A_STAGED, float32)
         b_next = cuda.local.array(B_STAGED, float32)
         M, N = out.shape[1], out.shape[2]
@@ -409,6 +445,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         park(a_tiles, 0, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, tid)
         park(b_tiles, 0, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, tid)
         cuda.syncthreads()
+        if fragments_ahead:
+            load_fragments(a_frag, b_frag, a_tiles, b_tiles, 0, 0, ty, tx)
 
         # Unconditionally, even after the last slice (its "next" is zeros from beyond k_end, parked
         # in a buffer nobody reads again): loads guarded by `if there is a next slice` were
@@ -421,12 +459,19 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                        k0 + BK, tid)
             load_slice(b_next, b, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, vector_b, N, k_end, n0,
                        k0 + BK, tid)
-            for kk in range(0, BK, 8):      # ... and multiply the current one meanwhile
-                slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx)
+            if fragments_ahead:             # ... and multiply the current one meanwhile
+                slice_product_ahead(acc, a_frag, b_frag, a_frag_ahead, b_frag_ahead, a_tiles,
+                                    b_tiles, buffer, ty, tx)
+            else:
+                for kk in range(0, BK, 8):
+                    slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx)
             # park the next slice in the other buffer
             park(a_tiles, 1 - buffer, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, tid)
             park(b_tiles, 1 - buffer, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, tid)
             cuda.syncthreads()
+            if fragments_ahead:             # the next slice's first step, then this one's last
+                load_fragments(a_frag, b_frag, a_tiles, b_tiles, 1 - buffer, 0, ty, tx)
+                multiply_fragments(acc, a_frag_ahead, b_frag_ahead)
             buffer = 1 - buffer
 
         epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
