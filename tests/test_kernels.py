@@ -305,7 +305,8 @@ def test_pad_and_unpad(rng, monkeypatch, shape, padded, max_blocks):
     """pad puts x in the corner of an array with rows of 4k floats (zeros elsewhere); unpad
     (+)= takes the corner back; both against their NumPy twins, bit for bit. 130 columns:
     two blocks a row in the simulator (a block takes 4 x 32 columns). max_blocks=2: fewer
-    rows of blocks than rows, walked grid-stride."""
+    rows of blocks than rows, walked grid-stride two rows at a time (odd counts of rows: a
+    last round with no second row)."""
     if max_blocks:
         monkeypatch.setattr(pad, "MAX_BLOCKS", max_blocks)
     x = rng.standard_normal(shape).astype(np.float32)

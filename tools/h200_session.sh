@@ -32,11 +32,12 @@ for step in ${steps[@]}; do
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
     ready)      # what was built after the last device time ran out (docs/perf.md, "Ready to
                 # time"): the SGEMM with its shared-memory fragments read a step ahead, the
-                # next slice's first across the barrier
-      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul \
+                # next slice's first across the barrier; pad and unpad two rows at a time
+                # (among the small kernels)
+      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,small \
           --shapes "qkv,mlp,lmVp,12m" --variants "fragments ahead" \
           --json $OUT/ready.json 2>&1 \
-          | grep -v "Warn\|warn(" | tee $OUT/ready.log | grep -A40 "^summary" ;;
+          | grep -v "Warn\|warn(" | tee $OUT/ready.log | grep -A60 "^summary" ;;
     e2e)        # training tokens/s, ours (eager and graph) against PyTorch's GPT-2, same B, T
       timeout ${E2E_TIMEOUT:-300} python3 tools/bench.py --only e2e ${MODELS:+--models $MODELS} \
           --json $OUT/e2e.json 2>&1 | grep -v "Warn\|warn(" | tee $OUT/e2e.log | tail -6 ;;

@@ -13,8 +13,8 @@ nothing to a sum over k, and padded rows or columns of the output are dropped by
 
 One kernel does both: copy_corner_kernel writes every element of its output, from x where x
 has one, zeros elsewhere. A thread moves 4 floats of a row, THREADS apart, so that each of its
-4-byte loads and stores covers 128 consecutive bytes across a warp, all 4 loads in flight
-before the stores; the rows are walked grid-stride.
+4-byte loads and stores covers 128 consecutive bytes across a warp, and does so for two rows
+at a time, all 8 loads in flight before the stores; the rows are walked grid-stride.
 """
 from numba import cuda, float32
 
@@ -41,41 +41,60 @@ def put(out_row, c, value, accumulate):
         out_row[c] = value
 
 
+@cuda.jit(device=True, inline="always")
+def read_run(x, r, c):
+    # x[r, c + {0, 1, 2, 3} * THREADS], zeros past x's rows and columns
+    RX, CX = x.shape
+    inside = r < RX                     # (rows past x's end read nothing)
+    x_row = x[r if inside else 0]       # a row view: the row's address worked out once
+    x0 = x_row[c] if inside and c < CX else float32(0.0)
+    x1 = x_row[c + THREADS] if inside and c + THREADS < CX else float32(0.0)
+    x2 = x_row[c + 2 * THREADS] if inside and c + 2 * THREADS < CX else float32(0.0)
+    x3 = x_row[c + 3 * THREADS] if inside and c + 3 * THREADS < CX else float32(0.0)
+    return x0, x1, x2, x3
+
+
+@cuda.jit(device=True, inline="always")
+def write_run(out, r, c, values, accumulate):
+    # out[r, c + {0, 1, 2, 3} * THREADS] (+)= values, those inside out's columns
+    # (written out: a loop indexing the tuple made the old unpad's loop 427 instructions)
+    C = out.shape[1]
+    out_row = out[r]
+    x0, x1, x2, x3 = values
+    if c < C:
+        put(out_row, c, x0, accumulate)
+    if c + THREADS < C:
+        put(out_row, c + THREADS, x1, accumulate)
+    if c + 2 * THREADS < C:
+        put(out_row, c + 2 * THREADS, x2, accumulate)
+    if c + 3 * THREADS < C:
+        put(out_row, c + 3 * THREADS, x3, accumulate)
+
+
 @cuda.jit
 def copy_corner_kernel(out, x, accumulate):
     # out[R, C] (+)= x[r, c] where r < RX and c < CX (x: [RX, CX]), else 0. grid (C / RUN, some
     # rows): a block takes RUN consecutive columns of a row (the grid covers a row: no loop over
-    # columns), a thread 4 of them THREADS apart; the rows grid-stride in a while loop.
+    # columns), a thread 4 of them THREADS apart, in two rows gridDim.y apart at a time: 8
+    # loads in flight before the stores; the rows grid-stride in a while loop.
     # (The first pad and unpad kernels walked the columns in a range loop inside the row loop,
     # whose trip count is a 64-bit division on every row, and unpad stored through a loop over
-    # a tuple: loops of 346 and 427 instructions in SASS for a thread's 4 floats of a row, this
-    # kernel's 118 and 131 (sm_90, 2026-11-29). Over the LM head's 206 million such steps the
-    # old loops come to ~2.1 and ~2.6 ms of instruction issue on the H200, about what the copies
-    # were inferred to cost there: ~2.3 ms for pad and ~4 ms for unpad, the padded products'
-    # times less the aligned ones'. Timed alone with this kernel (H200, 2026-11-30, session 9):
-    # pad 2.70 ms (2.4 TB/s, torch's F.pad 3.0 ms), unpad 3.45 ms (1.9 TB/s, torch's slice
-    # copy 2.3 ms): the instructions were not what held them; not profiled.)
-    R, C = out.shape
-    RX, CX = x.shape
+    # a tuple: loops of 346 and 427 instructions in SASS for a thread's 4 floats of a row, the
+    # one-row kernel's 118 and 131 (sm_90, 2026-11-29). Timed alone, one row at a time (H200,
+    # 2026-11-30, session 9): pad 2.70 ms (2.4 TB/s, torch's F.pad 3.0 ms), unpad 3.45 ms
+    # (1.9 TB/s, torch's slice copy 2.3 ms): 4 loads of 4 bytes a thread in flight, 32 KB a
+    # multiprocessor, about what the H200's bandwidth times its latency needs, hence two rows.)
+    R = out.shape[0]
     c = cuda.blockIdx.x * RUN + cuda.threadIdx.x
     r = cuda.blockIdx.y
     while r < R:
-        inside = r < RX                 # (rows past x's end read nothing)
-        x_row = x[r if inside else 0]   # row views: each row's address worked out once
-        out_row = out[r]
-        x0 = x_row[c] if inside and c < CX else float32(0.0)
-        x1 = x_row[c + THREADS] if inside and c + THREADS < CX else float32(0.0)
-        x2 = x_row[c + 2 * THREADS] if inside and c + 2 * THREADS < CX else float32(0.0)
-        x3 = x_row[c + 3 * THREADS] if inside and c + 3 * THREADS < CX else float32(0.0)
-        if c < C:
-            put(out_row, c, x0, accumulate)
-        if c + THREADS < C:
-            put(out_row, c + THREADS, x1, accumulate)
-        if c + 2 * THREADS < C:
-            put(out_row, c + 2 * THREADS, x2, accumulate)
-        if c + 3 * THREADS < C:
-            put(out_row, c + 3 * THREADS, x3, accumulate)
-        r += cuda.gridDim.y
+        second = r + cuda.gridDim.y     # (past R: x has no such row, nothing is stored)
+        first_values = read_run(x, r, c)
+        second_values = read_run(x, second, c)
+        write_run(out, r, c, first_values, accumulate)
+        if second < R:
+            write_run(out, second, c, second_values, accumulate)
+        r += 2 * cuda.gridDim.y
 
 
 def _as_matrix(name, x):
