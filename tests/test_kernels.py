@@ -358,24 +358,54 @@ def test_matmul_on_padded_copies(rng, transpose_a, transpose_b):
     assert np.array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("kernel", ["tiled", "blocked"])
+@pytest.mark.parametrize("transpose_a", [False, True])
+def test_matmul_with_rows_padded_along_m_or_n(rng, kernel, transpose_a):
+    """An operand whose rows run along M or N (a transposed, b not) may come with its rows
+    padded to 4k floats ([K, M4], [K, N4]): the padding, NaN here, is read and left out of
+    out; the same bits as the unpadded operands, and NumPy's twin agrees."""
+    M, N, K = (13, 21, 11) if not GPU else (1001, 389, 771)
+    M4, N4 = pad.padded_length(M), pad.padded_length(N)
+    a = rng.standard_normal((K, M) if transpose_a else (M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    a_wide = np.full((K, M4), np.nan, np.float32) if transpose_a else a
+    if transpose_a:
+        a_wide[:, :M] = a
+    b_wide = np.full((K, N4), np.nan, np.float32)
+    b_wide[:, :N] = b
+    outs = []
+    for x, y in ((a, b), (a_wide, b_wide)):
+        out = poisoned((M, N))
+        matmul.matmul(out, device(x), device(y), transpose_a=transpose_a, kernel=kernel,
+                      pad_unaligned=False)
+        outs.append(out.copy_to_host())
+    assert np.array_equal(outs[0], outs[1])
+    want = np.empty((M, N))
+    matmul.matmul_numpy(want, a_wide.astype(np.float64), b_wide.astype(np.float64),
+                        transpose_a=transpose_a)
+    assert relative_error(outs[1], want) < TOLERANCE
+    with pytest.raises(ValueError, match="matmul b"):     # wider by more than the padding
+        matmul.matmul(poisoned((M, N)), device(a), device(np.zeros((K, N4 + 4), np.float32)),
+                      transpose_a=transpose_a)
+
+
 def test_padding_pays_only_for_large_products(monkeypatch):
     """pads_unaligned: the LM head at V = 50257 (forward, input and weight gradients) runs on
-    padded copies of the operands whose rows hold V floats; a small unaligned product, or an
-    aligned one, does not."""
+    padded copies of the operands whose rows hold V floats, never of the output (stored 4
+    bytes at a time); a small unaligned product, or an aligned one, does not."""
     class Shaped:                 # (only the shape and the alignment are looked at)
         def __init__(self, *shape):
             self.shape = shape
     monkeypatch.setattr(matmul, "aligned16", lambda x: x.shape[-1] % 4 == 0)
     M, V, C, V4 = 16384, 50257, 768, 50260
-    lm_products = [  # out, a, b, transpose_a, transpose_b, (M4, N4, K4), what is copied
-        ((M, V), (M, C), (C, V), False, False, (M, V4, C), {"out", "b"}),   # X . W
-        ((M, C), (M, V), (C, V), False, True, (M, C, V4), {"a", "b"}),      # dlogits . W^T
-        ((C, V), (M, C), (M, V), True, False, (C, V4, M), {"out", "b"})]    # X^T . dlogits
-    for out, a, b, ta, tb, shapes, copied in lm_products:
+    lm_products = [  # out, a, b, transpose_a, transpose_b, the copies (never of out)
+        ((M, V), (M, C), (C, V), False, False, {"b": (C, V4)}),             # X . W
+        ((M, C), (M, V), (C, V), False, True, {"a": (M, V4), "b": (C, V4)}),   # dlogits . W^T
+        ((C, V), (M, C), (M, V), True, False, {"b": (M, V4)})]              # X^T . dlogits
+    for out, a, b, ta, tb, copied in lm_products:
         k = a[0] if ta else a[1]
-        assert matmul.pads_unaligned(*out, k, Shaped(*out), Shaped(*a), Shaped(*b), ta, tb) \
-            == (shapes, {name: dict(out=shapes[:2], a=a[:1] + (V4,), b=b[:1] + (V4,))[name]
-                         for name in copied})
+        assert matmul.pads_unaligned(*out, k, Shaped(*out), Shaped(*a), Shaped(*b), ta,
+                                     tb) == copied
     assert matmul.pads_unaligned(100, 101, 77, Shaped(100, 101), Shaped(100, 77),
                                  Shaped(77, 101), False, False) is None
     assert matmul.pads_unaligned(M, 50304, C, Shaped(M, 50304), Shaped(M, C),

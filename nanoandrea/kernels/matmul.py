@@ -37,7 +37,7 @@ import numpy as np
 from .asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
 from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
                    gelu_forward_numpy, gelu_value)
-from .pad import pad, padded_length, unpad
+from .pad import pad, padded_length
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
                      current_stream, elementwise_grid, launch)
 from .vector import aligned16, load4, store4
@@ -718,8 +718,14 @@ def _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_inpu
           f"matmul: out, a, b must be 2-D, got {out.shape}, {a.shape}, {b.shape}")
     M, N = out.shape
     K = a.shape[0] if transpose_a else a.shape[1]
+    # (an operand whose rows run along M or N may hold them padded to 4k floats: see matmul)
+    if transpose_a and a.shape == (K, padded_length(M)):
+        M = a.shape[1]
     check_shape("matmul a", a, (K, M) if transpose_a else (M, K))
+    if not transpose_b and b.shape == (K, padded_length(N)):
+        N = b.shape[1]
     check_shape("matmul b", b, (N, K) if transpose_b else (K, N))
+    M, N = out.shape
     if bias is not None:
         check_shape("matmul bias", bias, (N,))
     check(gelu_out is None or gelu_input is None, "matmul: gelu_out or gelu_input, not both")
@@ -763,19 +769,21 @@ PAD_MIN_FLOPS_PER_BYTE = 75
 
 def pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned=None,
                    aligned=None):
-    """Whether the blocked product runs on padded copies: the padded (M4, N4, K4) and which of
-    out, a, b are copied; None when it does not (every operand aligned, or the copies too
-    dear for the product's size; pad_unaligned True / False forces the choice). Only the
-    extents that are some operand's row length are padded (N always, M with transpose_a, K
-    unless a is transposed and b is not). aligned: aligned16 of out, a, b if known."""
+    """Whether the blocked product runs on padded copies: {operand: its padded shape} for those
+    of a, b that are copied; None when none is (both aligned, or the copies too dear for the
+    product's size; pad_unaligned True / False forces the choice). Only the extents that are
+    some operand's row length are padded (N unless b is transposed, M with transpose_a, K
+    unless a is transposed and b is not). The output is never copied: an unaligned one is
+    stored 4 bytes at a time, which costs its kernel far less than a pass over it (the LM
+    head's logits: 3.5 ms to unpad, session 9). aligned: aligned16 of out, a, b if known."""
     if pad_unaligned is False:
         return None
     M4 = padded_length(M) if transpose_a else M
     K4 = padded_length(K) if transpose_b or not transpose_a else K
     N4 = padded_length(N)
     aligned = aligned or dict(out=aligned16(out), a=aligned16(a), b=aligned16(b))
-    wanted = dict(out=(out, (M4, N4)), a=(a, (K4, M4) if transpose_a else (M4, K4)),
-                  b=(b, (N4, K4) if transpose_b else (K4, N4)))
+    wanted = dict(a=(a, (K4, M4) if transpose_a else (M4, K4)),
+                  b=(b, (N, K4) if transpose_b else (K4, N4)))
     copied = {name: shape for name, (array, shape) in wanted.items()
               if array.shape != shape or not aligned[name]}
     if not copied:
@@ -783,29 +791,21 @@ def pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned=N
     copy_bytes = sum(8 * rows * cols for rows, cols in copied.values())
     if pad_unaligned is None and copy_bytes * PAD_MIN_FLOPS_PER_BYTE > M * N * K:
         return None
-    return (M4, N4, K4), copied
+    return copied
 
 
-def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, shapes, copied,
-                  **options):
+def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied, **options):
     """out (+)= op(a) . op(b) (+ bias), computed on copies of the operands in `copied` whose
-    rows are padded with zeros to whole 16-byte runs (pads_unaligned's answer)."""
-    N4 = shapes[1]
-    operands = dict(out=out, a=a, b=b)
+    rows are padded with zeros to whole 16-byte runs (pads_unaligned's answer): along k the
+    zeros add nothing to the sums; along M or N (a transposed, b not) they make columns past
+    out's, which are not stored."""
+    operands = dict(a=a, b=b)
     for name, shape in copied.items():
         copy = cuda.device_array(shape, dtype=np.float32, stream=current_stream())
-        if name != "out":
-            pad(copy, operands[name])
+        pad(copy, operands[name])
         operands[name] = copy
-    if bias is not None and bias.shape[0] != N4:
-        padded_bias = cuda.device_array(N4, dtype=np.float32, stream=current_stream())
-        pad(padded_bias, bias)
-        bias = padded_bias
-    inner_accumulate = accumulate and "out" not in copied
-    matmul(operands["out"], operands["a"], operands["b"], bias, transpose_a, transpose_b,
-           inner_accumulate, pad_unaligned=False, **options)
-    if "out" in copied:
-        unpad(out, operands["out"], accumulate)
+    matmul(out, operands["a"], operands["b"], bias, transpose_a, transpose_b, accumulate,
+           pad_unaligned=False, **options)
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
@@ -825,7 +825,11 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     copy_b_transposed, with transpose_b: multiply by a transposed copy of b (True), or read b
     transposed in the kernel (False); None: copies_b_transposed decides;
     pad_unaligned, when some operand's rows are not 16-byte runs: run on padded copies (True)
-    or with the 4-byte kernels (False); None: pads_unaligned decides (never with GELU)."""
+    or with the 4-byte kernels (False); None: pads_unaligned decides (never with GELU).
+    An operand whose rows run along M or N (a transposed: [K, M]; b not: [K, N]) may hold them
+    padded to 4k floats ([K, M4], [K, N4]), the padding read by the blocked kernel (16 bytes at
+    a time) and left out of out: how padded copies are multiplied, and how a model that keeps
+    its weights padded can use them."""
     check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     if kernel == "auto":
@@ -838,11 +842,11 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     hidden = gelu_out if gelu_out is not None else gelu_input
     if kernel == "blocked":     # (each operand's alignment looked at once)
         aligned = dict(out=aligned16(out), a=aligned16(a), b=aligned16(b))
-        padding = hidden is None and not all(aligned.values()) and pads_unaligned(
+        copied = hidden is None and not (aligned["a"] and aligned["b"]) and pads_unaligned(
             M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned, aligned)
-        if padding:
+        if copied:
             padded_matmul(out, a, b, bias if has_bias else None, transpose_a, transpose_b,
-                          accumulate, *padding, kernel=kernel, k_splits=k_splits, tiles=tiles,
+                          accumulate, copied, kernel=kernel, k_splits=k_splits, tiles=tiles,
                           copy_b_transposed=copy_b_transposed)
             return
         if copies_b_transposed(M, N, transpose_a, transpose_b, copy_b_transposed):
@@ -886,8 +890,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
 def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
                  kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
                  copy_b_transposed=None, pad_unaligned=None):
-    _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
-    product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
+    M, N, _ = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
+    product = (a.T if transpose_a else a)[:M] @ (b.T if transpose_b else b)[:, :N]
     if bias is not None:
         product += bias
     if gelu_input is not None:
