@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session on the H200 (see docs/gpu-runs.md): the quality run of issue 3, the test
 # suite on the GPU, and where a training step's time goes. Logs and results go to $OUT.
-#   usage: bash tools/h200_session.sh [train|tests|profile|bench|ready|e2e|variants|
+#   usage: bash tools/h200_session.sh [train|tests|profile|bench|ready|lm|e2e|variants|
 #                                      ncu-attention|ncu-matmul ...]
 #          (default: train tests profile; each call of the device tool has 10 minutes: in
 #          session 4 the whole bench needed more than 300 s and the suite ~200 s in 14 workers,
@@ -35,9 +35,14 @@ for step in ${steps[@]}; do
                 # next slice's first across the barrier; pad and unpad two rows at a time
                 # (among the small kernels)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,small \
-          --shapes "qkv,mlp,lmVp,12m" --variants "fragments ahead" \
+          --shapes "qkv,mlp,12m" --variants "fragments ahead" \
           --json $OUT/ready.json 2>&1 \
           | grep -v "Warn\|warn(" | tee $OUT/ready.log | grep -A60 "^summary" ;;
+    lm)         # the LM head at GPT-2's 50257 (padded operands, output stored 4 bytes at a
+                # time) and at Vp, with the fragments read a step ahead
+      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul \
+          --shapes "lm head,lmVp" --variants "fragments ahead" --json $OUT/lm.json 2>&1 \
+          | grep -v "Warn\|warn(" | tee $OUT/lm.log | grep -A40 "^summary" ;;
     e2e)        # training tokens/s, ours (eager and graph) against PyTorch's GPT-2, same B, T
       timeout ${E2E_TIMEOUT:-300} python3 tools/bench.py --only e2e ${MODELS:+--models $MODELS} \
           --json $OUT/e2e.json 2>&1 | grep -v "Warn\|warn(" | tee $OUT/e2e.log | tail -6 ;;
