@@ -718,14 +718,11 @@ def _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_inpu
           f"matmul: out, a, b must be 2-D, got {out.shape}, {a.shape}, {b.shape}")
     M, N = out.shape
     K = a.shape[0] if transpose_a else a.shape[1]
-    # (an operand whose rows run along M or N may hold them padded to 4k floats: see matmul)
-    if transpose_a and a.shape == (K, padded_length(M)):
-        M = a.shape[1]
-    check_shape("matmul a", a, (K, M) if transpose_a else (M, K))
-    if not transpose_b and b.shape == (K, padded_length(N)):
-        N = b.shape[1]
-    check_shape("matmul b", b, (N, K) if transpose_b else (K, N))
-    M, N = out.shape
+    # an operand whose rows run along M or N may hold them padded to 4k floats (see matmul)
+    a_width = a.shape[1] if transpose_a and a.shape == (K, padded_length(M)) else M
+    b_width = b.shape[1] if not transpose_b and b.shape == (K, padded_length(N)) else N
+    check_shape("matmul a", a, (K, a_width) if transpose_a else (M, K))
+    check_shape("matmul b", b, (N, K) if transpose_b else (K, b_width))
     if bias is not None:
         check_shape("matmul bias", bias, (N,))
     check(gelu_out is None or gelu_input is None, "matmul: gelu_out or gelu_input, not both")

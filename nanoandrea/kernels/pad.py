@@ -10,8 +10,9 @@ there the blocked matmul must read and write 4 bytes at a time (0.70-0.77x cuBLA
 0.89-0.95x for the same product at V = 50304). matmul runs a large enough product of such
 operands on padded copies instead (matmul.pads_unaligned says when): zeros in the padding add
 nothing to a sum over k, and the output is stored 4 bytes at a time, not padded and unpadded
-(since 2026-11-30: unpad's pass over the logits cost more than the 4-byte stores). unpad stays
-as pad's inverse, for whoever holds padded rows (tools/bench.py times both).
+(since 2026-11-30: unpad's pass over the logits took 3.45 ms, and the 4-byte stores are
+predicted to cost the product far less; not yet timed, docs/perf.md v12). unpad stays as
+pad's inverse, for whoever holds padded rows (tools/bench.py times both).
 
 One kernel does both: copy_corner_kernel writes every element of its output, from x where x
 has one, zeros elsewhere. A thread moves 4 floats of a row, THREADS apart, so that each of its
