@@ -232,6 +232,26 @@ def test_matmul_8x16_thread_tiles(rng, transpose_a, transpose_b):
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
+def check_same_bits(rng, transpose_a, transpose_b, M, N, K, *variants):
+    """The blocked product with bias and accumulate, once for each of `variants` (matmul's
+    keyword arguments): the first against NumPy, and all of them the same bits."""
+    a = rng.standard_normal((K, M) if transpose_a else (M, K))
+    b = rng.standard_normal((N, K) if transpose_b else (K, N))
+    bias = rng.standard_normal(N)
+    prior = rng.standard_normal((M, N)).astype(np.float32)
+    outs = []
+    for options in variants:
+        out = device(prior)
+        matmul.matmul(out, device(a), device(b), device(bias), transpose_a, transpose_b, True,
+                      kernel="blocked", k_splits=1, copy_b_transposed=False, **options)
+        outs.append(out.copy_to_host())
+    want = prior.astype(np.float64)
+    matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b, True)
+    assert relative_error(outs[0], want) < TOLERANCE
+    for other in outs[1:]:
+        assert np.array_equal(outs[0], other)
+
+
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
 def test_matmul_fragments_ahead(rng, transpose_a, transpose_b):
     """fragments_ahead: each step's shared-memory fragments read while the step before is
@@ -239,23 +259,10 @@ def test_matmul_fragments_ahead(rng, transpose_a, transpose_b):
     same order as the default kernel: the same bits, with ragged edges (a K that leaves a
     partial last slice), 4-byte operands, bias and the accumulating epilogue; a pipelined or
     BK=16 kernel refuses it."""
-    tiles = dict(fragments_ahead=True) if GPU else dict(BM=16, BN=16, fragments_ahead=True)
-    M, N, K = (21, 18, 37) if not GPU else (1000, 389, 771)
-    a = rng.standard_normal((K, M) if transpose_a else (M, K))
-    b = rng.standard_normal((N, K) if transpose_b else (K, N))
-    bias = rng.standard_normal(N)
-    prior = rng.standard_normal((M, N)).astype(np.float32)
-    outs = []
-    for variant in (tiles, {name: size for name, size in tiles.items() if "ahead" not in name}):
-        out = device(prior)
-        matmul.matmul(out, device(a), device(b), device(bias), transpose_a, transpose_b, True,
-                      kernel="blocked", k_splits=1, tiles=variant, copy_b_transposed=False,
-                      pad_unaligned=False)
-        outs.append(out.copy_to_host())
-    want = prior.astype(np.float64)
-    matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b, True)
-    assert relative_error(outs[0], want) < TOLERANCE
-    assert np.array_equal(outs[0], outs[1])
+    tiles = dict() if GPU else dict(BM=16, BN=16)
+    check_same_bits(rng, transpose_a, transpose_b, *((21, 18, 37) if not GPU else (1000, 389, 771)),
+                    dict(tiles=dict(tiles, fragments_ahead=True), pad_unaligned=False),
+                    dict(tiles=tiles, pad_unaligned=False))
     for refused in (dict(stages=3), dict(BK=16)):
         with pytest.raises(ValueError, match="fragments_ahead"):
             matmul.make_blocked_matmul_kernel(transpose_a, transpose_b, fragments_ahead=True,
@@ -340,22 +347,8 @@ def test_matmul_on_padded_copies(rng, transpose_a, transpose_b):
     """Operands whose rows are not 16-byte runs (M, N, K all odd here): the blocked product on
     padded copies (zeros add nothing to the sums) equals the 4-byte kernels' bit for bit, with
     bias and accumulate, and both match NumPy."""
-    M, N, K = (13, 21, 11) if not GPU else (1001, 389, 771)
-    a = rng.standard_normal((K, M) if transpose_a else (M, K))
-    b = rng.standard_normal((N, K) if transpose_b else (K, N))
-    bias = rng.standard_normal(N)
-    prior = rng.standard_normal((M, N)).astype(np.float32)
-    outs = []
-    for pad_unaligned in (True, False):
-        out = device(prior)
-        matmul.matmul(out, device(a), device(b), device(bias), transpose_a, transpose_b, True,
-                      kernel="blocked", k_splits=1, pad_unaligned=pad_unaligned,
-                      copy_b_transposed=False)
-        outs.append(out.copy_to_host())
-    want = prior.astype(np.float64)
-    matmul.matmul_numpy(want, a, b, bias, transpose_a, transpose_b, True)
-    assert relative_error(outs[0], want) < TOLERANCE
-    assert np.array_equal(outs[0], outs[1])
+    check_same_bits(rng, transpose_a, transpose_b, *((13, 21, 11) if not GPU else (1001, 389, 771)),
+                    dict(pad_unaligned=True), dict(pad_unaligned=False))
 
 
 @pytest.mark.parametrize("kernel", ["tiled", "blocked"])
