@@ -70,9 +70,11 @@ def kernels():
         ("blocked matmul NN, 2 blocks/SM", matmul.make_blocked_matmul_kernel(
             False, False, blocks_per_sm=2)),
         ("blocked matmul NN BK=16", matmul.make_blocked_matmul_kernel(False, False, BK=16))]
-    variants += [(f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}, warps 4x8",
-                  blocked(ta, tb, (True, True, True), dict(warp_rows=4)))   # --variants warps
-                 for ta, tb in ((False, False), (False, True), (True, False))]
+    for variant, tiles in (("warps 4x8", dict(warp_rows=4)),                # --variants warps
+                           ("fragments ahead", dict(fragments_ahead=True))):    # and fragments
+        variants += [(f"blocked matmul {'T' if ta else 'N'}{'T' if tb else 'N'}, {variant}",
+                      blocked(ta, tb, (True, True, True), tiles))
+                     for ta, tb in ((False, False), (False, True), (True, False))]
     for name, kernel in variants:
         yield name, kernel, MATMUL_ARGS
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
