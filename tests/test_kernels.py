@@ -345,10 +345,11 @@ def test_pad_copies_do_not_divide():
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False)])
 def test_matmul_on_padded_copies(rng, transpose_a, transpose_b):
     """Operands whose rows are not 16-byte runs (M, N, K all odd here): the blocked product on
-    padded copies (zeros add nothing to the sums) equals the 4-byte kernels' bit for bit, with
-    bias and accumulate, and both match NumPy."""
+    padded copies (zeros add nothing to the sums), of all three or of the operands only,
+    equals the 4-byte kernels' bit for bit, with bias and accumulate, and matches NumPy."""
     check_same_bits(rng, transpose_a, transpose_b, *((13, 21, 11) if not GPU else (1001, 389, 771)),
-                    dict(pad_unaligned=True), dict(pad_unaligned=False))
+                    dict(pad_unaligned=True), dict(pad_unaligned="operands"),
+                    dict(pad_unaligned=False))
 
 
 @pytest.mark.parametrize("kernel", ["tiled", "blocked"])
@@ -384,21 +385,23 @@ def test_matmul_with_rows_padded_along_m_or_n(rng, kernel, transpose_a):
 
 def test_padding_pays_only_for_large_products(monkeypatch):
     """pads_unaligned: the LM head at V = 50257 (forward, input and weight gradients) runs on
-    padded copies of the operands whose rows hold V floats, never of the output (stored 4
-    bytes at a time); a small unaligned product, or an aligned one, does not."""
+    padded copies of the arrays whose rows hold V floats (with "operands", not of the output,
+    then stored 4 bytes at a time); a small unaligned product, or an aligned one, does not."""
     class Shaped:                 # (only the shape and the alignment are looked at)
         def __init__(self, *shape):
             self.shape = shape
     monkeypatch.setattr(matmul, "aligned16", lambda x: x.shape[-1] % 4 == 0)
     M, V, C, V4 = 16384, 50257, 768, 50260
-    lm_products = [  # out, a, b, transpose_a, transpose_b, the copies (never of out)
-        ((M, V), (M, C), (C, V), False, False, {"b": (C, V4)}),             # X . W
+    lm_products = [  # out, a, b, transpose_a, transpose_b, the copies (the output's too)
+        ((M, V), (M, C), (C, V), False, False, {"out": (M, V4), "b": (C, V4)}),   # X . W
         ((M, C), (M, V), (C, V), False, True, {"a": (M, V4), "b": (C, V4)}),   # dlogits . W^T
-        ((C, V), (M, C), (M, V), True, False, {"b": (M, V4)})]              # X^T . dlogits
+        ((C, V), (M, C), (M, V), True, False, {"out": (C, V4), "b": (M, V4)})]    # X^T . dlogits
     for out, a, b, ta, tb, copied in lm_products:
         k = a[0] if ta else a[1]
-        assert matmul.pads_unaligned(*out, k, Shaped(*out), Shaped(*a), Shaped(*b), ta,
-                                     tb) == copied
+        shaped = (Shaped(*out), Shaped(*a), Shaped(*b), ta, tb)
+        assert matmul.pads_unaligned(*out, k, *shaped) == copied
+        copied.pop("out", None)             # "operands": never the output
+        assert matmul.pads_unaligned(*out, k, *shaped, pad_unaligned="operands") == copied
     assert matmul.pads_unaligned(100, 101, 77, Shaped(100, 101), Shaped(100, 77),
                                  Shaped(77, 101), False, False) is None
     assert matmul.pads_unaligned(M, 50304, C, Shaped(M, 50304), Shaped(M, C),

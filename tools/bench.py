@@ -177,12 +177,14 @@ def bench_matmul(args):
                          if wanted(args, name)})
         pipelined = []
         if n % 4:                           # rows of V floats: padded copies, or 4 bytes at a time
+            plain = [(name, ta, tb, out, a, b, theirs)
+                     for name, ta, tb, out, a, b, theirs, copy, _ in products if copy is None]
             if wanted(args, "cp.async 4-byte"):     # (the cp.async pipeline's 4-byte copies)
-                pipelined = [(f"{name} [cp.async 4-byte]", ta, tb, out, a, b, theirs)
-                             for name, ta, tb, out, a, b, theirs, copy, _ in products
-                             if copy is None]
-            products += [(f"{name} [4-byte kernels]", ta, tb, out, a, b, theirs, None, False)
-                         for name, ta, tb, out, a, b, theirs, copy, _ in products if copy is None]
+                pipelined = [(f"{name} [cp.async 4-byte]", *rest) for name, *rest in plain]
+            products += [(f"{name} [4-byte kernels]", *rest, None, False) for name, *rest in plain]
+            # ... or the operands padded and the output (rows of V) stored 4 bytes at a time
+            products += [(f"{name} [padded operands]", *rest, None, "operands")
+                         for name, *rest in plain if rest[2].shape[1] % 4]
         cases = [(f"{name} [{variant}]" if variant else name,
                   lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles, copy=copy, pads=pads:
                   matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles,

@@ -163,15 +163,17 @@ def global_accesses(code):
 
 def loops(code):
     """One line per loop of the kernel's SASS (a backward branch): its instructions, how many
-    are FFMA, shared-memory loads and barriers. Inner loops first."""
+    are FFMA, shared-memory loads and barriers, and local-memory (spill) loads and stores if
+    any. Inner loops first."""
     index = {address: i for i, (address, _) in enumerate(code)}
     for i, (address, text) in enumerate(code):
         branch = re.search(r"BRA (0x[0-9a-f]+)", text)
         if branch and int(branch.group(1), 16) < address:
             body = [t for _, t in code[index[int(branch.group(1), 16)]:i + 1]]
             count = {op: sum(1 for t in body if op in t) for op in ("FFMA", "LDS", "BAR")}
+            spills = sum(1 for t in body if "LDL" in t or "STL" in t)
             yield (f"loop of {len(body)} instructions: {count['FFMA']} FFMA, {count['LDS']} LDS, "
-                   f"{count['BAR']} BAR")
+                   f"{count['BAR']} BAR" + (f", {spills} LDL/STL" if spills else ""))
 
 
 def main():

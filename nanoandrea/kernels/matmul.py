@@ -37,7 +37,7 @@ import numpy as np
 from .asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
 from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
                    gelu_forward_numpy, gelu_value)
-from .pad import pad, padded_length
+from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
                      current_stream, elementwise_grid, launch)
 from .vector import aligned16, load4, store4
@@ -766,21 +766,24 @@ PAD_MIN_FLOPS_PER_BYTE = 75
 
 def pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned=None,
                    aligned=None):
-    """Whether the blocked product runs on padded copies: {operand: its padded shape} for those
-    of a, b that are copied; None when none is (both aligned, or the copies too dear for the
+    """Whether the blocked product runs on padded copies: {name: padded shape} for those of
+    out, a, b that are copied; None when none is (all aligned, or the copies too dear for the
     product's size; pad_unaligned True / False forces the choice). Only the extents that are
-    some operand's row length are padded (N unless b is transposed, M with transpose_a, K
-    unless a is transposed and b is not). The output is never copied: an unaligned one is
-    stored 4 bytes at a time, which costs its kernel far less than a pass over it (the LM
-    head's logits: 3.5 ms to unpad, session 9). aligned: aligned16 of out, a, b if known."""
+    some operand's row length are padded (N, M with transpose_a, K unless a is transposed and
+    b is not). pad_unaligned "operands": the operands only, never the output, which is then
+    stored 4 bytes at a time (the operands whose rows run along M or N keep their padded
+    width; not yet timed, docs/perf.md v12). aligned: aligned16 of out, a, b if known."""
     if pad_unaligned is False:
         return None
+    with_out = pad_unaligned != "operands"
     M4 = padded_length(M) if transpose_a else M
     K4 = padded_length(K) if transpose_b or not transpose_a else K
     N4 = padded_length(N)
     aligned = aligned or dict(out=aligned16(out), a=aligned16(a), b=aligned16(b))
     wanted = dict(a=(a, (K4, M4) if transpose_a else (M4, K4)),
-                  b=(b, (N, K4) if transpose_b else (K4, N4)))
+                  b=(b, (N4 if with_out else N, K4) if transpose_b else (K4, N4)))
+    if with_out:
+        wanted["out"] = (out, (M4, N4))
     copied = {name: shape for name, (array, shape) in wanted.items()
               if array.shape != shape or not aligned[name]}
     if not copied:
@@ -792,17 +795,25 @@ def pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned=N
 
 
 def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied, **options):
-    """out (+)= op(a) . op(b) (+ bias), computed on copies of the operands in `copied` whose
-    rows are padded with zeros to whole 16-byte runs (pads_unaligned's answer): along k the
-    zeros add nothing to the sums; along M or N (a transposed, b not) they make columns past
-    out's, which are not stored."""
-    operands = dict(a=a, b=b)
+    """out (+)= op(a) . op(b) (+ bias), computed on copies of those of out, a, b in `copied`
+    whose rows are padded with zeros to whole 16-byte runs (pads_unaligned's answer): along k
+    the zeros add nothing to the sums; along M or N they make rows or columns of the product
+    that unpad drops (or, the output not copied, that are never stored)."""
+    operands = dict(out=out, a=a, b=b)
     for name, shape in copied.items():
         copy = cuda.device_array(shape, dtype=np.float32, stream=current_stream())
-        pad(copy, operands[name])
+        if name != "out":
+            pad(copy, operands[name])
         operands[name] = copy
-    matmul(out, operands["a"], operands["b"], bias, transpose_a, transpose_b, accumulate,
-           pad_unaligned=False, **options)
+    if "out" in copied and bias is not None and bias.shape[0] != copied["out"][1]:
+        padded_bias = cuda.device_array(copied["out"][1], dtype=np.float32,
+                                        stream=current_stream())
+        pad(padded_bias, bias)
+        bias = padded_bias
+    matmul(operands["out"], operands["a"], operands["b"], bias, transpose_a, transpose_b,
+           accumulate and "out" not in copied, pad_unaligned=False, **options)
+    if "out" in copied:
+        unpad(out, operands["out"], accumulate)
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
@@ -821,8 +832,9 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     tiles, a dict of make_blocked_matmul_kernel's tile parameters (None: the defaults);
     copy_b_transposed, with transpose_b: multiply by a transposed copy of b (True), or read b
     transposed in the kernel (False); None: copies_b_transposed decides;
-    pad_unaligned, when some operand's rows are not 16-byte runs: run on padded copies (True)
-    or with the 4-byte kernels (False); None: pads_unaligned decides (never with GELU).
+    pad_unaligned, when some operand's rows are not 16-byte runs: run on padded copies (True),
+    on padded copies of a and b only ("operands"), or with the 4-byte kernels (False); None:
+    pads_unaligned decides (never with GELU).
     An operand whose rows run along M or N (a transposed: [K, M]; b not: [K, N]) may hold them
     padded to 4k floats ([K, M4], [K, N4]), the padding read by the blocked kernel (16 bytes at
     a time) and left out of out: how padded copies are multiplied, and how a model that keeps
@@ -839,7 +851,7 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     hidden = gelu_out if gelu_out is not None else gelu_input
     if kernel == "blocked":     # (each operand's alignment looked at once)
         aligned = dict(out=aligned16(out), a=aligned16(a), b=aligned16(b))
-        copied = hidden is None and not (aligned["a"] and aligned["b"]) and pads_unaligned(
+        copied = hidden is None and not all(aligned.values()) and pads_unaligned(
             M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned, aligned)
         if copied:
             padded_matmul(out, a, b, bias if has_bias else None, transpose_a, transpose_b,

@@ -9,10 +9,9 @@ at GPT-2's vocabulary (V = 50257) has such rows in W, in the logits and in their
 there the blocked matmul must read and write 4 bytes at a time (0.70-0.77x cuBLAS, against
 0.89-0.95x for the same product at V = 50304). matmul runs a large enough product of such
 operands on padded copies instead (matmul.pads_unaligned says when): zeros in the padding add
-nothing to a sum over k, and the output is stored 4 bytes at a time, not padded and unpadded
-(since 2026-11-30: unpad's pass over the logits took 3.45 ms, and the 4-byte stores are
-predicted to cost the product far less; not yet timed, docs/perf.md v12). unpad stays as
-pad's inverse, for whoever holds padded rows (tools/bench.py times both).
+nothing to a sum over k, and padded rows or columns of the output are dropped by unpad (or,
+with matmul's pad_unaligned="operands", the output is not copied and is stored 4 bytes at a
+time: not yet timed, docs/perf.md v12).
 
 One kernel does both: copy_corner_kernel writes every element of its output, from x where x
 has one, zeros elsewhere. A thread moves 4 floats of a row, THREADS apart, so that each of its
