@@ -10,8 +10,13 @@ gradient to reach a tensor is written (=), later ones are added (+=) - that is h
 stream, used by two branches, sums its gradients. Parameters' gradients are views into the
 flat gradient buffer, zeroed once per step, so they are always added to (which also makes
 gradient accumulation over micro-batches free).
+
+An op may write some gradients `beside(...)` the rest: on a second stream, when the captured step
+has one (kernels/launch.py); the next use of those gradients, and the end of backward, wait.
 """
 from contextlib import contextmanager
+
+from .kernels import launch
 
 _tape = []                      # (output, backward closure), in forward order
 _grad_enabled = True
@@ -48,6 +53,7 @@ class Tensor:
             if output.grad is not None:
                 backward()
         _tape.clear()
+        _join()
 
     def __repr__(self):
         return f"Tensor({self.name or ''}{list(self.shape)}, {self.backend.name})"
@@ -61,8 +67,26 @@ def record(output, inputs, backward):
     return output
 
 
+_written_beside = set()         # ids of tensors whose gradients the second stream is writing
+
+
+@contextmanager
+def beside(*tensors):
+    """The block writes the gradients of `tensors` and may run beside what follows it."""
+    with launch.beside():
+        yield
+    _written_beside.update(id(t) for t in tensors if t is not None)
+
+
+def _join():
+    if launch.join():
+        _written_beside.clear()
+
+
 def grad_slot(tensor):
     """(buffer, accumulate): where a backward writes tensor's gradient, and whether it adds."""
+    if id(tensor) in _written_beside:
+        _join()
     if tensor.grad is None:
         tensor.grad = tensor.backend.empty(tensor.shape)
         return tensor.grad, False
@@ -71,6 +95,8 @@ def grad_slot(tensor):
 
 def summed_grad(tensor):
     """tensor's gradient buffer for kernels that always add to it (parameter gradients)."""
+    if id(tensor) in _written_beside:
+        _join()
     if tensor.grad is None:
         tensor.grad = tensor.backend.zeros(tensor.shape)
     return tensor.grad

@@ -7,7 +7,7 @@ Shapes: B batch, T time, C width, H heads, D = C/H head size, V vocabulary, N = 
 """
 import numpy as np
 
-from .autograd import Tensor, grad_enabled, grad_slot, record, summed_grad
+from .autograd import Tensor, beside, grad_enabled, grad_slot, record, summed_grad
 from .batch import TokenBatch
 
 
@@ -33,6 +33,16 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
 
     def backward():
         dy = y.grad.reshape(-1, N)
+        with beside(weight, bias):          # nothing below needs dW and db: a second stream's
+            if weight.requires_grad:                                # work, where there is one
+                dw, accumulate = grad_slot(weight)
+                if transpose_weight:                                # dW[N,K] = dY^T . X
+                    backend.matmul(dw, dy, rows, transpose_a=True, accumulate=accumulate)
+                else:                                               # dW[K,N] = X^T . dY
+                    backend.matmul(dw, rows, dy, transpose_a=True, accumulate=accumulate)
+            if bias is not None and bias.requires_grad:             # db = sum of dY's rows
+                db, accumulate = grad_slot(bias)
+                backend.sum_rows(db, dy, accumulate=accumulate)
         if x.requires_grad:                                         # dX = dY . W^T
             if isinstance(x, GeluOutput):                           # x = gelu(pre): d(pre) =
                 dx, accumulate = grad_slot(x.pre)                   # (dY . W^T) * gelu'(pre),
@@ -41,15 +51,6 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
                 (dx, accumulate), pre = grad_slot(x), None
             backend.matmul(dx.reshape(-1, K), dy, weight.data, transpose_b=not transpose_weight,
                            accumulate=accumulate, gelu_input=pre)
-        if weight.requires_grad:
-            dw, accumulate = grad_slot(weight)
-            if transpose_weight:                                    # dW[N,K] = dY^T . X
-                backend.matmul(dw, dy, rows, transpose_a=True, accumulate=accumulate)
-            else:                                                   # dW[K,N] = X^T . dY
-                backend.matmul(dw, rows, dy, transpose_a=True, accumulate=accumulate)
-        if bias is not None and bias.requires_grad:                 # db = sum of dY's rows
-            db, accumulate = grad_slot(bias)
-            backend.sum_rows(db, dy, accumulate=accumulate)
 
     inputs = [x, weight] + ([bias] if bias is not None else [])
     y = record(y, inputs, backward)

@@ -16,6 +16,10 @@ once as a CUDA graph and from then on replayed with one call:
     replay    what changes between steps is copied into fixed device buffers first: the token
               ids (TokenBatch.load), the dropout seeds, the learning rate and Adam's bias
               corrections (AdamW.prepare). Nothing in the step waits for the host.
+    streams   the capture has a second stream (`second_stream=True`): the weight gradients
+              run on it, beside the rest of the backward pass (autograd.beside); the graph
+              holds both, joined before the update. The same kernels on the same data: the
+              same bits as one stream.
 
 `cuda_graph=False` (train --no-cuda-graph) runs every step eagerly; the results are the same
 bit for bit, which tests/test_cli.py checks on the GPU.
@@ -28,7 +32,7 @@ from .kernels import launch
 
 class TrainStep:
     def __init__(self, model, optimizer, batch_size, block_size, grad_accum=1, train=True,
-                 cuda_graph=True):
+                 cuda_graph=True, second_stream=True):
         self.model = model
         self.optimizer = optimizer
         self.backend = backend = model.backend
@@ -43,7 +47,7 @@ class TrainStep:
         backend.fill(self.loss_grad, 1.0 / grad_accum)
         self.graph = None
         self.arena_bytes = None
-        self.stream = None
+        self.stream = self.side_stream = None
         self.launch_stream = launch.current_stream()
         if self.cuda_graph:
             import cupy
@@ -52,6 +56,9 @@ class TrainStep:
             # (the caller's copies and events) stays ordered with it
             self.stream = cupy.cuda.Stream(non_blocking=False)
             self.launch_stream = cuda.external_stream(self.stream.ptr)
+            if second_stream:
+                self.side = cupy.cuda.Stream(non_blocking=True)
+                self.side_stream = cuda.external_stream(self.side.ptr)
 
     def __call__(self, batches, seeds, lr):
         """batches: grad_accum pairs (x, y) of host ids [B,T]; seeds: grad_accum dropout seeds."""
@@ -91,7 +98,11 @@ class TrainStep:
         with self.stream, launch.allocate_from(self.arena):
             self.stream.begin_capture()
             try:
-                self._body()
+                if self.side_stream is None:
+                    self._body()
+                else:
+                    with launch.second_stream(self.side_stream):
+                        self._body()
             finally:
                 self.graph = self.stream.end_capture()
         cupy.get_default_memory_pool().free_all_blocks()    # the eager step's cached blocks

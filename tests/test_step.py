@@ -1,5 +1,7 @@
 """The training step (nanoandrea.step): the same as the loop it replaces, and on the GPU its
 CUDA-graph replay equal to the eager step bit for bit, allocating nothing once captured."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -75,3 +77,49 @@ def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, monkeypatc
         step(data[0], [1, 2], 1e-3)
         backend.to_host(step.loss)
     assert tally.count == 0
+
+
+@pytest.mark.skipif(GPU, reason="eagerly, memory the second stream reads could be reused by the "
+                    "first (CuPy's pool); on the GPU the captured step above runs it")
+def test_weight_gradients_beside_the_backward_pass_are_the_same(rng, monkeypatch):
+    """The weight gradients launched on a second stream (autograd.beside): every linear layer's
+    dW and db go there, nothing else does, the backward ends joined, and the gradients are the
+    one-stream gradients bit for bit."""
+    from numba import cuda
+    config = get_preset("tiny")
+    model = GPT(config, get_backend("cuda"), seed=2)
+    idx, targets = batches(rng, config, 2, 5, 1, 1)[0][0]
+    one = model.backend.to_device(np.ones(1, np.float32))
+    side, streams, forward_launches = cuda.stream(), [], 0
+
+    def grads():
+        nonlocal forward_launches
+        model.params.zero_grads()
+        _, loss = model.forward(idx, targets, loss_grad=one)
+        forward_launches = len(streams)
+        loss.backward(one)
+        return model.backend.to_host(model.params.grads)
+
+    want = grads()
+    streams.clear()
+    real_launch = launch.launch
+
+    def spy(kernel, *args, **kw):
+        streams.append((kernel_name(kernel), launch.current_stream() is side))
+        real_launch(kernel, *args, **kw)
+    for module in list(sys.modules.values()):       # every launcher's `launch`
+        if module.__name__.startswith("nanoandrea.") and getattr(module, "launch", None) is real_launch:
+            monkeypatch.setattr(module, "launch", spy)
+    with launch.second_stream(side):
+        got = grads()
+        assert not launch._forked                       # backward ended joined
+    assert np.array_equal(got, want)
+    beside = {name for name, on_side in streams if on_side}
+    assert beside == {"matmul_tiled_kernel", "sum_rows_kernel", "finish_column_sums_kernel"}
+    products = [on_side for name, on_side in streams[forward_launches:] if "matmul" in name]
+    assert sum(products) == len(products) / 2          # of each layer's two products, dW beside
+
+
+def kernel_name(kernel):
+    function = getattr(kernel, "py_func", None) or getattr(kernel, "fn", kernel)
+    return getattr(function, "__name__", str(kernel))

@@ -86,6 +86,61 @@ def using_stream(stream):
         set_stream(previous)
 
 
+# --- a second stream, beside the current one ---------------------------------------------
+# Inside a captured step (nanoandrea/step.py) the weight gradients run on a second stream: each
+# starts when its dY is ready and runs beside the input gradients and the rest of the backward
+# pass, filling the multiprocessors that a product's last wave and the small kernels leave idle.
+# Only inside a capture: there every allocation comes from the arena, never reused, so memory
+# the second stream still reads is never handed to the first (eagerly, CuPy's pool would).
+
+_second = None          # (the second stream, its fork event, its join event), while there is one
+_forked = False         # work launched on the second stream since the last join
+
+
+@contextmanager
+def second_stream(stream):
+    """Inside the block, `beside()` puts launches on `stream` (a Numba stream)."""
+    global _second, _forked
+    events = [cuda.event() if SIMULATOR else cuda.event(timing=False) for _ in range(2)]
+    previous, _second = _second, (stream, *events)     # (the simulator's take no arguments)
+    try:
+        yield
+    finally:
+        join()
+        _second, _forked = previous, False
+
+
+@contextmanager
+def beside():
+    """Launches inside the block go to the second stream, if there is one, after everything
+    launched so far on the current stream; they run beside what is launched after the block,
+    until `join()`. Without a second stream, the block runs where it is."""
+    global _forked
+    if _second is None or _stream is _second[0]:
+        yield
+        return
+    side, fork, _ = _second
+    fork.record(_stream)
+    fork.wait(side)
+    with using_stream(side):
+        yield
+    _forked = True
+
+
+def join():
+    """The current stream waits for what was launched `beside()` it. False (and no wait) when
+    called from inside a `beside()` block."""
+    global _forked
+    if _second is not None and _stream is _second[0]:
+        return False
+    if _forked:
+        side, _, done = _second
+        done.record(side)
+        done.wait(_stream)
+        _forked = False
+    return True
+
+
 def blocks(n, per_block):
     """Number of blocks of `per_block` items that cover n items."""
     return max(1, (n + per_block - 1) // per_block)
