@@ -168,9 +168,17 @@ def add(a, b):
 
 
 def _add_backward(out, a, b):
+    # d(a + b) passes out.grad on to both unchanged. The first of them to get no gradient yet
+    # takes out.grad's buffer itself (no copy: nothing reads out.grad after this, and what
+    # later adds to a's gradient may add to it), the other a copy.
     def backward():
+        shared = False
         for t in (a, b):
-            if t.requires_grad:
+            if not t.requires_grad:
+                continue
+            if t.grad is None and not shared:
+                t.grad, shared = out.grad, True
+            else:
                 dt, accumulate = grad_slot(t)
                 t.backend.add_into(dt, out.grad, accumulate=accumulate)
 
