@@ -907,9 +907,11 @@ def test_embedding(rng, padded):
     assert relative_error(dwpe.copy_to_host(), want_dwpe) < TOLERANCE
 
 
-@pytest.mark.parametrize("scale", [1.0, 100.0])
-def test_crossentropy(rng, scale):
-    N, V = (7, 37) if not GPU else (16384, 4096)
+@pytest.mark.parametrize("scale, columns", [(1.0, 37), (100.0, 37), (1.0, 40), (100.0, 40)])
+def test_crossentropy(rng, scale, columns):
+    """columns: 37, rows the 16-byte kernel cannot take; 40, rows it can (and on the GPU 4096
+    and 4097)."""
+    N, V = (7, columns) if not GPU else (16384, 4096 + columns % 2)
     logits = scale * rng.standard_normal((N, V))
     targets = rng.integers(0, V, size=N).astype(np.int32)
     loss, losses, lse = poisoned(1), poisoned(N), poisoned(N)
@@ -927,14 +929,17 @@ def test_crossentropy(rng, scale):
         crossentropy.crossentropy_backward_numpy(want_d, dloss, logits, want[2], targets,
                                                  accumulate)
         assert relative_error(dlogits.copy_to_host(), want_d) < TOLERANCE
-    # the fused kernel: the same loss and the same dlogits in one pass
-    fused = [poisoned(1), poisoned(N), poisoned(N), poisoned((N, V))]
-    crossentropy.crossentropy_forward_backward(*fused, device(logits), device(targets, np.int32),
-                                               device(dloss))
+    # the fused kernels: the same loss and the same dlogits in one pass (16 bytes at a time
+    # where the rows allow it)
     want_fused = [np.empty(1), np.empty(N), np.empty(N), np.empty((N, V))]
     crossentropy.crossentropy_forward_backward_numpy(*want_fused, logits, targets, dloss)
-    for got, expected in zip(fused, want_fused):
-        assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+    for vector in (False, True) if V % 4 == 0 else (False,):
+        fused = [poisoned(1), poisoned(N), poisoned(N), poisoned((N, V))]
+        crossentropy.crossentropy_forward_backward(*fused, device(logits),
+                                                   device(targets, np.int32), device(dloss),
+                                                   vector=vector)
+        for got, expected in zip(fused, want_fused):
+            assert relative_error(got.copy_to_host(), expected) < TOLERANCE
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -679,6 +679,21 @@ def bench_small(args):
     same("cross-entropy: loss", loss, want_loss.reshape(1))
     same("cross-entropy: dlogits", dlogits, want_dlogits, 1e-4)
     compare(f"cross-entropy fwd+bwd [{N}x{V}]", ours_ce, theirs_ce, 4 * (2 * N * V + N))
+    # the model's case: rows of the padded vocabulary Vp (4k floats, aligned), the classes
+    # their first V columns: the 16-byte kernel and the 4-byte one (PyTorch's at V the baseline)
+    Vp = -(-V // 64) * 64
+    logits_p = cuda.to_device(np.pad(tlogits.detach().cpu().numpy(), ((0, 0), (0, Vp - V))))
+    dlogits_p = cuda.device_array((N, Vp), np.float32)
+    for vector in (True, False):
+        def ours_ce_p(vector=vector):
+            crossentropy.crossentropy_forward_backward(loss, losses, lse, dlogits_p, logits_p,
+                                                       targets, dloss, V, vector=vector)
+        ours_ce_p()
+        same(f"cross-entropy at Vp (vector={vector}): loss", loss, want_loss.reshape(1))
+        same(f"cross-entropy at Vp (vector={vector}): dlogits",
+             dlogits_p.copy_to_host()[:, :V], want_dlogits, 1e-4)
+        compare(f"cross-entropy fwd+bwd [{N}x{Vp}] {'16' if vector else '4'}-byte", ours_ce_p,
+                theirs_ce, 4 * (2 * N * Vp + N))
 
     # pad and unpad (kernels/pad.py): the logits' rows of V floats to rows of 4k and back, the
     # copies matmul makes for the LM head at an unaligned vocabulary, against torch's F.pad and

@@ -21,9 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from numba import cuda, float32, int64, types  # noqa: E402
+from numba import cuda, float32, int32, int64, types  # noqa: E402
 
-from nanoandrea.kernels import attention, gelu, heads, layernorm, matmul  # noqa: E402
+from nanoandrea.kernels import (attention, crossentropy, gelu, heads, layernorm,  # noqa: E402
+                                matmul)
 
 A1, A2, A3, A4 = float32[::1], float32[:, ::1], float32[:, :, ::1], float32[:, :, :, ::1]
 I1 = int64[::1]
@@ -119,6 +120,9 @@ def kernels():
     yield "layernorm forward", layernorm.layernorm_forward_kernel, (A2, A1, A1, A2, A1, A1, float32)
     yield "residual + layernorm forward", layernorm.residual_layernorm_forward_kernel, \
         (A2, A2, A1, A1, A2, A2, A1, A1, float32)
+    ce_args = (A1, A1, A2, A2, int32[::1], A1, int64)
+    yield "cross-entropy fused", crossentropy.crossentropy_fused_kernel, ce_args
+    yield "cross-entropy fused, 16-byte", crossentropy.crossentropy_fused4_kernel, ce_args
 
 
 def cuda_tool(name):
