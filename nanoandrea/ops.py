@@ -169,8 +169,10 @@ def add(a, b):
 
 def _add_backward(out, a, b):
     # d(a + b) passes out.grad on to both unchanged. The first of them to get no gradient yet
-    # takes out.grad's buffer itself (no copy: nothing reads out.grad after this, and what
-    # later adds to a's gradient may add to it), the other a copy.
+    # takes out.grad's buffer itself, the other a copy. (No copy is needed: out.grad is final
+    # here, and only that one input's later gradients add to the buffer. Not both: a weight
+    # gradient on the second stream may still be reading one input's gradient while the
+    # other's are added; see autograd.beside.)
     def backward():
         shared = False
         for t in (a, b):

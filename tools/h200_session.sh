@@ -30,10 +30,9 @@ for step in ${steps[@]}; do
           ${MODELS:+--models $MODELS} 2>&1 | grep -v "Warn\|warn(" | tee $OUT/profile.log ;;
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
-    ready)      # what was built after the last device time ran out (docs/perf.md, "Ready to
-                # time"): the SGEMM with its shared-memory fragments read a step ahead, the
-                # next slice's first across the barrier; pad and unpad two rows at a time
-                # (among the small kernels)
+    ready)      # what session 10 built after its device time ran out, timed in session 11
+                # (docs/perf.md v13, none kept): the SGEMM with its shared-memory fragments read
+                # a step ahead; pad and unpad two rows at a time (among the small kernels)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,small \
           --shapes "qkv,mlp,12m" --variants "fragments ahead" \
           --json $OUT/ready.json 2>&1 \
@@ -43,9 +42,10 @@ for step in ${steps[@]}; do
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul \
           --shapes "lm head,lmVp" --variants "fragments ahead" --json $OUT/lm.json 2>&1 \
           | grep -v "Warn\|warn(" | tee $OUT/lm.log | grep -A40 "^summary" ;;
-    e2e)        # training tokens/s, ours (eager and graph) against PyTorch's GPT-2, same B, T
+    e2e)        # training tokens/s, ours (eager; graph with one stream; graph with the weight
+                # gradients on a second) against PyTorch's GPT-2, same B, T
       timeout ${E2E_TIMEOUT:-300} python3 tools/bench.py --only e2e ${MODELS:+--models $MODELS} \
-          --json $OUT/e2e.json 2>&1 | grep -v "Warn\|warn(" | tee $OUT/e2e.log | tail -6 ;;
+          --json $OUT/e2e.json 2>&1 | grep -v "Warn\|warn(" | tee $OUT/e2e.log | tail -8 ;;
     variants)   # the matmul and attention tile variants, each checked, then timed
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,attention --variants \
           --json $OUT/variants.json 2>&1 | tee $OUT/variants.log | grep -A80 "^summary" ;;
