@@ -306,8 +306,9 @@ _scratch = {}
 def scratch(name, shape):
     """A float32 device array kept for the life of the process, one per (name, shape, device):
     a launcher's temporary too large to allocate at every call (the attention backward's dq
-    shares: 830 MB at andrea-120m, B=16, shared by its 12 layers). Every launch goes to one
-    stream at a time, so calls run one after another and may share it; it is allocated
+    shares: 830 MB at andrea-120m, B=16, shared by its 12 layers). Its users launch on the
+    first stream only (what runs `beside()`, the weight gradients, takes none), so calls run
+    one after another and may share it; it is allocated
     outside count_allocations and allocate_from, so a captured graph's arena does not hold a
     copy of it, and the graph may keep using it."""
     global _tally, _arena
