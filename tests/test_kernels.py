@@ -933,11 +933,12 @@ def test_crossentropy(rng, scale, columns):
     # where the rows allow it)
     want_fused = [np.empty(1), np.empty(N), np.empty(N), np.empty((N, V))]
     crossentropy.crossentropy_forward_backward_numpy(*want_fused, logits, targets, dloss)
-    for vector in (False, True) if V % 4 == 0 else (False,):
+    for vector, threads in ((False, None), (True, None), (True, 64)) if V % 4 == 0 else (
+            (False, None),):
         fused = [poisoned(1), poisoned(N), poisoned(N), poisoned((N, V))]
         crossentropy.crossentropy_forward_backward(*fused, device(logits),
                                                    device(targets, np.int32), device(dloss),
-                                                   vector=vector)
+                                                   vector=vector, threads=threads)
         for got, expected in zip(fused, want_fused):
             assert relative_error(got.copy_to_host(), expected) < TOLERANCE
 

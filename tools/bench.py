@@ -684,16 +684,17 @@ def bench_small(args):
     Vp = -(-V // 64) * 64
     logits_p = cuda.to_device(np.pad(tlogits.detach().cpu().numpy(), ((0, 0), (0, Vp - V))))
     dlogits_p = cuda.device_array((N, Vp), np.float32)
-    for vector in (True, False):
-        def ours_ce_p(vector=vector):
+    for vector, threads in ((True, None), (True, 512), (True, 256), (False, None)):
+        def ours_ce_p(vector=vector, threads=threads):
             crossentropy.crossentropy_forward_backward(loss, losses, lse, dlogits_p, logits_p,
-                                                       targets, dloss, V, vector=vector)
+                                                       targets, dloss, V, vector, threads)
+        name = f"{'16' if vector else '4'}-byte{f', {threads} threads' if threads else ''}"
         ours_ce_p()
-        same(f"cross-entropy at Vp (vector={vector}): loss", loss, want_loss.reshape(1))
-        same(f"cross-entropy at Vp (vector={vector}): dlogits",
-             dlogits_p.copy_to_host()[:, :V], want_dlogits, 1e-4)
-        compare(f"cross-entropy fwd+bwd [{N}x{Vp}] {'16' if vector else '4'}-byte", ours_ce_p,
-                theirs_ce, 4 * (2 * N * Vp + N))
+        same(f"cross-entropy at Vp ({name}): loss", loss, want_loss.reshape(1))
+        same(f"cross-entropy at Vp ({name}): dlogits", dlogits_p.copy_to_host()[:, :V],
+             want_dlogits, 1e-4)
+        compare(f"cross-entropy fwd+bwd [{N}x{Vp}] {name}", ours_ce_p, theirs_ce,
+                4 * (2 * N * Vp + N))
 
     # pad and unpad (kernels/pad.py): the logits' rows of V floats to rows of 4k and back, the
     # copies matmul makes for the LM head at an unaligned vocabulary, against torch's F.pad and

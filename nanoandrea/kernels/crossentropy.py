@@ -215,10 +215,11 @@ def crossentropy_forward(loss, losses, lse, logits, targets, vocab=None):
 
 
 def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, dloss,
-                                  vocab=None, vector=None):
+                                  vocab=None, vector=None, threads=None):
     """crossentropy_forward and crossentropy_backward (=) in one pass over the logits, for a
     loss whose gradient dloss[1] is known before backward. vector: 16-byte loads and stores
-    (crossentropy_fused4_kernel); None: when the rows allow them."""
+    (crossentropy_fused4_kernel); None: when the rows allow them. threads: the block (a row's),
+    by default CE4_THREADS or THREADS."""
     check_float32(loss=loss, losses=losses, lse=lse, dlogits=dlogits, logits=logits, dloss=dloss)
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
     V = _check(logits, targets, vocab, losses=losses, lse=lse, dlogits=dlogits)
@@ -226,8 +227,11 @@ def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, d
         vector = aligned16(logits) and aligned16(dlogits)
     check(not vector or (aligned16(logits) and aligned16(dlogits)),
           "cross-entropy: vector=True needs logits and dlogits in rows of 4k floats, aligned")
-    kernel, threads = ((crossentropy_fused4_kernel, CE4_THREADS) if vector else
-                       (crossentropy_fused_kernel, THREADS))
+    kernel, default_threads = ((crossentropy_fused4_kernel, CE4_THREADS) if vector else
+                               (crossentropy_fused_kernel, THREADS))
+    threads = threads or default_threads
+    check(threads & (threads - 1) == 0 and 32 <= threads <= MAX_THREADS,
+          f"cross-entropy: threads must be a power of two in 32..{MAX_THREADS}, got {threads}")
     launch(kernel, logits.shape[0], threads, losses, lse, dlogits, logits, targets, dloss, V)
     launch(mean_kernel, 1, THREADS, loss, losses)
 
