@@ -9,6 +9,7 @@ import numpy as np
 
 from .autograd import Tensor, beside, grad_enabled, grad_slot, record, summed_grad
 from .batch import TokenBatch
+from .kernels import launch
 
 
 def _new(like, shape, dtype=None):
@@ -55,6 +56,18 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
     inputs = [x, weight] + ([bias] if bias is not None else [])
     y = record(y, inputs, backward)
     return y if g is None else record(g, [y], _gelu_backward(g, y))
+
+
+def linears(x, *weights_and_biases):
+    """[linear(x, w, b) for each (w, b)]: products of one input, independent of each other. In
+    a captured step all but the first run beside it on the second stream, joined before this
+    returns (kernels/launch.py): the grids' last waves overlap. (Recorded last to first.)"""
+    (w, b), rest = weights_and_biases[0], weights_and_biases[1:]
+    with launch.beside(forward=True):
+        others = [linear(x, *pair) for pair in rest]
+    first = linear(x, w, b)
+    launch.join()
+    return [first, *others]
 
 
 class GeluOutput(Tensor):

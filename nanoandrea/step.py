@@ -17,9 +17,11 @@ once as a CUDA graph and from then on replayed with one call:
               ids (TokenBatch.load), the dropout seeds, the learning rate and Adam's bias
               corrections (AdamW.prepare). Nothing in the step waits for the host.
     streams   the capture has a second stream (`second_stream=True`): the weight gradients
-              run on it, beside the rest of the backward pass (autograd.beside); the graph
-              holds both, joined before the update. The same kernels on the same data: the
-              same bits as one stream.
+              run on it, beside the rest of the backward pass (autograd.beside), and in the
+              forward a layer's K and V products beside its Q (ops.linears;
+              second_stream="backward" keeps the forward on one stream); the graph holds
+              both, joined before the update. The same kernels on the same data: the same
+              bits as one stream.
 
 `cuda_graph=False` (train --no-cuda-graph) runs every step eagerly; the results are the same
 bit for bit, which tests/test_cli.py checks on the GPU.
@@ -48,6 +50,7 @@ class TrainStep:
         self.graph = None
         self.arena_bytes = None
         self.stream = self.side_stream = None
+        self.second_stream = second_stream
         self.launch_stream = launch.current_stream()
         if self.cuda_graph:
             import cupy
@@ -56,7 +59,7 @@ class TrainStep:
             # (the caller's copies and events) stays ordered with it
             self.stream = cupy.cuda.Stream(non_blocking=False)
             self.launch_stream = cuda.external_stream(self.stream.ptr)
-            if second_stream:
+            if second_stream:               # True, or "backward": the weight gradients only
                 self.side = cupy.cuda.Stream(non_blocking=True)
                 self.side_stream = cuda.external_stream(self.side.ptr)
 
@@ -101,7 +104,8 @@ class TrainStep:
                 if self.side_stream is None:
                     self._body()
                 else:
-                    with launch.second_stream(self.side_stream):
+                    with launch.second_stream(self.side_stream,
+                                              forward=self.second_stream != "backward"):
                         self._body()
             finally:
                 self.graph = self.stream.end_capture()

@@ -81,9 +81,11 @@ def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, monkeypatc
 
 @pytest.mark.skipif(GPU, reason="eagerly, memory the second stream reads could be reused by the "
                     "first (CuPy's pool); on the GPU the captured step above runs it")
-def test_weight_gradients_beside_the_backward_pass_are_the_same(rng, monkeypatch):
+@pytest.mark.parametrize("forward", [True, False])
+def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatch, forward):
     """The weight gradients launched on a second stream (autograd.beside): every linear layer's
-    dW and db go there, nothing else does, the backward ends joined, and the gradients are the
+    dW and db go there; in the forward (forward=True) each layer's K and V products
+    (ops.linears); nothing else does; the backward ends joined; the gradients are the
     one-stream gradients bit for bit."""
     from numba import cuda
     config = get_preset("tiny")
@@ -110,7 +112,7 @@ def test_weight_gradients_beside_the_backward_pass_are_the_same(rng, monkeypatch
     for module in list(sys.modules.values()):       # every launcher's `launch`
         if module.__name__.startswith("nanoandrea.") and getattr(module, "launch", None) is real_launch:
             monkeypatch.setattr(module, "launch", spy)
-    with launch.second_stream(side):
+    with launch.second_stream(side, forward=forward):
         got = grads()
         assert not launch._forked                       # backward ended joined
     assert np.array_equal(got, want)
@@ -118,6 +120,8 @@ def test_weight_gradients_beside_the_backward_pass_are_the_same(rng, monkeypatch
     assert beside == {"matmul_tiled_kernel", "sum_rows_kernel", "finish_column_sums_kernel"}
     products = [on_side for name, on_side in streams[forward_launches:] if "matmul" in name]
     assert sum(products) == len(products) / 2          # of each layer's two products, dW beside
+    in_forward = [name for name, on_side in streams[:forward_launches] if on_side]
+    assert in_forward == (["matmul_tiled_kernel"] * 2 * config.n_layer if forward else [])
 
 
 def kernel_name(kernel):

@@ -500,10 +500,13 @@ def bench_e2e(args):
     print("end to end: training steps (forward, backward, AdamW), float32, steady state")
     for preset, B, T, config, ours, theirs in e2e_cases(args):
         tokens = B * T
-        # ours: the step eagerly (every launch from Python), then captured as a CUDA graph, with
-        # its weight gradients on a second stream and without
-        modes = {"eager": dict(graph=False), "graph, one stream": dict(graph=True,
-                 second_stream=False), "graph": dict(graph=True)}
+        # ours: the step eagerly (every launch from Python), then captured as a CUDA graph: on
+        # one stream; with its weight gradients on a second; and with the forward's K and V
+        # products there too (the default)
+        modes = {"eager": dict(graph=False),
+                 "graph, one stream": dict(graph=True, second_stream=False),
+                 "graph, second stream in backward": dict(graph=True, second_stream="backward"),
+                 "graph": dict(graph=True)}
         ours_ms = {mode: steps_time_ms(ours(**kw), args.e2e_repeat) for mode, kw in modes.items()}
         torch_ms = steps_time_ms(theirs, args.e2e_repeat)
         flops = flops_per_token(config) * tokens

@@ -90,20 +90,24 @@ def using_stream(stream):
 # Inside a captured step (nanoandrea/step.py) the weight gradients run on a second stream: each
 # starts when its dY is ready and runs beside the input gradients and the rest of the backward
 # pass, filling the multiprocessors that a product's last wave and the small kernels leave idle.
-# Only inside a capture: there every allocation comes from the arena, never reused, so memory
-# the second stream still reads is never handed to the first (eagerly, CuPy's pool would).
+# In the forward, products of the same input (a layer's K and V beside its Q: ops.linears) may
+# run there too. Only inside a capture: there every allocation comes from the arena, never
+# reused, so memory the second stream still reads is never handed to the first (eagerly,
+# CuPy's pool would).
 
-_second = None          # (the second stream, its fork event, its join event), while there is one
+_second = None          # (the second stream, its fork event, its join event, whether forward
+                        # work may go there), while there is one
 _forked = False         # work launched on the second stream since the last join
 
 
 @contextmanager
-def second_stream(stream):
-    """Inside the block, `beside()` puts launches on `stream` (a Numba stream)."""
+def second_stream(stream, forward=True):
+    """Inside the block, `beside()` puts launches on `stream` (a Numba stream); forward=False:
+    only the backward's (`beside(forward=True)` then runs in place)."""
     global _second, _forked
     events = [cuda.event() if SIMULATOR else cuda.event(timing=False) for _ in range(2)]
-    previous, _second = _second, (stream, *events)     # (the simulator's take no arguments)
-    try:
+    previous, _second = _second, (stream, *events, forward)     # (the simulator's events take
+    try:                                                         # no arguments)
         yield
     finally:
         join()
@@ -111,15 +115,16 @@ def second_stream(stream):
 
 
 @contextmanager
-def beside():
+def beside(forward=False):
     """Launches inside the block go to the second stream, if there is one, after everything
     launched so far on the current stream; they run beside what is launched after the block,
-    until `join()`. Without a second stream, the block runs where it is."""
+    until `join()`. Without a second stream (or for forward work, without its leave), the
+    block runs where it is."""
     global _forked
-    if _second is None or _stream is _second[0]:
+    if _second is None or _stream is _second[0] or (forward and not _second[3]):
         yield
         return
-    side, fork, _ = _second
+    side, fork, _, _ = _second
     fork.record(_stream)
     fork.wait(side)
     with using_stream(side):
@@ -134,7 +139,7 @@ def join():
     if _second is not None and _stream is _second[0]:
         return False
     if _forked:
-        side, _, done = _second
+        side, _, done, _ = _second
         done.record(side)
         done.wait(_stream)
         _forked = False
