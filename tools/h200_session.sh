@@ -30,13 +30,13 @@ for step in ${steps[@]}; do
           ${MODELS:+--models $MODELS} 2>&1 | grep -v "Warn\|warn(" | tee $OUT/profile.log ;;
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
-    ready)      # what session 10 built after its device time ran out, timed in session 11
-                # (docs/perf.md v13, none kept): the SGEMM with its shared-memory fragments read
-                # a step ahead; pad and unpad two rows at a time (among the small kernels)
-      timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul,small \
-          --shapes "qkv,mlp,12m" --variants "fragments ahead" \
-          --json $OUT/ready.json 2>&1 \
-          | grep -v "Warn\|warn(" | tee $OUT/ready.log | grep -A60 "^summary" ;;
+    ready)      # what session 11 left untimed (docs/perf.md v13, "Ready to time"): the
+                # cross-entropy's block size (among the small kernels), then both models end to
+                # end with K and V beside Q ("graph") and without ("second stream in backward")
+      timeout ${BENCH_TIMEOUT:-150} python3 tools/bench.py --only small --json $OUT/small.json \
+          2>&1 | grep -v "Warn\|warn(" | tee $OUT/small.log | grep -A12 "^summary"
+      timeout ${E2E_TIMEOUT:-400} python3 tools/bench.py --only e2e --json $OUT/e2e.json 2>&1 \
+          | grep -v "Warn\|warn(" | tee $OUT/e2e.log | grep -A10 "^summary" ;;
     lm)         # the LM head at GPT-2's 50257 (padded operands, output stored 4 bytes at a
                 # time) and at Vp, with the fragments read a step ahead
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --only matmul \
