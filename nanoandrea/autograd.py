@@ -83,10 +83,15 @@ def _join():
         _written_beside.clear()
 
 
-def grad_slot(tensor):
-    """(buffer, accumulate): where a backward writes tensor's gradient, and whether it adds."""
+def _wait_for(tensor):
+    """Before tensor's gradient is used again: wait if the second stream is writing it."""
     if id(tensor) in _written_beside:
         _join()
+
+
+def grad_slot(tensor):
+    """(buffer, accumulate): where a backward writes tensor's gradient, and whether it adds."""
+    _wait_for(tensor)
     if tensor.grad is None:
         tensor.grad = tensor.backend.empty(tensor.shape)
         return tensor.grad, False
@@ -95,8 +100,7 @@ def grad_slot(tensor):
 
 def summed_grad(tensor):
     """tensor's gradient buffer for kernels that always add to it (parameter gradients)."""
-    if id(tensor) in _written_beside:
-        _join()
+    _wait_for(tensor)
     if tensor.grad is None:
         tensor.grad = tensor.backend.zeros(tensor.shape)
     return tensor.grad

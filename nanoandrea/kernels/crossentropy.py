@@ -223,9 +223,9 @@ def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, d
     check_float32(loss=loss, losses=losses, lse=lse, dlogits=dlogits, logits=logits, dloss=dloss)
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
     V = _check(logits, targets, vocab, losses=losses, lse=lse, dlogits=dlogits)
-    if vector is None:
-        vector = aligned16(logits) and aligned16(dlogits)
-    check(not vector or (aligned16(logits) and aligned16(dlogits)),
+    aligned = aligned16(logits) and aligned16(dlogits)
+    vector = aligned if vector is None else vector
+    check(aligned or not vector,
           "cross-entropy: vector=True needs logits and dlogits in rows of 4k floats, aligned")
     kernel, default_threads = ((crossentropy_fused4_kernel, CE4_THREADS) if vector else
                                (crossentropy_fused_kernel, THREADS))

@@ -124,7 +124,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     memory while the step before is multiplied (two sets of fragment registers), and the next
     slice's first ones right after the barrier, before the last step of this slice is
     multiplied: its 64 multiply-adds cover the shared loads' latency where, without, every warp
-    of the block leaves the barrier at once and waits on its loads together.
+    of the block leaves the barrier at once and waits on its loads together. (Timed: 6-8%
+    slower on every shape, docs/perf.md v13; a variant, not a default.)
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline): 16 bytes a copy for an operand
     whose rows run along M or N (a transposed, b not) and are 16-byte runs (vector), else 4
@@ -772,7 +773,8 @@ def pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned=N
     some operand's row length are padded (N, M with transpose_a, K unless a is transposed and
     b is not). pad_unaligned "operands": the operands only, never the output, which is then
     stored 4 bytes at a time (the operands whose rows run along M or N keep their padded
-    width; not yet timed, docs/perf.md v12). aligned: aligned16 of out, a, b if known."""
+    width; slower than padding the output too, docs/perf.md v13). aligned: aligned16 of out,
+    a, b if known."""
     if pad_unaligned is False:
         return None
     with_out = pad_unaligned != "operands"

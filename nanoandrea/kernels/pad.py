@@ -11,7 +11,7 @@ there the blocked matmul must read and write 4 bytes at a time (0.70-0.77x cuBLA
 operands on padded copies instead (matmul.pads_unaligned says when): zeros in the padding add
 nothing to a sum over k, and padded rows or columns of the output are dropped by unpad (or,
 with matmul's pad_unaligned="operands", the output is not copied and is stored 4 bytes at a
-time: not yet timed, docs/perf.md v12).
+time: slower, the LM head's forward 0.80x cuBLAS against 0.82x padded, docs/perf.md v13).
 
 One kernel does both: copy_corner_kernel writes every element of its output, from x where x
 has one, zeros elsewhere. A thread moves 4 floats of a row, THREADS apart, so that each of its
@@ -85,7 +85,8 @@ def copy_corner_kernel(out, x, accumulate):
     # one-row kernel's 118 and 131 (sm_90, 2026-11-29). Timed alone, one row at a time (H200,
     # 2026-11-30, session 9): pad 2.70 ms (2.4 TB/s, torch's F.pad 3.0 ms), unpad 3.45 ms
     # (1.9 TB/s, torch's slice copy 2.3 ms): 4 loads of 4 bytes a thread in flight, 32 KB a
-    # multiprocessor, about what the H200's bandwidth times its latency needs, hence two rows.)
+    # multiprocessor, about what the H200's bandwidth times its latency needs, hence two rows.
+    # Two rows timed in session 11: 2.94 and 3.66 ms, no better; docs/perf.md v13.)
     R = out.shape[0]
     c = cuda.blockIdx.x * RUN + cuda.threadIdx.x
     r = cuda.blockIdx.y
