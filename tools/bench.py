@@ -293,7 +293,8 @@ def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
 # "fragments ahead": each step's shared-memory fragments read while the step before is
 # multiplied, and the next slice's first right after the barrier, under the last step's 64
 # FFMA (ptxas: the same 124-128 registers, no spills, the k loops 597-631 instructions against
-# 578-617). Timed (session 11, run 1): 6-8% slower on every shape of qkv, mlp and 12m.
+# 578-617). Timed (session 11, run 1): 6-8% slower on every plain product of qkv, mlp and
+# 12m, 2% on the two with GELU's backward fused.
 # "8x16 128 threads": 128 x 128 block tiles of 128 threads, each 8 x 16, 2 blocks (8 warps) a
 # multiprocessor: the tile, threads and occupancy of the cuBLAS kernel that beats ours at
 # 16384 x 3072 x 768 (Nsight Compute, session 9: sm80_xmma_gemm_f32f32..._tilesize128x128x8_

@@ -125,7 +125,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     slice's first ones right after the barrier, before the last step of this slice is
     multiplied: its 64 multiply-adds cover the shared loads' latency where, without, every warp
     of the block leaves the barrier at once and waits on its loads together. (Timed: 6-8%
-    slower on every shape, docs/perf.md v13; a variant, not a default.)
+    slower on every plain product, 2% on those with GELU's backward fused, docs/perf.md v13;
+    a variant, not a default.)
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline): 16 bytes a copy for an operand
     whose rows run along M or N (a transposed, b not) and are 16-byte runs (vector), else 4
