@@ -49,6 +49,7 @@ class Tensor:
             grad = self.backend.empty(self.shape)
             self.backend.fill(grad, 1.0)
         self.grad = grad
+        _join()                 # (what the forward left on the second stream: W^T copies)
         for output, backward in reversed(_tape):
             if output.grad is not None:
                 backward()

@@ -13,7 +13,7 @@ from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embe
 from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
-    matmul: ["matmul", "sum_rows"],
+    matmul: ["matmul", "sum_rows", "transpose"],
     heads: ["split_heads", "merge_heads"],
     attention: ["attention_forward", "attention_backward"],
     layernorm: ["layernorm_forward", "layernorm_backward", "residual_layernorm_forward"],

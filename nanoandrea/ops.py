@@ -10,6 +10,7 @@ import numpy as np
 from .autograd import Tensor, beside, grad_enabled, grad_slot, record, summed_grad
 from .batch import TokenBatch
 from .kernels import launch
+from .kernels.matmul import copies_b_transposed
 
 
 def _new(like, shape, dtype=None):
@@ -31,6 +32,15 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
     backend.matmul(y.data.reshape(-1, N), rows, weight.data, None if bias is None else bias.data,
                    transpose_b=transpose_weight,
                    gelu_out=None if g is None else g.data.reshape(-1, N))
+    # dX = dY . W^T reads W^T. Where the product would copy it first (kernels/matmul.py), the
+    # copy is made now, beside the forward (on the second stream, where there is one: W does
+    # not change before the update), and backward starts dX's product at once.
+    weight_t = None
+    if (backend.name == "cuda" and grad_enabled() and x.requires_grad and not transpose_weight
+            and copies_b_transposed(rows.shape[0], K, False, True)):
+        with launch.beside(forward=True):
+            weight_t = backend.empty((N, K))                        # [N, K] = W^T
+            backend.transpose(weight_t, weight.data)
 
     def backward():
         dy = y.grad.reshape(-1, N)
@@ -50,8 +60,13 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
                 pre = x.pre.data.reshape(-1, K)                     # GELU's backward fused
             else:
                 (dx, accumulate), pre = grad_slot(x), None
-            backend.matmul(dx.reshape(-1, K), dy, weight.data, transpose_b=not transpose_weight,
-                           accumulate=accumulate, gelu_input=pre)
+            if weight_t is None:
+                backend.matmul(dx.reshape(-1, K), dy, weight.data,
+                               transpose_b=not transpose_weight, accumulate=accumulate,
+                               gelu_input=pre)
+            else:
+                backend.matmul(dx.reshape(-1, K), dy, weight_t, accumulate=accumulate,
+                               gelu_input=pre)
 
     inputs = [x, weight] + ([bias] if bias is not None else [])
     y = record(y, inputs, backward)

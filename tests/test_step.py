@@ -1,6 +1,7 @@
 """The training step (nanoandrea.step): the same as the loop it replaces, and on the GPU its
 CUDA-graph replay equal to the eager step bit for bit, allocating nothing once captured."""
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -85,9 +86,13 @@ def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, monkeypatc
 def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatch, forward):
     """The weight gradients launched on a second stream (autograd.beside): every linear layer's
     dW and db go there; in the forward (forward=True) each layer's K and V products
-    (ops.linears); nothing else does; the backward ends joined; the gradients are the
-    one-stream gradients bit for bit."""
+    (ops.linears) and the W^T copies of its six weights that backward's dX products read
+    (made at any size here); nothing else does; the backward ends joined; the gradients are
+    the one-stream gradients bit for bit."""
     from numba import cuda
+
+    from nanoandrea.kernels import matmul
+    monkeypatch.setattr(matmul, "TRANSPOSED_COPY_MIN_ROWS", 1)
     config = get_preset("tiny")
     model = GPT(config, get_backend("cuda"), seed=2)
     idx, targets = batches(rng, config, 2, 5, 1, 1)[0][0]
@@ -117,11 +122,14 @@ def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatc
         assert not launch._forked                       # backward ended joined
     assert np.array_equal(got, want)
     beside = {name for name, on_side in streams if on_side}
-    assert beside == {"matmul_tiled_kernel", "sum_rows_kernel", "finish_column_sums_kernel"}
+    assert beside == ({"matmul_tiled_kernel", "sum_rows_kernel", "finish_column_sums_kernel"}
+                      | ({"transpose_kernel"} if forward else set()))
     products = [on_side for name, on_side in streams[forward_launches:] if "matmul" in name]
     assert sum(products) == len(products) / 2          # of each layer's two products, dW beside
-    in_forward = [name for name, on_side in streams[:forward_launches] if on_side]
-    assert in_forward == (["matmul_tiled_kernel"] * 2 * config.n_layer if forward else [])
+    assert "transpose_kernel" not in {name for name, _ in streams[forward_launches:]}
+    in_forward = Counter(name for name, on_side in streams[:forward_launches] if on_side)
+    assert in_forward == (Counter(matmul_tiled_kernel=2 * config.n_layer,
+                                  transpose_kernel=6 * config.n_layer) if forward else Counter())
 
 
 def kernel_name(kernel):

@@ -688,7 +688,7 @@ def bench_small(args):
     Vp = -(-V // 64) * 64
     logits_p = cuda.to_device(np.pad(tlogits.detach().cpu().numpy(), ((0, 0), (0, Vp - V))))
     dlogits_p = cuda.device_array((N, Vp), np.float32)
-    for vector, threads in ((True, None), (True, 512), (True, 256), (False, None)):
+    for vector, threads in ((True, None), (True, 1024), (True, 512), (False, None)):
         def ours_ce_p(vector=vector, threads=threads):
             crossentropy.crossentropy_forward_backward(loss, losses, lse, dlogits_p, logits_p,
                                                        targets, dloss, V, vector, threads)

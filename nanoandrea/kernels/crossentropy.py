@@ -27,7 +27,7 @@ from .reduce import MAX_THREADS, block_max, block_sum
 from .vector import aligned16, load4, store4
 
 THREADS = 32 if SIMULATOR else 256
-CE4_THREADS = 32 if SIMULATOR else 1024    # crossentropy_fused4_kernel's block
+CE4_THREADS = 32 if SIMULATOR else 256     # crossentropy_fused4_kernel's block
 NEG_INF = float32(-np.inf)
 
 
@@ -135,9 +135,10 @@ def crossentropy_fused4_kernel(losses, lse, dlogits, logits, targets, dloss, V):
     # crossentropy_fused_kernel for rows of 4k floats, 16-byte aligned: a thread reads 4
     # columns at a time, two 16-byte loads in flight (8 logits folded into its running max and
     # sum at once), and writes the gradient 16 bytes at a time; one block per row, of
-    # CE4_THREADS threads, so that the second read of each row in flight (its gradient) finds it
-    # still in L2: 132 x 2 rows of 50304 floats, 53 MB (the 256-thread kernel keeps 8 blocks a
-    # multiprocessor in flight, 212 MB, and reads every row twice from memory).
+    # CE4_THREADS threads. (Blocks of 1024, one a multiprocessor, were meant to keep each row
+    # in L2 for its second read; on the H200 at [16384 x 50304] they took 3.065 ms against
+    # 2.586 ms for 512 and 2.518 ms for 256: more rows in flight beat the L2 hits. docs/perf.md
+    # v14.)
     scratch = cuda.shared.array(MAX_THREADS, float32)
     n = cuda.blockIdx.x
     Vp = logits.shape[1]
