@@ -352,6 +352,69 @@ def test_matmul_on_padded_copies(rng, transpose_a, transpose_b):
                     dict(pad_unaligned=False))
 
 
+# (case, M, N, K, transpose_b) of the row classes: in the simulator, then at sizes whose rows of
+# odd length make all four classes' windows start at different columns
+ROW_CLASS_CASES = [("a rows", *((13, 20, 23) if not GPU else (1001, 388, 771)), False),
+                   ("a rows", *((13, 20, 23) if not GPU else (1001, 388, 771)), True),
+                   ("k rows", *((12, 21, 19) if not GPU else (388, 771, 1001)), False),
+                   ("out rows", *((13, 21, 12) if not GPU else (1001, 771, 388)), False)]
+
+
+def offset_by_one(array):
+    """A device copy of `array` whose first element is one float past a 16-byte boundary (a
+    contiguous view of a longer buffer)."""
+    flat = device(np.concatenate([[0.0], array.ravel()]))
+    return flat[1:].reshape(array.shape)
+
+
+@pytest.mark.parametrize("case,M,N,K,transpose_b", ROW_CLASS_CASES)
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("offset", [False, True] if GPU else [False])
+def test_matmul_in_row_classes(rng, monkeypatch, case, M, N, K, transpose_b, accumulate, offset):
+    """pad_unaligned="row classes": a product whose operand or output has rows that are not
+    16-byte runs, in four classes of rows, each over its aligned window (with transpose_b, on
+    W^T's copy), and the columns outside the windows apart. Every element of out written (NaN
+    before), or added to; the case expected taken; NumPy's answer. On the GPU also with the
+    unaligned array starting one float past a 16-byte boundary (the windows move with it)."""
+    transpose_a = case == "k rows"
+    a = rng.standard_normal((K, M) if transpose_a else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if transpose_b else (K, N)).astype(np.float32)
+    out, prior = output_and_prior(rng, (M, N), accumulate)
+    A, B = device(a), device(b)
+    if offset and case == "a rows":
+        A = offset_by_one(a)
+    elif offset and case == "k rows":
+        B = offset_by_one(b)
+    elif offset:
+        out = offset_by_one(prior if accumulate else np.full((M, N), np.nan))
+    taken = []
+    real = matmul.row_class_matmul
+    monkeypatch.setattr(matmul, "row_class_matmul", lambda case, *args: (taken.append(case),
+                                                                         real(case, *args)))
+    matmul.matmul(out, A, B, transpose_a=transpose_a, transpose_b=transpose_b,
+                  accumulate=accumulate, kernel="blocked", tiles=None if GPU else dict(BM=16, BN=16),
+                  pad_unaligned="row classes", copy_b_transposed=transpose_b or None)
+    assert taken == [case]
+    want = prior.astype(np.float64)
+    matmul.matmul_numpy(want, a, b, None, transpose_a, transpose_b, accumulate)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
+def test_row_classes_windows(monkeypatch):
+    """The aligned window of each class of rows of a [R, 50257] matrix: row i starts i floats
+    (mod 4) into a 16-byte run, so class j's window starts at column (4 - j) % 4; with the
+    array's first element one float further into its run, each window one column earlier
+    (mod 4); the windows are whole runs and leave at most 3 columns out on either side."""
+    class Rows:                 # (only the shape is looked at, and float_offset's answer)
+        shape = (8, 50257)
+    for offset in range(4):
+        monkeypatch.setattr(matmul, "float_offset", lambda x: offset)
+        for j in range(4):
+            first, count = matmul.aligned_window(Rows(), j)
+            assert first == (4 - j - offset) % 4
+            assert count % 4 == 0 and first + count > 50257 - 4
+
+
 @pytest.mark.parametrize("kernel", ["tiled", "blocked"])
 @pytest.mark.parametrize("transpose_a", [False, True])
 def test_matmul_with_rows_padded_along_m_or_n(rng, kernel, transpose_a):

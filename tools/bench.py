@@ -181,10 +181,16 @@ def bench_matmul(args):
                      for name, ta, tb, out, a, b, theirs, copy, _ in products if copy is None]
             if wanted(args, "cp.async 4-byte"):     # (the cp.async pipeline's 4-byte copies)
                 pipelined = [(f"{name} [cp.async 4-byte]", *rest) for name, *rest in plain]
-            products += [(f"{name} [4-byte kernels]", *rest, None, False) for name, *rest in plain]
+            # ... in place in four classes of rows (matmul.row_class_matmul)
+            products += [(f"{name} [row classes]", *rest, None, "row classes")
+                         for name, *rest in plain]
+            if wanted(args, "4-byte kernels"):      # (timed in sessions 6-11: 0.70-0.75x)
+                products += [(f"{name} [4-byte kernels]", *rest, None, False)
+                             for name, *rest in plain]
             # ... or the operands padded and the output (rows of V) stored 4 bytes at a time
-            products += [(f"{name} [padded operands]", *rest, None, "operands")
-                         for name, *rest in plain if rest[2].shape[1] % 4]
+            if wanted(args, "padded operands"):     # (session 11: 0.72-0.80x)
+                products += [(f"{name} [padded operands]", *rest, None, "operands")
+                             for name, *rest in plain if rest[2].shape[1] % 4]
         cases = [(f"{name} [{variant}]" if variant else name,
                   lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles, copy=copy, pads=pads:
                   matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles,

@@ -78,6 +78,14 @@ def kernels():
                      for ta, tb in ((False, False), (False, True), (True, False))]
     for name, kernel in variants:
         yield name, kernel, MATMUL_ARGS
+    S2, S3 = float32[:, :], float32[:, :, :]     # strided views: the row classes' (any layout)
+    yield "blocked matmul NN, row classes of a (dX at 50257)", blocked(
+        False, False, (True, True, True)), (A3, S2, A2, A1, BOOL, BOOL, int64, S2)
+    yield "blocked matmul NN, row classes of out (forward at 50257)", blocked(
+        False, False, (True, True, True), dict(blocks_per_sm=2)), \
+        (S3, S2, A2, A1, BOOL, BOOL, int64, S2)
+    yield "blocked matmul TN, row classes of k (dW at 50257)", blocked(
+        True, False, (True, True, True)), (A3, S2, S2, A1, BOOL, BOOL, int64, S2)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits4 (16-byte)", matmul.sum_splits4_kernel, (A1, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:
@@ -155,10 +163,11 @@ def disassemble(cubin):
 
 def global_accesses(code):
     """One line counting the kernel's global loads and stores by kind (LDG.E.128: 16 bytes,
-    LDG.E: 4), as they stand in the code (an access in a loop counts once)."""
+    LDG.E: 4; LD.E, ST.E: through a generic address, where the compiler could not tell it is
+    global), as they stand in the code (an access in a loop counts once)."""
     kinds = {}
     for _, text in code:
-        kind = re.search(r"\b((?:LDG|STG)\.[A-Z0-9.]+)", text)
+        kind = re.search(r"\b((?:LDG|STG|LD|ST)\.E[A-Z0-9.]*)", text)
         if kind:
             kinds[kind.group(1)] = kinds.get(kind.group(1), 0) + 1
     return "global memory: " + (", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))

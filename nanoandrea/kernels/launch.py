@@ -180,10 +180,14 @@ def check_dtype(name, array, dtype=np.float32):
     check(array.dtype == np.dtype(dtype), f"{name}: expected {np.dtype(dtype)}, got {array.dtype}")
 
 
-def check_contiguous(name, array):
+def is_contiguous(array):
+    """Whether an array (device, simulated or host) is C-contiguous."""
     flags = getattr(array, "flags", None)
-    contiguous = flags["C_CONTIGUOUS"] if flags is not None else True
-    check(contiguous, f"{name}: expected a C-contiguous array")
+    return flags["C_CONTIGUOUS"] if flags is not None else True
+
+
+def check_contiguous(name, array):
+    check(is_contiguous(array), f"{name}: expected a C-contiguous array")
 
 
 def check_float32(**arrays):

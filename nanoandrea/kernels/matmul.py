@@ -37,9 +37,9 @@ import numpy as np
 from .asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
 from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
                    gelu_forward_numpy, gelu_value)
-from .pad import pad, padded_length, unpad
+from .pad import copy_corner, pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     current_stream, elementwise_grid, launch)
+                     current_stream, elementwise_grid, is_contiguous, launch)
 from .vector import aligned16, load4, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
@@ -618,8 +618,8 @@ def sum_splits(out, partials, bias, has_bias, accumulate):
     session 5), else sum_splits_kernel."""
     M, N = out.shape
     S = partials.shape[0]
-    if N % 4 == 0 and aligned16(out) and aligned16(partials) and (not has_bias or
-                                                                  aligned16(bias)):
+    if (N % 4 == 0 and aligned16(out) and aligned16(partials) and is_contiguous(out)
+            and (not has_bias or aligned16(bias))):
         launch(sum_splits4_kernel, *elementwise_grid(M * N // 4), out.reshape(M * N),
                partials.reshape(S, M * N), bias, has_bias, accumulate, N)
     else:
@@ -819,6 +819,162 @@ def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied,
         unpad(out, operands["out"], accumulate)
 
 
+# --- rows that are not 16-byte runs, read and written in place: four classes of rows ---------
+# Row i of a matrix [R, L] starts i*L floats past the first. When L is not a multiple of 4 the
+# rows do not all start on a 16-byte boundary, but rows i and i + 4 start at the same place in
+# one: the rows of a class j = i mod 4 (the view x[j::4], rows 4L floats apart) all have whole
+# aligned runs of 4 floats from the same column on, their aligned window. A product whose
+# operand or output has such rows is then computed as four products over those views, each
+# over its class's window of columns (16-byte loads and stores throughout, no padded copy of the
+# large operand), plus the few columns outside the windows (at most 3 on either side), apart.
+# Three cases (b not transposed; the LM head at V = 50257 has one of each):
+#   a rows   out[M,N] (+)= a[M,K] . b[K,N], a's rows not runs (dlogits . W, with W^T copied):
+#            a's classes of rows and out's, windows along k; the k outside added by the
+#            reference kernel (rank <= 6)
+#   k rows   out[M,N] (+)= a[K,M]^T . b[K,N], b's rows not runs (X^T . dlogits): classes of
+#            the rows of a and b (of k), each product into partials over its window of n, which
+#            sum_windows adds up; the columns outside some window by a product of their own
+#   out rows out[M,N] (+)= a[M,K] . b[K,N], out's rows not runs (X . W): out's classes of rows
+#            and a's, each product over its window of n on a copy of b's columns there; the
+#            columns outside the windows by a product of their own
+
+ROW_CLASSES = 4
+
+
+def float_offset(x):
+    """Where x's first element sits in its 16-byte run, in floats (0-3). (0 in the simulator:
+    there any window is correct, alignment only matters to the hardware.)"""
+    return 0 if SIMULATOR else (x.device_ctypes_pointer.value // 4) % 4
+
+
+def aligned_window(x, j):
+    """(first, count): the columns of class j's rows of x[R, L] (x[j::4]) that are whole 16-byte
+    runs: from the first column at a 16-byte boundary, a multiple of 4 of them."""
+    L = x.shape[1]
+    first = -(float_offset(x) + j * L) % 4
+    return first, max(0, (L - first) // 4 * 4)
+
+
+def row_class_case(M, N, K, transpose_a, transpose_b, aligned, has_bias, hidden):
+    """Which of the three row-class products computes this one ("a rows", "k rows", "out
+    rows"), or None (then the 4-byte kernels do)."""
+    if has_bias or hidden is not None or transpose_b or min(M, N, K) < 2 * ROW_CLASSES:
+        return None
+    if not transpose_a and not aligned["a"] and aligned["b"] and aligned["out"]:
+        return "a rows"
+    if transpose_a and aligned["a"] and not aligned["b"]:
+        return "k rows"
+    if not transpose_a and aligned["a"] and not aligned["out"]:
+        return "out rows"
+    return None
+
+
+@cuda.jit
+def sum_windows_kernel(out, p0, p1, p2, p3, s0, s1, s2, s3, accumulate):
+    # out[M,N] (+)= p0[m, n + s0] + p1[m, n + s1] + p2[m, n + s2] + p3[m, n + s3]: the four
+    # row classes' partial products, each shifted by its window's first column; grid-stride
+    M, N = out.shape
+    for i in range(cuda.grid(1), M * N, cuda.gridsize(1)):
+        m, n = i // N, i % N
+        total = ((p0[m, n + s0] + p1[m, n + s1]) + p2[m, n + s2]) + p3[m, n + s3]
+        if accumulate:
+            total += out[m, n]
+        out[m, n] = total
+
+
+def _blocked_view_product(out3, a, b, transpose_a, accumulate, k_splits, tiles):
+    """out3[0] (+)= op(a) . b, b not transposed, no bias, by the blocked kernel with 16-byte
+    loads and stores: views whose rows are aligned runs (out3: [1, M, N]), split-K as matmul."""
+    _, M, N = out3.shape
+    K = a.shape[0] if transpose_a else a.shape[1]
+    if not is_contiguous(out3):     # (its strides cost the plain product 4 registers: over 128,
+        tiles = dict(tiles or {})   # one block a multiprocessor; bounded, 8-16 bytes of spills
+        tiles.setdefault("blocks_per_sm", 2)        # outside the k loop, ptxas sm_90)
+    fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles)
+    BM, BN, BK = fast.tile
+    splits = k_splits or split_count(M, N, K, fast.tile,
+                                     resident_blocks(fast.threads, fast.thread_outputs))
+    k_per_split = k_per_slice(K, splits, BK)
+    splits = blocks(K, k_per_split)
+    grid = (blocks(N, BN), blocks(M, BM), splits)
+    placeholder = b[0, :1]                  # (the bias argument, never read)
+    if splits == 1:
+        launch(fast, grid, fast.threads, out3, a, b, placeholder, False, accumulate,
+               k_per_split, a)
+        return
+    partials = cuda.device_array((splits, M, N), dtype=np.float32, stream=current_stream())
+    launch(fast, grid, fast.threads, partials, a, b, placeholder, False, False, k_per_split, a)
+    sum_splits(out3[0], partials, placeholder, False, accumulate)
+
+
+def _edge_columns(x, lo, hi):
+    """x's columns [0, lo) and [hi, L) side by side in a fresh [R, 8] array, zeros after them
+    (each side at most 4 columns): the columns outside the row classes' windows."""
+    R, L = x.shape
+    check(lo <= 4 and L - hi <= 4, "matmul: row classes' edges wider than 4 columns")
+    edges = cuda.device_array((R, 8), dtype=np.float32, stream=current_stream())
+    copy_corner(edges[:, :4], x[:, :lo], False)     # (zeros where x has no column)
+    copy_corner(edges[:, 4:], x[:, hi:], False)
+    return edges
+
+
+def row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits=None, tiles=None):
+    """out (+)= op(a) . b in four classes of rows (row_class_case's case; see above)."""
+    M, N = out.shape
+    options = dict(kernel="blocked", k_splits=k_splits, tiles=tiles, pad_unaligned=False)
+    classes = range(ROW_CLASSES)
+    if case == "a rows":                    # windows along k, a's (and out's) classes of rows,
+        K = a.shape[1]                      # each class's product made whole in a contiguous
+        for j in classes:                   # array (out is small here; a strided output costs
+            first, count = aligned_window(a, j)             # the kernel registers), then added
+            rows = out[j::4]
+            product = cuda.device_array((1, rows.shape[0], N), dtype=np.float32,
+                                        stream=current_stream())
+            _blocked_view_product(product, a[j::4, first:first + count],
+                                  b[first:first + count], False, False, k_splits, tiles)
+            for lo, hi in ((0, first), (first + count, K)):      # the k outside the window
+                if hi > lo:
+                    launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(rows.shape[0], TILE)),
+                           (TILE, TILE), product[0], a[j::4, lo:hi], b[lo:hi], b[0, :1], False,
+                           False, False, True)
+            copy_corner(rows, product[0], accumulate)
+        return
+    # windows along n (of b's classes of rows, or of out's); the columns outside some
+    # class's window, [0, lo) and [hi, N), computed whole by a product of their own
+    windows = [aligned_window(b if case == "k rows" else out, j) for j in classes]
+    lo = max(first for first, _ in windows)
+    hi = min(first + count for first, count in windows)
+    edges = cuda.device_array((M, 8), dtype=np.float32, stream=current_stream())
+    matmul(edges, a, _edge_columns(b, lo, hi), transpose_a=transpose_a, **options)
+    if case == "k rows":                    # classes of k: partials over each window, summed
+        partials = []
+        for j, (first, count) in zip(classes, windows):
+            partial = cuda.device_array((1, M, count), dtype=np.float32,
+                                        stream=current_stream())
+            _blocked_view_product(partial, a[j::4], b[j::4, first:first + count], True, False,
+                                  k_splits, tiles)
+            partials.append(partial[0])
+        shifts = [lo - first for first, _ in windows]
+        launch(sum_windows_kernel, *elementwise_grid(M * (hi - lo)), out[:, lo:hi], *partials,
+               *shifts, accumulate)
+        if lo > 0:
+            copy_corner(out[:, :lo], edges[:, :4], accumulate)
+        if hi < N:
+            copy_corner(out[:, hi:], edges[:, 4:], accumulate)
+        return
+    out3, K = out.reshape(1, M, N), b.shape[0]      # "out rows": out's (and a's) classes
+    for j, (first, count) in zip(classes, windows):
+        b_window = cuda.device_array((K, count), dtype=np.float32, stream=current_stream())
+        copy_corner(b_window, b[:, first:first + count], False)
+        _blocked_view_product(out3[:, j::4, first:first + count], a[j::4], b_window, False,
+                              accumulate, k_splits, tiles)
+        if first > 0:
+            copy_corner(out[j::4, :first], edges[j::4, :first], accumulate)
+        if first + count < N:
+            copy_corner(out[j::4, first + count:], edges[j::4, 4 + first + count - hi:],
+                        accumulate)
+
+
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
            kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
            copy_b_transposed=None, pad_unaligned=None):
@@ -836,8 +992,9 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     copy_b_transposed, with transpose_b: multiply by a transposed copy of b (True), or read b
     transposed in the kernel (False); None: copies_b_transposed decides;
     pad_unaligned, when some operand's rows are not 16-byte runs: run on padded copies (True),
-    on padded copies of a and b only ("operands"), or with the 4-byte kernels (False); None:
-    pads_unaligned decides (never with GELU).
+    on padded copies of a and b only ("operands"), in place in four classes of rows ("row
+    classes": row_class_matmul, where row_class_case finds a case, else the 4-byte kernels), or
+    with the 4-byte kernels (False); None: pads_unaligned decides (never with GELU).
     An operand whose rows run along M or N (a transposed: [K, M]; b not: [K, N]) may hold them
     padded to 4k floats ([K, M4], [K, N4]), the padding read by the blocked kernel (16 bytes at
     a time) and left out of out: how padded copies are multiplied, and how a model that keeps
@@ -854,8 +1011,9 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     hidden = gelu_out if gelu_out is not None else gelu_input
     if kernel == "blocked":     # (each operand's alignment looked at once)
         aligned = dict(out=aligned16(out), a=aligned16(a), b=aligned16(b))
-        copied = hidden is None and not all(aligned.values()) and pads_unaligned(
-            M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned, aligned)
+        by_classes = pad_unaligned == "row classes"
+        copied = hidden is None and not all(aligned.values()) and not by_classes and (
+            pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned, aligned))
         if copied:
             padded_matmul(out, a, b, bias if has_bias else None, transpose_a, transpose_b,
                           accumulate, copied, kernel=kernel, k_splits=k_splits, tiles=tiles,
@@ -866,6 +1024,11 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
             transpose(b_transposed, b)
             b, transpose_b = b_transposed, False
             aligned["b"] = aligned16(b)
+        case = by_classes and row_class_case(M, N, K, transpose_a, transpose_b, aligned,
+                                             has_bias, hidden)
+        if case:
+            row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits, tiles)
+            return
         vectors = (aligned["a"], aligned["b"], aligned["out"]
                    and (not has_bias or aligned16(bias)) and (hidden is None or aligned16(hidden)))
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
