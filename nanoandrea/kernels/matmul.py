@@ -887,9 +887,9 @@ def _blocked_view_product(out3, a, b, transpose_a, accumulate, k_splits, tiles):
     loads and stores: views whose rows are aligned runs (out3: [1, M, N]), split-K as matmul."""
     _, M, N = out3.shape
     K = a.shape[0] if transpose_a else a.shape[1]
-    if not is_contiguous(out3):     # (its strides cost the plain product 4 registers: over 128,
-        tiles = dict(tiles or {})   # one block a multiprocessor; bounded, 8-16 bytes of spills
-        tiles.setdefault("blocks_per_sm", 2)        # outside the k loop, ptxas sm_90)
+    tiles = dict(tiles or {})       # bounded to 2 blocks a multiprocessor (128 registers): the
+    tiles.setdefault("blocks_per_sm", 2)    # views' strides cost registers (a strided output:
+                                            # 132 unbounded, ptxas sm_90)
     fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles)
     BM, BN, BK = fast.tile
     splits = k_splits or split_count(M, N, K, fast.tile,
