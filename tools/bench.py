@@ -202,8 +202,8 @@ def bench_matmul(args):
                        out, a, b, transpose_a=ta, transpose_b=tb, tiles=dict(stages=3),
                        copy_b_transposed=False, pad_unaligned=False), theirs, out)
                   for name, ta, tb, out, a, b, theirs in pipelined]
-        if n % 4:       # the row classes' products without launch bounds (their default: 2
-            cases += [  # blocks a multiprocessor, at most 128 registers)
+        if n % 4 and wanted(args, "unbounded"):     # the row classes' products without
+            cases += [  # launch bounds (their default: 2 blocks a multiprocessor, 128 registers)
                 (f"{name} [row classes, unbounded]", lambda out=out, a=a, b=b, ta=ta, tb=tb:
                  matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb,
                                        tiles=dict(blocks_per_sm=1), pad_unaligned="row classes"),
@@ -234,8 +234,7 @@ def bench_matmul(args):
                           lambda: x.T @ dy, out_dw))
         if "down" in label:
             gelu_backward_pair(args, label, m, n, k, DY, W, out_dx)
-        if n % 4:
-            print_registers()
+
         for name, ours, theirs, out in cases:
             cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails
             ours()
@@ -249,17 +248,6 @@ def bench_matmul(args):
             short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
             row("matmul", f"{short:8s} {name}", ours_ms, flops, "TFLOP/s", theirs_ms,
                 "cuBLAS", f"(cuBLAS {flops / theirs_ms / 1e9:.1f} TFLOP/s, err {error:.1e})")
-
-
-def print_registers():
-    """Registers and local memory (spills) a thread of each blocked kernel compiled so far, as
-    this GPU's compiler gave them: (transposes, vectors, tiles), the layouts of out, a, b."""
-    for key, kernel in matmul_kernels._blocked_kernels.items():
-        for signature in kernel.overloads:
-            layouts = "".join(getattr(t, "layout", "?") for t in signature[:3])
-            print(f"  registers: {kernel.get_regs_per_thread(signature):3d}, local "
-                  f"{kernel.get_local_mem_per_thread(signature)} B  {key[:2]} {layouts} "
-                  f"{dict(key[3]).get('blocks_per_sm')} blocks/SM")
 
 
 def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):

@@ -37,7 +37,7 @@ import numpy as np
 from .asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
 from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
                    gelu_forward_numpy, gelu_value)
-from .pad import copy_corner, pad, padded_length, unpad
+from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
                      current_stream, elementwise_grid, is_contiguous, launch)
 from .vector import aligned16, load4, store4
@@ -869,17 +869,97 @@ def row_class_case(M, N, K, transpose_a, transpose_b, aligned, has_bias, hidden)
     return None
 
 
+# The row classes' small kernels take whole, contiguous arrays and the windows as numbers
+# (copies through strided views of the 3.3 GB operands, with pad.copy_corner, took 48 ms for
+# the 2 x 16384 x 3 floats of dW's edge columns on the H200; the reason was not found).
+ROWS_THREADS = 32 if SIMULATOR else 256
+
+
+def rows_grid(R, C):
+    """(grid, block) for the row-class kernels' loops: rows along grid y, columns along x."""
+    across = min(blocks(C, ROWS_THREADS), 4 if SIMULATOR else 256)
+    return (across, max(1, min(R, (4 if SIMULATOR else 4096) // across))), ROWS_THREADS
+
+
+@cuda.jit(device=True, inline="always")
+def row_columns():
+    # (first row, row step, first column, column step) of this thread's grid-stride loops
+    return (cuda.blockIdx.y, cuda.gridDim.y, cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x,
+            cuda.gridDim.x * cuda.blockDim.x)
+
+
 @cuda.jit
-def sum_windows_kernel(out, p0, p1, p2, p3, s0, s1, s2, s3, accumulate):
-    # out[M,N] (+)= p0[m, n + s0] + p1[m, n + s1] + p2[m, n + s2] + p3[m, n + s3]: the four
-    # row classes' partial products, each shifted by its window's first column; grid-stride
-    M, N = out.shape
-    for i in range(cuda.grid(1), M * N, cuda.gridsize(1)):
-        m, n = i // N, i % N
-        total = ((p0[m, n + s0] + p1[m, n + s1]) + p2[m, n + s2]) + p3[m, n + s3]
-        if accumulate:
-            total += out[m, n]
-        out[m, n] = total
+def copy_window_kernel(out, x, first):
+    # out[R,C] = x[:, first:first + C]: a window of x's columns as rows of their own
+    R, C = out.shape
+    r0, r_step, c0, c_step = row_columns()
+    for r in range(r0, R, r_step):
+        for c in range(c0, C, c_step):
+            out[r, c] = x[r, first + c]
+
+
+@cuda.jit
+def gather_edges_kernel(edges, x, lo, hi):
+    # edges[R,8] = x's columns [0, lo) in edges' first 4, [hi, L) in its last 4, zeros after
+    R, L = x.shape
+    r0, r_step, c0, c_step = row_columns()
+    for r in range(r0, R, r_step):
+        for c in range(c0, 8, c_step):
+            col = c if c < 4 else hi + c - 4
+            inside = col < lo if c < 4 else col < L
+            edges[r, c] = x[r, col] if inside else float32(0.0)
+
+
+@cuda.jit
+def scatter_edges_kernel(out, edges, firsts, ends, hi, accumulate):
+    # out[r, c] (+)= edges[r, c] for c < firsts[r % 4], and edges[r, 4 + c - hi] for
+    # ends[r % 4] <= c < N: each row's columns outside its class's window
+    R, N = out.shape
+    r0, r_step, c0, c_step = row_columns()
+    for r in range(r0, R, r_step):
+        first, end = firsts[r % 4], ends[r % 4]
+        for slot in range(c0, 8, c_step):
+            col = slot if slot < 4 else hi + slot - 4
+            if (slot < 4 and col < first) or (slot >= 4 and end <= col and col < N):
+                value = edges[r, slot]
+                if accumulate:
+                    value += out[r, col]
+                out[r, col] = value
+
+
+@cuda.jit
+def sum_windows_kernel(out, p0, p1, p2, p3, s0, s1, s2, s3, lo, hi, accumulate):
+    # out[m, n] (+)= p0[m, n - s0] + p1[m, n - s1] + p2[m, n - s2] + p3[m, n - s3] for
+    # lo <= n < hi: the k-row classes' partial products, each shifted by its window's first
+    # column
+    M = out.shape[0]
+    r0, r_step, c0, c_step = row_columns()
+    for m in range(r0, M, r_step):
+        for n in range(lo + c0, hi, c_step):
+            total = ((p0[m, n - s0] + p1[m, n - s1]) + p2[m, n - s2]) + p3[m, n - s3]
+            if accumulate:
+                total += out[m, n]
+            out[m, n] = total
+
+
+@cuda.jit
+def add_class_rows_kernel(out, product, a, b, j, first, end, accumulate):
+    # out[4i + j, :] (+)= product[i, :] + the k outside [first, end): a[4i + j, k] * b[k, :]
+    # (product: class j's rows of a . b over its window of k)
+    rows, N = product.shape
+    K = a.shape[1]
+    r0, r_step, c0, c_step = row_columns()
+    for i in range(r0, rows, r_step):
+        r = 4 * i + j
+        for n in range(c0, N, c_step):
+            total = product[i, n]
+            for k in range(first):
+                total += a[r, k] * b[k, n]
+            for k in range(end, K):
+                total += a[r, k] * b[k, n]
+            if accumulate:
+                total += out[r, n]
+            out[r, n] = total
 
 
 def _blocked_view_product(out3, a, b, transpose_a, accumulate, k_splits, tiles):
@@ -913,31 +993,25 @@ def _edge_columns(x, lo, hi):
     R, L = x.shape
     check(lo <= 4 and L - hi <= 4, "matmul: row classes' edges wider than 4 columns")
     edges = cuda.device_array((R, 8), dtype=np.float32, stream=current_stream())
-    copy_corner(edges[:, :4], x[:, :lo], False)     # (zeros where x has no column)
-    copy_corner(edges[:, 4:], x[:, hi:], False)
+    launch(gather_edges_kernel, *rows_grid(R, 8), edges, x, lo, hi)
     return edges
 
 
 def row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits=None, tiles=None):
     """out (+)= op(a) . b in four classes of rows (row_class_case's case; see above)."""
     M, N = out.shape
-    options = dict(kernel="blocked", k_splits=k_splits, tiles=tiles, pad_unaligned=False)
     classes = range(ROW_CLASSES)
     if case == "a rows":                    # windows along k, a's (and out's) classes of rows,
         K = a.shape[1]                      # each class's product made whole in a contiguous
         for j in classes:                   # array (out is small here; a strided output costs
             first, count = aligned_window(a, j)             # the kernel registers), then added
-            rows = out[j::4]
-            product = cuda.device_array((1, rows.shape[0], N), dtype=np.float32,
+            rows = blocks(M - j, ROW_CLASSES)               # with the k outside the window
+            product = cuda.device_array((1, rows, N), dtype=np.float32,
                                         stream=current_stream())
             _blocked_view_product(product, a[j::4, first:first + count],
                                   b[first:first + count], False, False, k_splits, tiles)
-            for lo, hi in ((0, first), (first + count, K)):      # the k outside the window
-                if hi > lo:
-                    launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(rows.shape[0], TILE)),
-                           (TILE, TILE), product[0], a[j::4, lo:hi], b[lo:hi], b[0, :1], False,
-                           False, False, True)
-            copy_corner(rows, product[0], accumulate)
+            launch(add_class_rows_kernel, *rows_grid(rows, N), out, product[0], a, b, j, first,
+                   first + count, accumulate)
         return
     # windows along n (of b's classes of rows, or of out's); the columns outside some
     # class's window, [0, lo) and [hi, N), computed whole by a product of their own
@@ -945,7 +1019,8 @@ def row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits=None, ti
     lo = max(first for first, _ in windows)
     hi = min(first + count for first, count in windows)
     edges = cuda.device_array((M, 8), dtype=np.float32, stream=current_stream())
-    matmul(edges, a, _edge_columns(b, lo, hi), transpose_a=transpose_a, **options)
+    matmul(edges, a, _edge_columns(b, lo, hi), transpose_a=transpose_a, kernel="blocked",
+           k_splits=k_splits, tiles=tiles, pad_unaligned=False)
     if case == "k rows":                    # classes of k: partials over each window, summed
         partials = []
         for j, (first, count) in zip(classes, windows):
@@ -954,25 +1029,19 @@ def row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits=None, ti
             _blocked_view_product(partial, a[j::4], b[j::4, first:first + count], True, False,
                                   k_splits, tiles)
             partials.append(partial[0])
-        shifts = [lo - first for first, _ in windows]
-        launch(sum_windows_kernel, *elementwise_grid(M * (hi - lo)), out[:, lo:hi], *partials,
-               *shifts, accumulate)
-        if lo > 0:
-            copy_corner(out[:, :lo], edges[:, :4], accumulate)
-        if hi < N:
-            copy_corner(out[:, hi:], edges[:, 4:], accumulate)
-        return
-    out3, K = out.reshape(1, M, N), b.shape[0]      # "out rows": out's (and a's) classes
-    for j, (first, count) in zip(classes, windows):
-        b_window = cuda.device_array((K, count), dtype=np.float32, stream=current_stream())
-        copy_corner(b_window, b[:, first:first + count], False)
-        _blocked_view_product(out3[:, j::4, first:first + count], a[j::4], b_window, False,
-                              accumulate, k_splits, tiles)
-        if first > 0:
-            copy_corner(out[j::4, :first], edges[j::4, :first], accumulate)
-        if first + count < N:
-            copy_corner(out[j::4, first + count:], edges[j::4, 4 + first + count - hi:],
-                        accumulate)
+        launch(sum_windows_kernel, *rows_grid(M, hi - lo), out, *partials,
+               *[first for first, _ in windows], lo, hi, accumulate)
+        firsts, ends = (lo,) * 4, (hi,) * 4
+    else:                                   # "out rows": out's (and a's) classes of rows
+        out3, K = out.reshape(1, M, N), b.shape[0]
+        for j, (first, count) in zip(classes, windows):
+            b_window = cuda.device_array((K, count), dtype=np.float32, stream=current_stream())
+            launch(copy_window_kernel, *rows_grid(K, count), b_window, b, first)
+            _blocked_view_product(out3[:, j::4, first:first + count], a[j::4], b_window, False,
+                                  accumulate, k_splits, tiles)
+        firsts = tuple(first for first, _ in windows)
+        ends = tuple(first + count for first, count in windows)
+    launch(scatter_edges_kernel, *rows_grid(M, 8), out, edges, firsts, ends, hi, accumulate)
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
