@@ -60,13 +60,10 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
                 pre = x.pre.data.reshape(-1, K)                     # GELU's backward fused
             else:
                 (dx, accumulate), pre = grad_slot(x), None
-            if weight_t is None:
-                backend.matmul(dx.reshape(-1, K), dy, weight.data,
-                               transpose_b=not transpose_weight, accumulate=accumulate,
-                               gelu_input=pre)
-            else:
-                backend.matmul(dx.reshape(-1, K), dy, weight_t, accumulate=accumulate,
-                               gelu_input=pre)
+            w, transposed = ((weight.data, not transpose_weight) if weight_t is None else
+                             (weight_t, False))                     # (W^T made in the forward)
+            backend.matmul(dx.reshape(-1, K), dy, w, transpose_b=transposed,
+                           accumulate=accumulate, gelu_input=pre)
 
     inputs = [x, weight] + ([bias] if bias is not None else [])
     y = record(y, inputs, backward)

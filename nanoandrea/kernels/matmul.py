@@ -829,14 +829,20 @@ def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied,
 # large operand), plus the few columns outside the windows (at most 3 on either side), apart.
 # Three cases (b not transposed; the LM head at V = 50257 has one of each):
 #   a rows   out[M,N] (+)= a[M,K] . b[K,N], a's rows not runs (dlogits . W, with W^T copied):
-#            a's classes of rows and out's, windows along k; the k outside added by the
-#            reference kernel (rank <= 6)
+#            a's classes of rows and out's, windows along k; the k outside (at most 6) added
+#            as each class's rows go into out (add_class_rows_kernel)
 #   k rows   out[M,N] (+)= a[K,M]^T . b[K,N], b's rows not runs (X^T . dlogits): classes of
 #            the rows of a and b (of k), each product into partials over its window of n, which
 #            sum_windows adds up; the columns outside some window by a product of their own
 #   out rows out[M,N] (+)= a[M,K] . b[K,N], out's rows not runs (X . W): out's classes of rows
 #            and a's, each product over its window of n on a copy of b's columns there; the
 #            columns outside the windows by a product of their own
+# Not the default (pads_unaligned's padded copies are). Timed on the H200 at 50257 (docs/perf.md
+# v14): one class's dW product runs as fast on the strided views as on contiguous copies, but
+# four products of K/4 took 28.4 ms where one of K took 26.1 at Vp, about what the padded copy
+# costs; the first version's small copies through strided views were slow (0.28-0.52x in all);
+# as rewritten below, not yet timed. (Open: a launch with strided views took ~6 ms of host
+# time in that diagnosis; if so, the four products belong in one launch.)
 
 ROW_CLASSES = 4
 
