@@ -234,7 +234,6 @@ def bench_matmul(args):
                           lambda: x.T @ dy, out_dw))
         if "down" in label:
             gelu_backward_pair(args, label, m, n, k, DY, W, out_dx)
-
         for name, ours, theirs, out in cases:
             cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails
             ours()

@@ -30,9 +30,9 @@ for step in ${steps[@]}; do
           ${MODELS:+--models $MODELS} 2>&1 | grep -v "Warn\|warn(" | tee $OUT/profile.log ;;
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 tools/bench.py --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -40 ;;
-    ready)      # what session 11 left untimed (docs/perf.md v13, "Ready to time"): the
-                # cross-entropy's block size (among the small kernels), then both models end to
-                # end with K and V beside Q ("graph") and without ("second stream in backward")
+    ready)      # the small kernels (the cross-entropy's block sizes among them), then both
+                # models end to end: eager, and the graph with one stream, with the second
+                # stream in backward only, and with the forward's beside work too ("graph")
       timeout ${BENCH_TIMEOUT:-150} python3 tools/bench.py --only small --json $OUT/small.json \
           2>&1 | grep -v "Warn\|warn(" | tee $OUT/small.log | grep -A12 "^summary"
       timeout ${E2E_TIMEOUT:-400} python3 tools/bench.py --only e2e --json $OUT/e2e.json 2>&1 \
