@@ -29,6 +29,9 @@ Both are correct for any M, N, K (edges are zero-filled), and both pass the same
 With transpose_b (the input gradients, the LM head) and many rows, the blocked path first
 makes a transposed copy of b (transpose, at the end of this file) and runs the plain product:
 faster than transposing b's slices in the kernel (copies_b_transposed says when and why).
+Operands whose rows are not whole 16-byte runs (the LM head at GPT-2's V = 50257) are read 4
+bytes at a time, or multiplied on padded copies when the product is large enough
+(pads_unaligned), or, as an option, in place in four classes of rows (row_class_matmul).
 """
 from numba import cuda, float32
 
