@@ -10,7 +10,7 @@ crossentropy_forward_backward computes the loss and dlogits in one kernel (llm.c
 classifier): the [N,V] logits, the largest activation of a GPT-2 step, are read twice, not three
 times. The log-sum-exp is computed in one pass with a running max (online softmax). Rows of
 4k floats (the model's padded vocabulary) take crossentropy_fused4_kernel: 16-byte loads and
-stores, and blocks large enough that the second read of a row comes from L2.
+stores, a row's two reads (before and after its log-sum-exp) by one block.
 Backward of the mean loss (dloss: [1], the upstream gradient, usually 1):
     dlogits[n, v] = (exp(logits[n, v] - lse[n]) - [v == targets[n]]) * dloss / N
 The max is subtracted before exp, so logits of magnitude 100 (or 1e4) are fine in float32.
@@ -27,7 +27,6 @@ from .reduce import MAX_THREADS, block_max, block_sum
 from .vector import aligned16, load4, store4
 
 THREADS = 32 if SIMULATOR else 256
-CE4_THREADS = 32 if SIMULATOR else 256     # crossentropy_fused4_kernel's block
 NEG_INF = float32(-np.inf)
 
 
@@ -135,7 +134,7 @@ def crossentropy_fused4_kernel(losses, lse, dlogits, logits, targets, dloss, V):
     # crossentropy_fused_kernel for rows of 4k floats, 16-byte aligned: a thread reads 4
     # columns at a time, two 16-byte loads in flight (8 logits folded into its running max and
     # sum at once), and writes the gradient 16 bytes at a time; one block per row, of
-    # CE4_THREADS threads. (Blocks of 1024, one a multiprocessor, were meant to keep each row
+    # THREADS threads. (Blocks of 1024, one a multiprocessor, were meant to keep each row
     # in L2 for its second read; on the H200 at [16384 x 50304] they took 3.065 ms against
     # 2.586 ms for 512 and 2.518 ms for 256: more rows in flight beat the L2 hits. docs/perf.md
     # v14.)
@@ -220,7 +219,7 @@ def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, d
     """crossentropy_forward and crossentropy_backward (=) in one pass over the logits, for a
     loss whose gradient dloss[1] is known before backward. vector: 16-byte loads and stores
     (crossentropy_fused4_kernel); None: when the rows allow them. threads: the block (a row's),
-    by default CE4_THREADS or THREADS."""
+    by default THREADS."""
     check_float32(loss=loss, losses=losses, lse=lse, dlogits=dlogits, logits=logits, dloss=dloss)
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
     V = _check(logits, targets, vocab, losses=losses, lse=lse, dlogits=dlogits)
@@ -228,9 +227,8 @@ def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, d
     vector = aligned if vector is None else vector
     check(aligned or not vector,
           "cross-entropy: vector=True needs logits and dlogits in rows of 4k floats, aligned")
-    kernel, default_threads = ((crossentropy_fused4_kernel, CE4_THREADS) if vector else
-                               (crossentropy_fused_kernel, THREADS))
-    threads = threads or default_threads
+    kernel = crossentropy_fused4_kernel if vector else crossentropy_fused_kernel
+    threads = threads or THREADS
     check(threads & (threads - 1) == 0 and 32 <= threads <= MAX_THREADS,
           f"cross-entropy: threads must be a power of two in 32..{MAX_THREADS}, got {threads}")
     launch(kernel, logits.shape[0], threads, losses, lse, dlogits, logits, targets, dloss, V)

@@ -980,20 +980,32 @@ def _blocked_view_product(out3, a, b, transpose_a, accumulate, k_splits, tiles):
     tiles.setdefault("blocks_per_sm", 2)    # views' strides cost registers (a strided output:
                                             # 132 unbounded, ptxas sm_90)
     fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles)
+    k_per_split, grid = _split_plan(fast, M, N, K, k_splits)
+    placeholder = b[0, :1]                  # (the bias argument, never read)
+    if grid[2] == 1:
+        launch(fast, grid, fast.threads, out3, a, b, placeholder, False, accumulate,
+               k_per_split, a)
+    else:
+        _sum_of_slices(fast, grid, k_per_split, out3[0], a, b, placeholder, False, accumulate)
+
+
+def _split_plan(fast, M, N, K, k_splits):
+    """(k_per_split, grid) of the blocked kernel `fast` for an M x N x K product: K in
+    k_splits slices (None: split_count's), computed side by side along grid z."""
     BM, BN, BK = fast.tile
     splits = k_splits or split_count(M, N, K, fast.tile,
                                      resident_blocks(fast.threads, fast.thread_outputs))
     k_per_split = k_per_slice(K, splits, BK)
-    splits = blocks(K, k_per_split)
-    grid = (blocks(N, BN), blocks(M, BM), splits)
-    placeholder = b[0, :1]                  # (the bias argument, never read)
-    if splits == 1:
-        launch(fast, grid, fast.threads, out3, a, b, placeholder, False, accumulate,
-               k_per_split, a)
-        return
-    partials = cuda.device_array((splits, M, N), dtype=np.float32, stream=current_stream())
-    launch(fast, grid, fast.threads, partials, a, b, placeholder, False, False, k_per_split, a)
-    sum_splits(out3[0], partials, placeholder, False, accumulate)
+    return k_per_split, (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
+
+
+def _sum_of_slices(fast, grid, k_per_split, out, a, b, bias, has_bias, accumulate):
+    """out (+)= the product as grid[2] partial products over slices of K, then their sum in a
+    fixed order (+ bias)."""
+    M, N = out.shape
+    partials = cuda.device_array((grid[2], M, N), dtype=np.float32, stream=current_stream())
+    launch(fast, grid, fast.threads, partials, a, b, bias, False, False, k_per_split, a)
+    sum_splits(out, partials, bias, has_bias, accumulate)
 
 
 def _edge_columns(x, lo, hi):
@@ -1110,13 +1122,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         vectors = (aligned["a"], aligned["b"], aligned["out"]
                    and (not has_bias or aligned16(bias)) and (hidden is None or aligned16(hidden)))
         fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles)
-        BM, BN, BK = fast.tile
-        slots = resident_blocks(fast.threads, fast.thread_outputs)
-        splits = k_splits or split_count(M, N, K, fast.tile, slots)
-        k_per_split = k_per_slice(K, splits, BK)
-        splits = blocks(K, k_per_split)
-        grid = (blocks(N, BN), blocks(M, BM), splits)
-        if splits == 1:         # one pass, GELU's forward or backward in its epilogue
+        k_per_split, grid = _split_plan(fast, M, N, K, k_splits)
+        if grid[2] == 1:        # one pass, GELU's forward or backward in its epilogue
             if hidden is not None:
                 fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors, tiles,
                                        gelu=gelu_out is not None, gelu_grad=gelu_input is not None)
@@ -1133,9 +1140,7 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         launch(matmul_tiled_kernel, (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE),
                out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate)
     else:                       # partial products per K slice, then their sum in a fixed order
-        partials = cuda.device_array((splits, M, N), dtype=np.float32, stream=current_stream())
-        launch(fast, grid, fast.threads, partials, a, b, bias, False, False, k_per_split, a)
-        sum_splits(out, partials, bias, has_bias, accumulate)
+        _sum_of_slices(fast, grid, k_per_split, out, a, b, bias, has_bias, accumulate)
     if gelu_out is not None:    # (the tiled kernel, or split-K: GELU after the sum)
         gelu_forward(gelu_out, out)
 
