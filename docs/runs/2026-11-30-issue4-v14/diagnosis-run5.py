@@ -1,0 +1,89 @@
+"""Session 12, run 5: where the row classes' dW went (run on the H200 against 20de0b9, whose
+matmul.row_class_matmul still copied through pad.copy_corner on strided views; the functions
+it calls have changed since, so it reproduces that tree only). Two scripts, run one after the
+other in one device call; their output is diagnosis-run5.log.
+    PYTHONPATH=$PWD python3 docs/runs/2026-11-30-issue4-v14/diagnosis-run5.py
+"""
+import time
+
+import cupy
+import numpy as np
+from numba import cuda
+
+from nanoandrea.kernels import matmul as mm
+from nanoandrea.kernels.launch import elementwise_grid, launch
+
+
+def part_1():
+    """One class's dW product on strided views and on contiguous copies of the same rows."""
+    rng = cupy.random.default_rng(0)
+    M, N, K = 768, 50257, 16384
+    x = rng.standard_normal((K, M), dtype=cupy.float32)
+    dy = rng.standard_normal((K, N), dtype=cupy.float32)
+    X, DY = cuda.as_cuda_array(x), cuda.as_cuda_array(dy)
+
+    def t(fn, n=3):
+        fn()
+        cuda.synchronize()
+        e0, e1 = cuda.event(), cuda.event()
+        e0.record()
+        for _ in range(n):
+            fn()
+        e1.record()
+        e1.synchronize()
+        return cuda.event_elapsed_time(e0, e1) / n
+    first, count = mm.aligned_window(DY, 1)
+    P = cuda.device_array((1, M, count), np.float32)
+    a_v, b_v = X[1::4], DY[1::4, first:first + count]
+    a_c = cuda.as_cuda_array(cupy.ascontiguousarray(x[1::4]))
+    b_c = cuda.as_cuda_array(cupy.ascontiguousarray(dy[1::4, first:first + count]))
+    for name, a, b in (("contiguous copies", a_c, b_c), ("views", a_v, b_v),
+                       ("view a, copy b", a_v, b_c), ("copy a, view b", a_c, b_v)):
+        for tiles in (None, dict(blocks_per_sm=2)):
+            ms = t(lambda: mm._blocked_view_product(P, a, b, True, False, None, tiles))
+            print(f"{name:20s} {tiles} {ms:.3f} ms")
+
+
+def part_2():
+    """The whole row-class dW, and each of its parts, GPU (events) and host time a call."""
+    rng = cupy.random.default_rng(0)
+    M, N, K = 768, 50257, 16384
+    x = rng.standard_normal((K, M), dtype=cupy.float32)
+    dy = rng.standard_normal((K, N), dtype=cupy.float32)
+    X, DY = cuda.as_cuda_array(x), cuda.as_cuda_array(dy)
+
+    def t(fn, n=3):
+        fn()
+        cuda.synchronize()
+        e0, e1 = cuda.event(), cuda.event()
+        e0.record()
+        s = time.perf_counter()
+        for _ in range(n):
+            fn()
+        h = (time.perf_counter() - s) / n * 1e3
+        e1.record()
+        e1.synchronize()
+        return f"gpu {cuda.event_elapsed_time(e0, e1) / n:.3f} ms, host {h:.3f} ms"
+    out = cuda.device_array((M, N), np.float32)
+    print("full row classes dW", t(lambda: mm.matmul(out, X, DY, transpose_a=True,
+                                                     pad_unaligned="row classes")))
+    windows = [mm.aligned_window(DY, j) for j in range(4)]
+    lo = max(f for f, _ in windows)
+    hi = min(f + c for f, c in windows)
+    parts = [cuda.device_array((M, c), np.float32) for _, c in windows]
+    shifts = [lo - f for f, _ in windows]
+    print("sum_windows", t(lambda: launch(mm.sum_windows_kernel, *elementwise_grid(M * (hi - lo)),
+                                          out[:, lo:hi], *parts, *shifts, False)))
+    edges = cuda.device_array((M, 8), np.float32)
+    print("edge columns copy", t(lambda: mm._edge_columns(DY, lo, hi)))
+    E = mm._edge_columns(DY, lo, hi)
+    print("edge product", t(lambda: mm.matmul(edges, X, E, transpose_a=True, kernel="blocked",
+                                              pad_unaligned=False)))
+    print("one class product", t(lambda: mm._blocked_view_product(
+        parts[1].reshape(1, M, windows[1][1]), X[1::4], DY[1::4, windows[1][0]:sum(windows[1])],
+        True, False, None, None)))
+
+
+if __name__ == "__main__":
+    part_1()
+    part_2()
