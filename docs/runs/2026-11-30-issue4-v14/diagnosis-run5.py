@@ -1,7 +1,7 @@
 """Session 12, run 5: where the row classes' dW went (run on the H200 against 20de0b9, whose
 matmul.row_class_matmul still copied through pad.copy_corner on strided views; the functions
 it calls have changed since, so it reproduces that tree only). Two scripts, run one after the
-other in one device call; their output is diagnosis-run5.log.
+other in two device calls (one each; the file joins them, its setup shared); their output is diagnosis-run5.log.
     PYTHONPATH=$PWD python3 docs/runs/2026-11-30-issue4-v14/diagnosis-run5.py
 """
 import time
@@ -14,24 +14,35 @@ from nanoandrea.kernels import matmul as mm
 from nanoandrea.kernels.launch import elementwise_grid, launch
 
 
-def part_1():
-    """One class's dW product on strided views and on contiguous copies of the same rows."""
+M, N, K = 768, 50257, 16384
+
+
+def operands():
+    """X [K, M] and dY [K, N] as CuPy arrays and as Numba views of them (the bench's way)."""
     rng = cupy.random.default_rng(0)
-    M, N, K = 768, 50257, 16384
     x = rng.standard_normal((K, M), dtype=cupy.float32)
     dy = rng.standard_normal((K, N), dtype=cupy.float32)
-    X, DY = cuda.as_cuda_array(x), cuda.as_cuda_array(dy)
+    return x, dy, cuda.as_cuda_array(x), cuda.as_cuda_array(dy)
 
-    def t(fn, n=3):
+
+def timed(fn, n=3):
+    """(GPU ms a call between two events, host ms a call) of n calls after one."""
+    fn()
+    cuda.synchronize()
+    e0, e1 = cuda.event(), cuda.event()
+    e0.record()
+    s = time.perf_counter()
+    for _ in range(n):
         fn()
-        cuda.synchronize()
-        e0, e1 = cuda.event(), cuda.event()
-        e0.record()
-        for _ in range(n):
-            fn()
-        e1.record()
-        e1.synchronize()
-        return cuda.event_elapsed_time(e0, e1) / n
+    host = (time.perf_counter() - s) / n * 1e3
+    e1.record()
+    e1.synchronize()
+    return cuda.event_elapsed_time(e0, e1) / n, host
+
+
+def part_1():
+    """One class's dW product on strided views and on contiguous copies of the same rows."""
+    x, dy, X, DY = operands()
     first, count = mm.aligned_window(DY, 1)
     P = cuda.device_array((1, M, count), np.float32)
     a_v, b_v = X[1::4], DY[1::4, first:first + count]
@@ -40,30 +51,16 @@ def part_1():
     for name, a, b in (("contiguous copies", a_c, b_c), ("views", a_v, b_v),
                        ("view a, copy b", a_v, b_c), ("copy a, view b", a_c, b_v)):
         for tiles in (None, dict(blocks_per_sm=2)):
-            ms = t(lambda: mm._blocked_view_product(P, a, b, True, False, None, tiles))
+            ms, _ = timed(lambda: mm._blocked_view_product(P, a, b, True, False, None, tiles))
             print(f"{name:20s} {tiles} {ms:.3f} ms")
 
 
 def part_2():
     """The whole row-class dW, and each of its parts, GPU (events) and host time a call."""
-    rng = cupy.random.default_rng(0)
-    M, N, K = 768, 50257, 16384
-    x = rng.standard_normal((K, M), dtype=cupy.float32)
-    dy = rng.standard_normal((K, N), dtype=cupy.float32)
-    X, DY = cuda.as_cuda_array(x), cuda.as_cuda_array(dy)
+    _, _, X, DY = operands()
 
-    def t(fn, n=3):
-        fn()
-        cuda.synchronize()
-        e0, e1 = cuda.event(), cuda.event()
-        e0.record()
-        s = time.perf_counter()
-        for _ in range(n):
-            fn()
-        h = (time.perf_counter() - s) / n * 1e3
-        e1.record()
-        e1.synchronize()
-        return f"gpu {cuda.event_elapsed_time(e0, e1) / n:.3f} ms, host {h:.3f} ms"
+    def t(fn):
+        return "gpu {:.3f} ms, host {:.3f} ms".format(*timed(fn))
     out = cuda.device_array((M, N), np.float32)
     print("full row classes dW", t(lambda: mm.matmul(out, X, DY, transpose_a=True,
                                                      pad_unaligned="row classes")))
