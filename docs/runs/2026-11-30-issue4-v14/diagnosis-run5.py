@@ -1,7 +1,7 @@
-"""Session 12, run 5: where the row classes' dW went (run on the H200 against 20de0b9, whose
-matmul.row_class_matmul still copied through pad.copy_corner on strided views; the functions
-it calls have changed since, so it reproduces that tree only). Two scripts, run one after the
-other in two device calls (one each; the file joins them, its setup shared); their output is diagnosis-run5.log.
+"""Session 12, runs 5-6: where the row classes' dW went (run on the H200 against 20de0b9,
+whose matmul.row_class_matmul still copied through pad.copy_corner on strided views; the
+functions it calls have changed since, so it reproduces that tree only). Two scripts, one a
+device call, joined here with their setup shared; their output is diagnosis-run5.log.
     PYTHONPATH=$PWD python3 docs/runs/2026-11-30-issue4-v14/diagnosis-run5.py
 """
 import time
