@@ -13,6 +13,12 @@ gradient accumulation over micro-batches free).
 
 An op may write some gradients `beside(...)` the rest: on a second stream, when the captured step
 has one (kernels/launch.py); the next use of those gradients, and the end of backward, wait.
+
+An op may hand its output's gradient on as an input's without a copy (`share_grad`: the residual
+add passes it to both its inputs). A shared buffer is then never added to in place, since a
+weight gradient beside may still be reading it: a later gradient of that tensor goes to a new
+buffer, the old one added in (`grad_apart`: by the kernel that makes it, as layer norm's
+backward does; `grad_slot`: a copy first).
 """
 from contextlib import contextmanager
 
@@ -54,6 +60,7 @@ class Tensor:
             if output.grad is not None:
                 backward()
         _tape.clear()
+        _shared.clear()
         _join()
 
     def __repr__(self):
@@ -90,13 +97,32 @@ def _wait_for(tensor):
         _join()
 
 
+_shared = set()                 # ids of tensors whose gradient buffer is another's too
+
+
+def share_grad(tensor, buffer):
+    """tensor's gradient is `buffer`, another tensor's (final) gradient: no copy."""
+    tensor.grad = buffer
+    _shared.add(id(tensor))
+
+
+def grad_apart(tensor):
+    """(buffer, prior) for a kernel that writes buffer = prior + its gradient of tensor: prior
+    None for the first gradient to reach it; buffer is prior itself unless prior is shared."""
+    _wait_for(tensor)
+    prior = tensor.grad
+    if prior is None or id(tensor) in _shared:
+        _shared.discard(id(tensor))
+        tensor.grad = tensor.backend.empty(tensor.shape)
+    return tensor.grad, prior
+
+
 def grad_slot(tensor):
     """(buffer, accumulate): where a backward writes tensor's gradient, and whether it adds."""
-    _wait_for(tensor)
-    if tensor.grad is None:
-        tensor.grad = tensor.backend.empty(tensor.shape)
-        return tensor.grad, False
-    return tensor.grad, True
+    buffer, prior = grad_apart(tensor)
+    if prior is not None and prior is not buffer:       # (shared: added to a copy)
+        tensor.backend.add_into(buffer, prior)
+    return buffer, prior is not None
 
 
 def summed_grad(tensor):

@@ -14,7 +14,7 @@ from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
     matmul: ["matmul", "sum_rows", "transpose"],
-    heads: ["split_heads", "merge_heads"],
+    heads: ["split_heads", "merge_heads", "heads_view"],
     attention: ["attention_forward", "attention_backward"],
     layernorm: ["layernorm_forward", "layernorm_backward", "residual_layernorm_forward"],
     gelu: ["gelu_forward", "gelu_backward"],

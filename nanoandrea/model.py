@@ -8,6 +8,8 @@
                 3. attention                         one kernel, every (batch, head) pair
                 4. merge heads                       [B,H,T,D] -> [B,T,C], the concat
                 5. output projection                 Y.W_O mixes the heads
+                (3 writes its output straight into the concat, so 4 copies nothing; backward,
+                3 writes the gradients of Q, K, V into their [B,T,C] ones: ops.attention)
     mlp:        gelu(x.W_fc + b) . W_proj + b        width 4C
 The LM head is tied to the token embedding: logits = x . wte^T. wte is stored with Vp rows, the
 vocabulary padded to a multiple of 64 (config.padded_vocab_size; the extra rows are zero), so

@@ -7,7 +7,8 @@ Shapes: B batch, T time, C width, H heads, D = C/H head size, V vocabulary, N = 
 """
 import numpy as np
 
-from .autograd import Tensor, beside, grad_enabled, grad_slot, record, summed_grad
+from .autograd import (Tensor, beside, grad_apart, grad_enabled, grad_slot, record, share_grad,
+                       summed_grad)
 from .batch import TokenBatch
 from .kernels import launch
 from .kernels.matmul import copies_b_transposed
@@ -95,10 +96,33 @@ class GeluOutput(Tensor):
         self.pre = pre
 
 
+class SplitHeads(Tensor):
+    """split_heads' output [B,H,T,D], which keeps `fused`, the [B,T,C] Tensor it was split from:
+    a backward that writes this tensor's gradient through a heads_view of fused's writes the
+    merged gradient straight away (attention does), and split's own backward then finds no
+    gradient of this tensor to merge."""
+    __slots__ = ("fused",)
+
+    def __init__(self, fused, n_head):
+        B, T, C = fused.shape
+        super().__init__(fused.backend.empty((B, n_head, T, C // n_head)), fused.backend)
+        self.fused = fused
+
+
+class HeadsOfConcat(Tensor):
+    """attention's output [B,H,T,D]: a heads_view of `concat`, a [B,T,C] array, so the heads are
+    already side by side there and merge_heads copies nothing."""
+    __slots__ = ("concat",)
+
+    def __init__(self, backend, shape):
+        B, H, T, D = shape
+        self.concat = backend.empty((B, T, H * D))
+        super().__init__(backend.heads_view(self.concat, H), backend)
+
+
 def split_heads(x, n_head):
     """[B,T,C] -> [B,H,T,D]: each head's T x D slice contiguous."""
-    B, T, C = x.shape
-    out = _new(x, (B, n_head, T, C // n_head))
+    out = SplitHeads(x, n_head)
     x.backend.split_heads(out.data, x.data)
 
     def backward():
@@ -109,30 +133,50 @@ def split_heads(x, n_head):
 
 
 def merge_heads(x):
-    """[B,H,T,D] -> [B,T,C]: the heads side by side (their concatenation)."""
+    """[B,H,T,D] -> [B,T,C]: the heads side by side (their concatenation). For attention's
+    output they already are: its [B,T,C] array, no copy, and backward hands out the gradient as
+    a view of this one's."""
     B, H, T, D = x.shape
-    out = _new(x, (B, T, H * D))
-    x.backend.merge_heads(out.data, x.data)
+    if isinstance(x, HeadsOfConcat):
+        out = Tensor(x.concat, x.backend)
+    else:
+        out = _new(x, (B, T, H * D))
+        x.backend.merge_heads(out.data, x.data)
 
     def backward():
+        if isinstance(x, HeadsOfConcat) and x.grad is None:
+            share_grad(x, x.backend.heads_view(out.grad, H))
+            return
         dx, accumulate = grad_slot(x)
         x.backend.split_heads(dx, out.grad, accumulate=accumulate)
 
     return record(out, [x], backward)
 
 
+def _heads_grad_slot(t):
+    """grad_slot for a [B,H,T,D] tensor: split_heads' output gets a view of its fused tensor's
+    gradient when both are still to come (merging the heads is then the writer's store)."""
+    if (isinstance(t, SplitHeads) and t.grad is None and t.fused.grad is None
+            and t.fused.requires_grad):
+        dx, accumulate = grad_slot(t.fused)
+        return t.backend.heads_view(dx, t.shape[1]), accumulate
+    return grad_slot(t)
+
+
 def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
     """Causal softmax attention, all (batch, head) pairs in one launch. q, k, v: [B,H,T,D].
-    dropout_p > 0 drops attention probabilities (masks from seed, an int64[1], and site)."""
+    dropout_p > 0 drops attention probabilities (masks from seed, an int64[1], and site).
+    The output is written into the heads' concat (HeadsOfConcat), and where q, k, v come from
+    split_heads their gradients are written into their fused tensors' (_heads_grad_slot)."""
     backend = q.backend
     B, H, T, D = q.shape
-    out = _new(q, q.shape)
+    out = HeadsOfConcat(backend, q.shape)
     lse = backend.empty((B, H, T))
     drop = dict(dropout_p=dropout_p, seed=seed, site=site)
     backend.attention_forward(out.data, lse, q.data, k.data, v.data, **drop)
 
     def backward():
-        (dq, acc_q), (dk, acc_k), (dv, acc_v) = grad_slot(q), grad_slot(k), grad_slot(v)
+        (dq, acc_q), (dk, acc_k), (dv, acc_v) = (_heads_grad_slot(t) for t in (q, k, v))
         if not (acc_q == acc_k == acc_v):
             raise NotImplementedError("attention backward: q, k, v gradients must all be new")
         delta = backend.empty((B, H, T))
@@ -163,10 +207,11 @@ def _layernorm_backward(out, x, weight, bias, mean, rstd):
     C = x.shape[-1]
 
     def backward():
-        dx, accumulate = grad_slot(x)
+        dx, prior = grad_apart(x)                   # (prior: another gradient of x, to add)
         x.backend.layernorm_backward(dx.reshape(-1, C), summed_grad(weight), summed_grad(bias),
                                      out.grad.reshape(-1, C), x.data.reshape(-1, C),
-                                     weight.data, mean, rstd, accumulate=accumulate)
+                                     weight.data, mean, rstd, accumulate=prior is not None,
+                                     prior=None if prior is None else prior.reshape(-1, C))
 
     return backward
 
@@ -193,18 +238,15 @@ def add(a, b):
 
 
 def _add_backward(out, a, b):
-    # d(a + b) passes out.grad on to both unchanged. The first of them to get no gradient yet
-    # takes out.grad's buffer itself, the other a copy. (No copy is needed: out.grad is final
-    # here, and only that one input's later gradients add to the buffer. Not both: a weight
-    # gradient on the second stream may still be reading one input's gradient while the
-    # other's are added; see autograd.beside.)
+    # d(a + b) passes out.grad on to both unchanged: an input with no gradient yet takes
+    # out.grad's buffer itself (final here; shared, so never added to in place: a weight
+    # gradient beside may still read it, see autograd.share_grad), the others add it in.
     def backward():
-        shared = False
         for t in (a, b):
             if not t.requires_grad:
                 continue
-            if t.grad is None and not shared:
-                t.grad, shared = out.grad, True
+            if t.grad is None:
+                share_grad(t, out.grad)
             else:
                 dt, accumulate = grad_slot(t)
                 t.backend.add_into(dt, out.grad, accumulate=accumulate)

@@ -628,33 +628,59 @@ def attention_cases():
     return cases
 
 
-def check_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p, tiles=None, offset=0):
+def concat(heads_array):
+    """[B,H,T,D] on the host -> the heads side by side, [B,T,C]."""
+    B, H, T, D = heads_array.shape
+    return np.ascontiguousarray(heads_array.transpose(0, 2, 1, 3)).reshape(B, T, H * D)
+
+
+class Heads:
+    """A [B,H,T,D] device array to test a kernel's output or input with: contiguous, or (concat)
+    a heads.heads_view of a [B,T,C] device array, the heads side by side as the model keeps
+    attention's output and q, k, v's gradients. `host()` reads it back as [B,H,T,D]."""
+    def __init__(self, values, in_concat, offset=0):
+        B, H, T, D = values.shape
+        self.base = device_at(concat(values) if in_concat else values, offset)
+        self.array = heads.heads_view(self.base, H) if in_concat else self.base
+        self.shape, self.in_concat = values.shape, in_concat
+
+    def host(self):
+        x = self.base.copy_to_host()
+        return heads.heads_view_numpy(x, self.shape[1]) if self.in_concat else x
+
+
+def check_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p, tiles=None, offset=0,
+                    in_concat=False):
     """attention_forward, then attention_backward (= and +=), against the NumPy twins; q, k, v
-    and dout `offset` floats past the start of their allocations (device_at)."""
+    and dout `offset` floats past the start of their allocations (device_at). in_concat: out,
+    dout and the gradients are heads views of [B,T,C] arrays (Heads), as the model has them."""
     seed = np.array([424242], dtype=np.int64)
     drop = dict(dropout_p=dropout_p, seed=device(seed, np.int64), site=5, tiles=tiles)
     drop_numpy = dict(drop, seed=seed)
     q, k, v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(4))
-    out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
-    dq_q, dk_q, dv_q, d_dout = (device_at(x.astype(np.float32), offset) for x in (q, k, v, dout))
-    attention.attention_forward(out, lse, dq_q, dk_q, dv_q, kernel=kernel,
+    out, lse = Heads(np.full((B, H, T, D), np.nan), in_concat), poisoned((B, H, T))
+    dq_q, dk_q, dv_q = (device_at(x.astype(np.float32), offset) for x in (q, k, v))
+    d_dout = Heads(dout.astype(np.float32), in_concat, offset).array
+    attention.attention_forward(out.array, lse, dq_q, dk_q, dv_q, kernel=kernel,
                                 rows_per_block=rows_per_block, **drop)
     want_out, want_lse = np.empty((B, H, T, D)), np.empty((B, H, T))
     attention.attention_forward_numpy(want_out, want_lse, q, k, v, **drop_numpy)
-    assert relative_error(out.copy_to_host(), want_out) < TOLERANCE
+    assert relative_error(out.host(), want_out) < TOLERANCE
     assert relative_error(lse.copy_to_host(), want_lse) < TOLERANCE
 
     for accumulate in (False, True):
-        grads = [output_and_prior(rng, (B, H, T, D), accumulate) for _ in range(3)]
+        priors = [rng.standard_normal((B, H, T, D)).astype(np.float32) if accumulate else
+                  np.full((B, H, T, D), np.nan) for _ in range(3)]
+        grads = [Heads(prior, in_concat) for prior in priors]
         delta = poisoned((B, H, T))
-        attention.attention_backward(*[g for g, _ in grads], delta, d_dout, dq_q, dk_q,
-                                     dv_q, out, lse, accumulate, kernel=kernel,
+        attention.attention_backward(*[g.array for g in grads], delta, d_dout, dq_q, dk_q,
+                                     dv_q, out.array, lse, accumulate, kernel=kernel,
                                      rows_per_block=rows_per_block, **drop)
-        want = [prior.copy() for _, prior in grads]
+        want = [prior.astype(np.float64) for prior in priors]
         attention.attention_backward_numpy(*want, np.empty((B, H, T)), dout, q, k, v, want_out,
                                            want_lse, accumulate, **drop_numpy)
-        for (got, _), expected, name in zip(grads, want, ("dq", "dk", "dv")):
-            assert relative_error(got.copy_to_host(), expected) < TOLERANCE, name
+        for got, expected, name in zip(grads, want, ("dq", "dk", "dv")):
+            assert relative_error(got.host(), expected) < TOLERANCE, name
 
 
 @pytest.mark.parametrize("D,kernel,rows_per_block", attention_cases())
@@ -663,6 +689,31 @@ def check_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p, tiles=No
 def test_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p):
     check_attention(rng, D, kernel, T if rows_per_block == "T" else rows_per_block, B, H, T,
                     dropout_p)
+
+
+@pytest.mark.parametrize("D,kernel", [(8, "reference"), (32, "fast"), (64, "fast")])
+def test_attention_writes_the_heads_concat(rng, D, kernel):
+    """out, and backward's dq, dk, dv, written through heads views of [B,T,C] arrays (merge
+    heads done by the store), dout read through one: the same values as contiguous arrays."""
+    B, H, T = (2, 3, 7) if not GPU else (4, 12, 256)
+    check_attention(rng, D, kernel, None, B, H, T, 0.3, in_concat=True)
+
+
+def test_heads_view(rng):
+    """heads_view(x, H)[b, h, t, d] is x[b, t, h*D + d], for a kernel reading through it (the
+    delta of attention's backward: the row sums against ones) and writing through it (its zeroed
+    array): no copy either way."""
+    B, T, H, D = 2, 5, 3, 4
+    x = rng.standard_normal((B, T, H * D)).astype(np.float32)
+    want = heads.heads_view_numpy(x, H)
+    assert np.array_equal(want, x.reshape(B, T, H, D).transpose(0, 2, 1, 3))
+    view = heads.heads_view(device(x), H)
+    assert view.shape == (B, H, T, D)
+    delta, written = poisoned((B, H, T)), poisoned((B, T, H * D))
+    attention.attention_delta(delta, view, device(np.ones((B, H, T, D))),
+                              heads.heads_view(written, H))
+    assert relative_error(delta.copy_to_host(), want.sum(axis=-1)) < TOLERANCE
+    assert not written.copy_to_host().any(), "every element written through the view"
 
 
 @pytest.mark.parametrize("D", attention.FAST_HEAD_SIZES)
@@ -780,7 +831,7 @@ DELTA_HEAD_SIZES = [8, 72, 6, 136] if not GPU else [32, 64, 72, 30, 136]
 def test_attention_delta(rng, monkeypatch, D, offset):
     """delta = dout . out per row (the scratch of the fast backward), and `zeroed` set to zeros
     (dq before its shares are added); offset 1: rows not 16-byte aligned, which on a GPU must
-    take the one-thread kernel (and zeroed a fill of its own). N = B*H*T = 30 rows: the last warp
+    take the one-thread kernel (which zeroes its rows too). N = B*H*T = 30 rows: the last warp
     of the simulator's warp kernel (4 rows) holds two."""
     B, H, T = (2, 3, 5) if not GPU else (64, 12, 256)
     launched = recording_launches(monkeypatch, attention)
@@ -837,6 +888,12 @@ def test_layernorm(rng, N, C, accumulate):
                                        want[2], accumulate)
     for got, expected in ((dx, want_dx), (dweight, want_dw), (dbias, want_db)):
         assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+    if accumulate:          # out of place: dx = prior + the gradient, prior another array
+        apart, prior_array = poisoned((N, C)), device(prior)
+        layernorm.layernorm_backward(apart, dweight, dbias, device(dout), device(x),
+                                     device(weight), mean, rstd, True, prior=prior_array)
+        assert np.array_equal(apart.copy_to_host(), dx.copy_to_host())
+        assert np.array_equal(prior_array.copy_to_host(), prior), "prior left as it was"
 
 
 # C = 40 and 128: the warp kernels; 77: not a multiple of 4; the last C is wider than the shared

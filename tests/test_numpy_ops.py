@@ -97,6 +97,60 @@ def test_split_and_merge_heads(rng):
     check_gradients(lambda x: ops.merge_heads(x), dict(x=rng.standard_normal((2, 3, 4, 2))), rng)
 
 
+@pytest.mark.parametrize("also_used", [None, "output", "input"])
+def test_attention_between_split_and_merge(rng, also_used):
+    """The model's chain: split, attention, merge. The attention writes its output into the
+    heads' concat (merge copies nothing) and q, k, v's gradients into their fused tensors'
+    (split's backward has nothing left to merge). also_used: the attention output merged twice
+    (the second merge's gradient added to the shared first: a copy), or q used again after the
+    split (its gradient there first: then q's split takes its own buffer, merged after)."""
+    H, shape = 2, (2, 4, 6)
+
+    def build(q, k, v):
+        split = [ops.split_heads(t, H) for t in (q, k, v)]
+        y = ops.attention(*split)
+        out = ops.merge_heads(y)
+        if also_used == "output":
+            out = ops.add(out, ops.merge_heads(y))
+        elif also_used == "input":
+            out = ops.add(out, q)
+        return out, split
+
+    inputs = {n: rng.standard_normal(shape) for n in "qkv"}
+    check_gradients(lambda q, k, v: build(q, k, v)[0], inputs, rng)
+    clear_tape()
+    tensors = [Tensor(a.copy(), NP64, requires_grad=True) for a in inputs.values()]
+    out, split = build(*tensors)
+    out.backward(rng.standard_normal(out.shape))
+    assert [s.grad is None for s in split] == [also_used != "input", True, True]
+
+
+@pytest.mark.parametrize("later_use", ["layernorm", "linear"])
+def test_a_shared_gradient_is_never_written_in_place(rng, later_use):
+    """The residual add hands its gradient to both inputs without a copy (share_grad). A later
+    gradient of one of them (layer norm's, which its kernel adds to the shared one: grad_apart;
+    a linear layer's, through grad_slot: a copy first) goes to a new buffer, never into the
+    shared one, which the other input's users (a weight gradient beside) may still be reading."""
+    weight, bias = 1 + 0.3 * rng.standard_normal(6), rng.standard_normal(6)
+    w = rng.standard_normal((6, 6))
+
+    def build(a, b):
+        if later_use == "layernorm":
+            used = ops.layernorm(a, Tensor(weight, NP64), Tensor(bias, NP64))
+        else:
+            used = ops.linear(a, Tensor(w, NP64))
+        return ops.add(ops.add(a, b), used)
+
+    inputs = dict(a=rng.standard_normal((3, 2, 6)), b=rng.standard_normal((3, 2, 6)))
+    check_gradients(build, inputs, rng)
+    clear_tape()
+    a, b = (Tensor(x.copy(), NP64, requires_grad=True) for x in inputs.values())
+    upstream = rng.standard_normal((3, 2, 6))
+    build(a, b).backward(upstream.copy())
+    assert np.array_equal(b.grad, upstream), "the shared buffer was written"
+    assert a.grad is not b.grad
+
+
 @pytest.mark.parametrize("D", [2, 3])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.4])
 def test_attention(rng, D, dropout_p):

@@ -107,14 +107,21 @@ def kernels():
             if tiles[2] is not None:
                 yield f"attention dk/dv D={D} [{name}]", attention.make_dkdv_kernel(
                     D, *tiles[2], dropout=False), dkdv_args
+        V4 = float32[:, :, :, :]     # heads views of [B,T,C] arrays (heads.heads_view): the
+        yield f"attention forward D={D}, out the heads' concat", forward, \
+            (V4, A3, A4, A4, A4, float32, *DROP, int64)     # training step's (merge in the store)
+        yield f"attention dk/dv D={D}, views of the concat", dkdv, \
+            (V4, V4, V4, V4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
         yield f"attention forward D={D}, 4-byte staging", attention.make_attention_kernels(
             D, vector=False)[0], (A4, A3, A4, A4, A4, float32, *DROP, int64)
     yield "attention dq sum", attention.attention_dq_sum_kernel, \
         (A4, A4, float32, int64, int64, BOOL)
     yield "attention reference forward", attention.attention_forward_reference_kernel, \
         (A4, A3, A4, A4, A4, float32, *DROP)
-    yield "attention_delta4 (16-byte)", attention.attention_delta4_kernel, (A1, A2, A2, A2, BOOL)
-    yield "attention_delta (4-byte)", attention.attention_delta_kernel, (A3, A4, A4)
+    yield "attention_delta4 (16-byte)", attention.attention_delta4_kernel, (A3, A4, A4, A4, BOOL)
+    yield "attention_delta4 (16-byte), out a view of the concat", \
+        attention.attention_delta4_kernel, (A3, A4, float32[:, :, :, :], float32[:, :, :, :], BOOL)
+    yield "attention_delta (4-byte)", attention.attention_delta_kernel, (A3, A4, A4, A4, BOOL)
     yield "split_heads4 (16-byte)", heads.split_heads4_kernel, (A4, A4, BOOL)
     yield "merge_heads4 (16-byte)", heads.merge_heads4_kernel, (A4, A4, BOOL)
     yield "split_heads (4-byte)", heads.split_heads_kernel, (A4, A3, BOOL)
@@ -124,7 +131,7 @@ def kernels():
     yield "residual + layernorm warp forward C<=768", warp.residual_forward, \
         (A2, A2, A1, A1, A2, A2, A1, A1, float32)
     yield "layernorm warp backward C<=768", warp.backward, \
-        (A2, A2, A2, A2, A2, A1, A1, A1, BOOL)
+        (A2, A2, A2, A2, A2, A2, A1, A1, A1, BOOL)
     yield "gelu forward, 16-byte", gelu.gelu_forward4_kernel, (A1, A1)
     yield "gelu backward, 16-byte", gelu.gelu_backward4_kernel, (A1, A1, A1, BOOL)
     yield "layernorm forward", layernorm.layernorm_forward_kernel, (A2, A1, A1, A2, A1, A1, float32)

@@ -1,6 +1,9 @@
 """Causal softmax attention over all heads in one launch.
 
-    q, k, v, out : [B,H,T,D]      (after split_heads: each head's T x D slice is contiguous)
+    q, k, v, out : [B,H,T,D]      (after split_heads: each head's T x D slice is contiguous;
+                                   the kernels take any strides whose rows are contiguous, so
+                                   out, and backward's dq, dk, dv, may be heads_view's of the
+                                   [B,T,C] concat: the store merges the heads)
     lse          : [B,H,T]        log-sum-exp of each row's scaled scores, saved for backward
     delta        : [B,H,T]        scratch of the backward: delta_i = dout_i . out_i
 
@@ -52,9 +55,8 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
-from .elementwise import fill
-from .launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, check, check_float32, check_shape,
-                     elementwise_grid, launch, scratch)
+from .launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, check, check_float32,
+                     check_float32_rows, check_shape, elementwise_grid, launch, scratch)
 from .reduce import WARP, warp_barrier, warp_sum
 from .sharedmem import dynamic_shared_floats, shared_tile
 from .vector import add4, aligned16, load4, store4
@@ -838,8 +840,9 @@ DELTA_ROWS = 4                          # and rows per warp (their loads all in 
 
 
 @cuda.jit
-def attention_delta_kernel(delta, dout, out):
-    # delta[B,H,T] = dout . out along D; one thread per row, 4-byte loads (any D, any alignment)
+def attention_delta_kernel(delta, dout, out, zeroed, zero):
+    # delta[B,H,T] = dout . out along D; with zero, zeroed[B,H,T,D] = 0 too. One thread per row,
+    # 4-byte loads (any D, any alignment, any strides)
     B, H, T, D = out.shape
     r = cuda.grid(1)
     if r < B * H * T:
@@ -847,23 +850,29 @@ def attention_delta_kernel(delta, dout, out):
         h = (r // T) % H
         i = r % T
         delta[b, h, i] = row_dot(dout, out, b, h, i, i, D)
+        if zero:
+            for d in range(D):
+                zeroed[b, h, i, d] = float32(0.0)
 
 
 @cuda.jit
 def attention_delta4_kernel(delta, dout, out, zeroed, zero):
-    # delta[N] = dout[N,D] . out[N,D] along D (N = B*H*T rows), D % 4 == 0, D <= 4 * WARP, rows
-    # 16-byte aligned; with zero, zeroed[N,D] = 0 too (dq, before the dk/dv kernel adds its
-    # shares into it: one pass fewer). block (WARP, DELTA_WARPS): a warp takes DELTA_ROWS
-    # consecutive rows, lane l holds d = 4l..4l+3 of each (lanes past D/4 count zero), so a
-    # row is one coalesced 16-byte load per array and lane; then each row's sum meets in
-    # warp_sum.
+    # delta[B,H,T] = dout[B,H,T,D] . out[B,H,T,D] along D, D % 4 == 0, D <= 4 * WARP, rows
+    # 16-byte aligned (any strides: out may be a view of the heads' concat); with zero,
+    # zeroed[B,H,T,D] = 0 too (dq, before the dk/dv kernel adds its shares into it: one pass
+    # fewer). grid (T / (DELTA_WARPS * DELTA_ROWS), B*H), block (WARP, DELTA_WARPS): a warp
+    # takes DELTA_ROWS consecutive rows t of head blockIdx.y, lane l holds d = 4l..4l+3 of
+    # each (lanes past D/4 count zero), so a row is one coalesced 16-byte load per array and
+    # lane; then each row's sum meets in warp_sum.
     # All 2 DELTA_ROWS loads of a lane are in flight at once: no `if` per row (a row past N is
     # row N-1 again, not stored), and every load before the first product (ptxas, sm_90: with
     # the products next to their loads, a row's product waited for its loads before the next
     # rows' loads went out; behind an `if` per row, every row waited for the one before).
     # The sum's order, fixed: each lane adds its 4 products in order of d, then warp_sum's
     # butterfly adds the lanes (not the one-thread kernel's order: the two differ by rounding).
-    N, D = out.shape
+    _, H, T, D = out.shape
+    b = cuda.blockIdx.y // H
+    h = cuda.blockIdx.y - b * H
     lane = cuda.threadIdx.x
     d = 4 * lane
     first = (cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y) * DELTA_ROWS
@@ -874,21 +883,21 @@ def attention_delta4_kernel(delta, dout, out, zeroed, zero):
         partial[r] = float32(0.0)
     if d < D:
         for r in range(DELTA_ROWS):                      # every load first, ...
-            row = min(first + r, N - 1)
-            g[r, 0], g[r, 1], g[r, 2], g[r, 3] = load4(dout, (row, d))
-            o[r, 0], o[r, 1], o[r, 2], o[r, 3] = load4(out, (row, d))
+            t = min(first + r, T - 1)
+            g[r, 0], g[r, 1], g[r, 2], g[r, 3] = load4(dout, (b, h, t, d))
+            o[r, 0], o[r, 1], o[r, 2], o[r, 3] = load4(out, (b, h, t, d))
         for r in range(DELTA_ROWS):                      # ... then the products
             for i in range(4):
                 partial[r] += g[r, i] * o[r, i]
         if zero:
             for r in range(DELTA_ROWS):
-                if first + r < N:
-                    store4(zeroed, (first + r, d), float32(0.0), float32(0.0), float32(0.0),
-                           float32(0.0))
+                if first + r < T:
+                    store4(zeroed, (b, h, first + r, d), float32(0.0), float32(0.0),
+                           float32(0.0), float32(0.0))
     for r in range(DELTA_ROWS):
         total = warp_sum(partial[r])                     # every lane of the warp calls it
-        if lane == 0 and first + r < N:
-            delta[first + r] = total
+        if lane == 0 and first + r < T:
+            delta[b, h, first + r] = total
 
 
 # --- launchers ---------------------------------------------------------------------------------
@@ -1021,7 +1030,8 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
     tiles (fast kernels): other tiles than TILES[D], as make_attention_kernels takes them
     ((forward, dq, dk/dv), None for a default); for trying tile shapes (tools/bench.py).
     """
-    check_float32(out=out, lse=lse, q=q, k=k, v=v)
+    check_float32(lse=lse)
+    check_float32_rows(out=out, q=q, k=k, v=v)
     B, H, T, D = _check_attention(q, k, v, out=out, lse=lse)
     scale = np.float32(1.0 / math.sqrt(D))
     drop = dropout_arguments(dropout_p, _seed(seed, lse), site)
@@ -1036,20 +1046,19 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
 
 
 def attention_delta(delta, dout, out, zeroed=None):
-    """delta[B,H,T] = dout . out along D (dout, out [B,H,T,D]): the warp kernel on 16-byte
-    aligned rows of D % 4 == 0, D <= 4 * WARP floats, else a thread per row. zeroed (None or
-    [B,H,T,D]): also set to zeros, by the warp kernel in the same pass where it can."""
+    """delta[B,H,T] = dout . out along D (dout, out [B,H,T,D], rows contiguous, any strides):
+    the warp kernel on 16-byte aligned rows of D % 4 == 0, D <= 4 * WARP floats, else a thread
+    per row. zeroed (None or [B,H,T,D]): also set to zeros, by the warp kernel in the same pass
+    where it can."""
     B, H, T, D = out.shape
-    N = B * H * T
     # (without zeroed, out stands in for it: the kernel then leaves it alone)
-    rows = [x.reshape(N, D) for x in (dout, out, out if zeroed is None else zeroed)]
-    if D <= 4 * WARP and all(aligned16(x) for x in rows):
-        launch(attention_delta4_kernel, blocks(N, DELTA_WARPS * DELTA_ROWS),
-               (WARP, DELTA_WARPS), delta.reshape(N), *rows, zeroed is not None)
+    arrays = (dout, out, out if zeroed is None else zeroed)
+    if D <= 4 * WARP and all(aligned16(x) for x in arrays):
+        launch(attention_delta4_kernel, (blocks(T, DELTA_WARPS * DELTA_ROWS), B * H),
+               (WARP, DELTA_WARPS), delta, *arrays, zeroed is not None)
         return
-    launch(attention_delta_kernel, blocks(N, THREADS), THREADS, delta, dout, out)
-    if zeroed is not None:
-        fill(zeroed, 0.0)
+    launch(attention_delta_kernel, blocks(B * H * T, THREADS), THREADS, delta, *arrays,
+           zeroed is not None)
 
 
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
@@ -1058,7 +1067,8 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
     """dq, dk, dv (+)= the gradients of attention_forward (same dropout and tiles arguments);
     delta [B,H,T] is scratch. deterministic: dq reproducible to the bit (None: DETERMINISTIC);
     else the default tiles at D=64 add its shares atomically."""
-    check_float32(dq=dq, dk=dk, dv=dv, delta=delta, dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    check_float32(delta=delta, lse=lse)
+    check_float32_rows(dq=dq, dk=dk, dv=dv, dout=dout, q=q, k=k, v=v, out=out)
     B, H, T, D = _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
                                   delta=delta)
     scale = np.float32(1.0 / math.sqrt(D))

@@ -9,6 +9,12 @@ kernel reads a head's rows one after another. merge_heads is the exact inverse (
 the heads), so each is the other's backward: the gradient of a permutation is the inverse
 permutation. No arithmetic happens here, only data movement (and an add when accumulating).
 
+heads_view(x, H) is the same [B,H,T,D] indexing of x[B,T,C] without a copy: a view whose rows
+(a head's D floats at one t) are contiguous and C floats apart. The attention kernels write
+their outputs through such views (ops.attention, ops.merge_heads): each head's rows land
+straight in their place in the concat, and merging the heads is the attention's own store.
+What they read (q, k, v) stays split: contiguous per head.
+
 Each op has two kernels, as in elementwise.py:
   - 4-wide kernels, when D % 4 == 0 and both arrays are 16-byte aligned (vector.aligned16): a
     thread moves 4 consecutive head dimensions of a row with one 16-byte load and store
@@ -16,9 +22,11 @@ Each op has two kernels, as in elementwise.py:
     The batch, head and row come from the block indices: no division per element.
   - one-element kernels for every other D (D=6, an odd D): a thread per element; the reference.
 """
+import numpy as np
 from numba import cuda, float32
 
-from .launch import ELEMENTWISE_THREADS, blocks, check, check_float32, check_shape, launch
+from .launch import (ELEMENTWISE_THREADS, SIMULATOR, blocks, check, check_float32, check_shape,
+                     launch)
 from .vector import aligned16, load4, store4
 
 ROWS_PER_THREAD = 2     # 4-wide kernels: the rows (16-byte loads) a thread has in flight
@@ -161,6 +169,28 @@ def merge_heads(out, x, accumulate=False):
         launch(merge_heads4_kernel, *_grid4(B, H, T, D), out_heads, x, accumulate)
     else:
         launch(merge_heads_kernel, *_grid(B, T, H * D), out, x, accumulate)
+
+
+def heads_view(x, n_head):
+    """x[B,T,C] as [B,H,T,D] (D = C/H), x[b, t, h*D + d] at [b, h, t, d]: a view, no copy (the
+    device array's strides say it; NumPy's reshape and transpose are the same view)."""
+    check(len(x.shape) == 3 and x.shape[2] % n_head == 0,
+          f"heads_view: expected [B,T,C] with C a multiple of {n_head}, got {x.shape}")
+    B, T, C = x.shape
+    D = C // n_head
+    check(x.strides[2] == x.dtype.itemsize, "heads_view: x's rows must be contiguous")
+    if SIMULATOR:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+        return FakeCUDAArray(heads_view_numpy(x._ary, n_head))
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    (batch, time, item) = x.strides
+    return DeviceNDArray((B, n_head, T, D), (batch, D * item, time, item), np.float32,
+                         stream=x.stream, gpu_data=x.gpu_data)
+
+
+def heads_view_numpy(x, n_head):
+    B, T, C = x.shape
+    return x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
 
 
 def split_heads_numpy(out, x, accumulate=False):

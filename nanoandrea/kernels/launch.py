@@ -198,6 +198,17 @@ def check_float32(**arrays):
             check_contiguous(name, array)
 
 
+def check_float32_rows(**arrays):
+    """Every array given is float32 with contiguous rows (its last axis), whatever the strides
+    of the others: a view such as heads.heads_view's (None entries are skipped)."""
+    for name, array in arrays.items():
+        if array is not None:
+            check_dtype(name, array)
+            last = len(array.shape) - 1         # (the simulator's shapes take no index -1)
+            check(array.shape[last] <= 1 or array.strides[last] == array.dtype.itemsize,
+                  f"{name}: expected rows (the last axis) contiguous")
+
+
 # --- device memory ------------------------------------------------------------------------
 
 def _use_cupy_memory_pool():

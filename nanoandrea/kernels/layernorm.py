@@ -149,8 +149,10 @@ def _make_warp_kernels(V):
         normalize_warp_row(out, mean, rstd, values, weight, bias, eps, row)
 
     @cuda.jit(**bounds)
-    def backward(dx, dweight_partials, dbias_partials, dout, x, weight, mean, rstd, accumulate):
-        # dx[N,C] (+)= the input gradient; dweight_partials, dbias_partials[BLOCKS, C]: block
+    def backward(dx, prior, dweight_partials, dbias_partials, dout, x, weight, mean, rstd,
+                 accumulate):
+        # dx[N,C] = the input gradient (+ prior[N,C] if accumulate: dx itself, or another
+        # array); dweight_partials, dbias_partials[BLOCKS, C]: block
         # blockIdx.x's sums of dout * xhat and dout over its rows. block (32, WARPS); warps take
         # rows in a grid-stride loop, adding their lane's share of those sums in registers;
         # then the block's warps add theirs, in order, in shared memory.
@@ -192,7 +194,7 @@ def _make_warp_kernels(V):
                         j = 4 * k + i
                         g[j] = row_rstd * (g[j] - mean_g - xhat[j] * mean_g_xhat)
             if accumulate:
-                load_row(xhat, dx, row)
+                load_row(xhat, prior, row)
                 for k in range(V):
                     if 4 * (lane + WARP * k) < C:
                         for i in range(4):
@@ -291,8 +293,8 @@ def residual_layernorm_forward_kernel(resid, out, mean, rstd, a, b, weight, bias
 
 
 @cuda.jit
-def layernorm_backward_kernel(dx, dout, x, weight, mean, rstd, accumulate):
-    # dx[N,C] (+)= the input gradient; one block per row
+def layernorm_backward_kernel(dx, prior, dout, x, weight, mean, rstd, accumulate):
+    # dx[N,C] = the input gradient (+ prior[N,C] if accumulate); one block per row
     scratch = cuda.shared.array(MAX_THREADS, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
@@ -310,7 +312,7 @@ def layernorm_backward_kernel(dx, dout, x, weight, mean, rstd, accumulate):
         xhat = (x[row, c] - row_mean) * row_rstd
         value = row_rstd * (dout[row, c] * weight[c] - mean_g - xhat * mean_g_xhat)
         if accumulate:
-            value += dx[row, c]
+            value += prior[row, c]
         dx[row, c] = value
 
 
@@ -368,21 +370,26 @@ def residual_layernorm_forward(resid, out, mean, rstd, a, b, weight, bias):
                weight, bias, np.float32(EPS))
 
 
-def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False):
-    """dx (+)= input gradient; dweight, dbias += parameter gradients (always accumulated)."""
-    check_float32(dx=dx, dweight=dweight, dbias=dbias, dout=dout, x=x, weight=weight)
-    _check(x, weight, dx=dx, dout=dout, mean=mean, rstd=rstd)
+def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False,
+                       prior=None):
+    """dx (+)= input gradient; dweight, dbias += parameter gradients (always accumulated).
+    prior (with accumulate): dx = prior + the input gradient, prior another array than dx (an
+    input gradient that must not be written in place: autograd.grad_apart)."""
+    prior = dx if prior is None else prior
+    check_float32(dx=dx, prior=prior, dweight=dweight, dbias=dbias, dout=dout, x=x, weight=weight)
+    _check(x, weight, dx=dx, prior=prior, dout=dout, mean=mean, rstd=rstd)
     N, C = x.shape
-    V = warp_vectors(C, dx, dout, x, weight)
+    V = warp_vectors(C, dx, prior, dout, x, weight)
     if V:
         R = min(blocks(N, WARPS), 2 if SIMULATOR else MULTIPROCESSORS * backward_blocks_per_sm(V))
         partials = cuda.device_array((2, R, C), np.float32, stream=current_stream())
-        launch(warp_kernels(V).backward, R, (WARP, WARPS), dx, partials[0], partials[1], dout, x,
-               weight, mean, rstd, accumulate)
+        launch(warp_kernels(V).backward, R, (WARP, WARPS), dx, prior, partials[0], partials[1],
+               dout, x, weight, mean, rstd, accumulate)
         sum_rows(dweight, partials[0], accumulate=True)
         sum_rows(dbias, partials[1], accumulate=True)
         return
-    launch(layernorm_backward_kernel, N, THREADS, dx, dout, x, weight, mean, rstd, accumulate)
+    launch(layernorm_backward_kernel, N, THREADS, dx, prior, dout, x, weight, mean, rstd,
+           accumulate)
     partials = cuda.device_array((row_chunks(N, C), C), np.float32, stream=current_stream())
     launch(layernorm_weight_grad_kernel, (blocks(C, COLUMNS), partials.shape[0]),
            (COLUMNS, ROW_GROUPS), partials, dout, x, mean, rstd)
@@ -403,15 +410,14 @@ def residual_layernorm_forward_numpy(resid, out, mean, rstd, a, b, weight, bias)
     layernorm_forward_numpy(out, mean, rstd, resid, weight, bias)
 
 
-def layernorm_backward_numpy(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False):
-    _check(x, weight, dx=dx, dout=dout, mean=mean, rstd=rstd)
+def layernorm_backward_numpy(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False,
+                             prior=None):
+    prior = dx if prior is None else prior
+    _check(x, weight, dx=dx, prior=prior, dout=dout, mean=mean, rstd=rstd)
     xhat = (x - mean[:, None]) * rstd[:, None]
     g = dout * weight
     value = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
                              - xhat * (g * xhat).mean(axis=1, keepdims=True))
-    if accumulate:
-        dx += value
-    else:
-        dx[...] = value
+    dx[...] = prior + value if accumulate else value
     dweight += (dout * xhat).sum(axis=0)
     dbias += dout.sum(axis=0)
