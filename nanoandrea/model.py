@@ -8,9 +8,8 @@
                 3. attention                         one kernel, every (batch, head) pair
                 4. merge heads                       [B,H,T,D] -> [B,T,C], the concat
                 5. output projection                 Y.W_O mixes the heads
-                (2 happens in the stores of 1: ops.linear(heads=H); 3 writes its output
-                straight into the concat, so 4 copies nothing; backward, 3 writes the
-                gradients of Q, K, V as [B,T,C] rows, the products': ops.attention)
+                (3 writes its output straight into the concat, so 4 copies nothing; backward,
+                3 writes the gradients of Q, K, V into their [B,T,C] ones: ops.attention)
     mlp:        gelu(x.W_fc + b) . W_proj + b        width 4C
 The LM head is tied to the token embedding: logits = x . wte^T. wte is stored with Vp rows, the
 vocabulary padded to a multiple of 64 (config.padded_vocab_size; the extra rows are zero), so
@@ -88,10 +87,10 @@ class GPT:
     def attention(self, x, layer, p=0.0, site=0):
         a = f"h.{layer}.attn."
         H = self.config.n_head
-        q, k, v = ops.linears(x, (self[a + "w_q"], self[a + "b_q"]),   # 1. three products, all
-                              (self[a + "w_k"], self[a + "b_k"]),   #    heads at once, each
-                              (self[a + "w_v"], self[a + "b_v"]),   # 2. split into heads as it
-                              heads=H)                              #    is stored: [B,H,T,D]
+        q, k, v = ops.linears(x, (self[a + "w_q"], self[a + "b_q"]),           # 1. [B,T,C] each,
+                              (self[a + "w_k"], self[a + "b_k"]),           #    all heads at once,
+                              (self[a + "w_v"], self[a + "b_v"]))           #    three products
+        q, k, v = ops.split_heads(q, H), ops.split_heads(k, H), ops.split_heads(v, H)  # 2. [B,H,T,D]
         y = ops.attention(q, k, v, p, self.dropout_seed, site)                # 3. [B,H,T,D]
         y = ops.merge_heads(y)                                                # 4. [B,T,C]
         return ops.linear(y, self[a + "w_o"], self[a + "b_o"])                # 5. mix the heads

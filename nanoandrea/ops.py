@@ -18,25 +18,20 @@ def _new(like, shape, dtype=None):
     return Tensor(like.backend.empty(shape, dtype), like.backend)
 
 
-def linear(x, weight, bias=None, transpose_weight=False, activation=None, heads=None):
+def linear(x, weight, bias=None, transpose_weight=False, activation=None):
     """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight).
     activation="gelu": gelu of that (the MLP's first layer), computed in the matmul's epilogue
-    and recorded as two ops, the linear layer then GELU: returns a GeluOutput.
-    heads=H (x [B,T,K]): the output split into H heads, [B,H,T,N/H], by the product's store
-    (the projections of Q, K and V: split_heads with no copy of its own): a ProjectedHeads."""
+    and recorded as two ops, the linear layer then GELU: returns a GeluOutput."""
     backend = x.backend
     K = x.shape[-1]
     N = weight.shape[0] if transpose_weight else weight.shape[1]
     rows = x.data.reshape(-1, K)                                   # [N_rows, K]
-    if heads:                                                      # x . W + b, into heads
-        y = ProjectedHeads(backend, x.shape[:-1] + (N,), heads)
-    else:                                                          # x . W + b
-        y = _new(x, x.shape[:-1] + (N,))
-    if activation not in (None, "gelu") or (activation and heads):
-        raise ValueError(f"linear: unknown activation {activation!r}, or one with heads")
+    y = _new(x, x.shape[:-1] + (N,))                               # x . W + b
+    if activation not in (None, "gelu"):
+        raise ValueError(f"linear: unknown activation {activation!r}")
     g = GeluOutput(y) if activation == "gelu" else None            # gelu(y), the same kernel
-    backend.matmul(y.data if heads else y.data.reshape(-1, N), rows, weight.data,
-                   None if bias is None else bias.data, transpose_b=transpose_weight,
+    backend.matmul(y.data.reshape(-1, N), rows, weight.data, None if bias is None else bias.data,
+                   transpose_b=transpose_weight,
                    gelu_out=None if g is None else g.data.reshape(-1, N))
     # dX = dY . W^T reads W^T. Where the product would copy it first (kernels/matmul.py), the
     # copy is made now, beside the forward (on the second stream, where there is one: W does
@@ -49,7 +44,7 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, heads=
             backend.transpose(weight_t, weight.data)
 
     def backward():
-        dy = y.grad_rows() if heads else y.grad.reshape(-1, N)
+        dy = y.grad.reshape(-1, N)
         with beside(weight, bias):          # nothing below needs dW and db: a second stream's
             if weight.requires_grad:                                # work, where there is one
                 dw, accumulate = grad_slot(weight)
@@ -76,15 +71,14 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, heads=
     return y if g is None else record(g, [y], _gelu_backward(g, y))
 
 
-def linears(x, *weights_and_biases, heads=None):
-    """[linear(x, w, b, heads=heads) for each (w, b)]: products of one input, independent of
-    each other. In a captured step all but the first run beside it on the second stream, joined
-    before this returns (kernels/launch.py): the grids' last waves overlap. (Recorded last to
-    first.)"""
+def linears(x, *weights_and_biases):
+    """[linear(x, w, b) for each (w, b)]: products of one input, independent of each other. In
+    a captured step all but the first run beside it on the second stream, joined before this
+    returns (kernels/launch.py): the grids' last waves overlap. (Recorded last to first.)"""
     (w, b), rest = weights_and_biases[0], weights_and_biases[1:]
     with launch.beside(forward=True):
-        others = [linear(x, *pair, heads=heads) for pair in rest]
-    first = linear(x, w, b, heads=heads)
+        others = [linear(x, *pair) for pair in rest]
+    first = linear(x, w, b)
     launch.join()
     return [first, *others]
 
@@ -113,34 +107,6 @@ class SplitHeads(Tensor):
         B, T, C = fused.shape
         super().__init__(fused.backend.empty((B, n_head, T, C // n_head)), fused.backend)
         self.fused = fused
-
-
-class ProjectedHeads(Tensor):
-    """linear(heads=H)'s output [B,H,T,D], split into heads by the product's store. Its gradient
-    is wanted as the product's [B*T, C] rows: a backward that writes it through _heads_grad_slot
-    writes a heads_view of a [B,T,C] array, grad_concat, which grad_rows hands over as it is."""
-    __slots__ = ("grad_concat", "concat_view")
-
-    def __init__(self, backend, shape, n_head):
-        B, T, C = shape
-        super().__init__(backend.empty((B, n_head, T, C // n_head)), backend)
-        self.grad_concat = self.concat_view = None
-
-    def new_concat_grad(self):
-        """A new gradient buffer: [B,H,T,D], a heads_view of a new [B,T,C] array."""
-        B, H, T, D = self.shape
-        self.grad_concat = self.backend.empty((B, T, H * D))
-        self.grad = self.concat_view = self.backend.heads_view(self.grad_concat, H)
-        return self.grad
-
-    def grad_rows(self):
-        """The gradient as [B*T, C] rows: the array under it, or a merged copy of a gradient
-        that was made [B,H,T,D]."""
-        B, H, T, D = self.shape
-        if self.grad is not self.concat_view:
-            self.grad_concat = self.backend.empty((B, T, H * D))
-            self.backend.merge_heads(self.grad_concat, self.grad)
-        return self.grad_concat.reshape(B * T, H * D)
 
 
 class HeadsOfConcat(Tensor):
@@ -188,12 +154,8 @@ def merge_heads(x):
 
 
 def _heads_grad_slot(t):
-    """grad_slot for a [B,H,T,D] tensor, where a first gradient of a tensor split into heads
-    can be a view of the [B,T,C] one it came from (merging the heads is then the writer's
-    store): linear(heads=H)'s output gets a [B,T,C] array of its own; split_heads' output a
-    view of its fused tensor's gradient when both are still to come."""
-    if isinstance(t, ProjectedHeads) and t.grad is None:
-        return t.new_concat_grad(), False
+    """grad_slot for a [B,H,T,D] tensor: split_heads' output gets a view of its fused tensor's
+    gradient when both are still to come (merging the heads is then the writer's store)."""
     if (isinstance(t, SplitHeads) and t.grad is None and t.fused.grad is None
             and t.fused.requires_grad):
         dx, accumulate = grad_slot(t.fused)
@@ -205,7 +167,7 @@ def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
     """Causal softmax attention, all (batch, head) pairs in one launch. q, k, v: [B,H,T,D].
     dropout_p > 0 drops attention probabilities (masks from seed, an int64[1], and site).
     The output is written into the heads' concat (HeadsOfConcat), and where q, k, v come from
-    linear(heads=H) or split_heads their gradients as [B,T,C] rows (_heads_grad_slot)."""
+    split_heads their gradients are written into their fused tensors' (_heads_grad_slot)."""
     backend = q.backend
     B, H, T, D = q.shape
     out = HeadsOfConcat(backend, q.shape)

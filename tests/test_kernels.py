@@ -552,32 +552,6 @@ def test_sum_rows(rng, accumulate):
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
-# (B, T, H, D, kernel, fused): T a multiple of the blocked kernel's 128 rows lets its epilogue
-# store into heads; T = 7 and the tiled kernel make the product whole and split it apart
-INTO_HEADS_CASES = ([(2, 128, 2, 8, "blocked", True), (2, 7, 3, 4, "blocked", False),
-                     (2, 7, 3, 4, "tiled", False)] if not GPU else
-                    [(16, 1024, 12, 64, "blocked", True), (64, 256, 12, 32, "blocked", True),
-                     (3, 200, 4, 32, "blocked", False)])
-
-
-@pytest.mark.parametrize("B,T,H,D,kernel,fused", INTO_HEADS_CASES)
-def test_matmul_into_heads(rng, monkeypatch, B, T, H, D, kernel, fused):
-    """out[B,H,T,D] = (X . W + bias) split into heads: the projections of Q, K and V, split_heads
-    in the blocked kernel's store where it can (one launch), else a product and a split."""
-    launched = recording_launches(monkeypatch, matmul)
-    splits = recording_launches(monkeypatch, heads)
-    C, K = H * D, 8 if not GPU else 768
-    x, w, bias = (rng.standard_normal(shape) for shape in ((B * T, K), (K, C), (C,)))
-    out = poisoned((B, H, T, D))
-    matmul.matmul(out, device(x), device(w), device(bias), kernel=kernel)
-    want = np.empty((B, H, T, D))
-    matmul.matmul_numpy(want, x, w, bias)
-    assert relative_error(out.copy_to_host(), want) < TOLERANCE
-    assert np.allclose(want, heads.heads_view_numpy((x @ w + bias).reshape(B, T, C), H))
-    into_heads = matmul._blocked_kernel(False, False, (True, True, True), heads_out=True)
-    assert (launched == [into_heads] and not splits) if fused else len(splits) == 1
-
-
 # --- split / merge heads ---------------------------------------------------------------------------
 
 def device_at(array, offset):

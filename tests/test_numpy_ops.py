@@ -125,22 +125,6 @@ def test_attention_between_split_and_merge(rng, also_used):
     assert [s.grad is None for s in split] == [also_used != "input", True, True]
 
 
-@pytest.mark.parametrize("user", ["attention", "add"])
-def test_linear_into_heads(rng, user):
-    """linear(heads=H): the product split into heads [B,H,T,D]. Its gradient as the attention
-    writes it (the [B,T,C] rows the weight and input gradients read, no merge), or as any other
-    op makes it ([B,H,T,D], merged into rows first)."""
-    H = 2
-
-    def build(x, w, b):
-        q, k, v = ops.linears(x, (w, b), (w, None), (w, b), heads=H)
-        y = ops.attention(q, k, v) if user == "attention" else ops.add(q, ops.add(k, v))
-        return ops.merge_heads(y)
-
-    check_gradients(build, dict(x=rng.standard_normal((2, 3, 5)), w=rng.standard_normal((5, 4)),
-                                b=rng.standard_normal(4)), rng)
-
-
 @pytest.mark.parametrize("later_use", ["layernorm", "linear"])
 def test_a_shared_gradient_is_never_written_in_place(rng, later_use):
     """The residual add hands its gradient to both inputs without a copy (share_grad). A later

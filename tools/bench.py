@@ -232,16 +232,6 @@ def bench_matmul(args):
                           lambda splits=splits, tiles=tiles: matmul_kernels.matmul(
                               out_dw, X, DY, transpose_a=True, k_splits=splits, tiles=tiles),
                           lambda: x.T @ dy, out_dw))
-        if label.startswith(("qkv", "12m proj")) and wanted(args, "into heads"):
-            T, D = (1024, 64) if n == 768 else (256, 32)     # the projections of Q, K, V
-            shape = (m // T, n // D, T, D)                   # split into heads by the store
-            out_heads = cuda.device_array(shape, np.float32)     # (matmul_into_heads), against
-            split = (lambda: (x @ w).reshape(m // T, T, n // D, D).transpose(0, 2, 1, 3))
-            for variant, tiles in (("", None), (" [bounded]", dict(blocks_per_sm=2))):
-                cases.append((f"fwd Y=X.W into heads{variant}",    # cuBLAS's product alone
-                              lambda tiles=tiles: matmul_kernels.matmul(out_heads, X, W,
-                                                                        tiles=tiles),
-                              split, out_heads))
         if "down" in label:
             gelu_backward_pair(args, label, m, n, k, DY, W, out_dx)
         for name, ours, theirs, out in cases:

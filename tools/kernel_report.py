@@ -78,12 +78,6 @@ def kernels():
                      for ta, tb in ((False, False), (False, True), (True, False))]
     for name, kernel in variants:
         yield name, kernel, MATMUL_ARGS
-    yield "blocked matmul NN into heads (Q, K, V)", blocked(False, False, (True, True, True),
-                                                           heads_out=True), \
-        (A4, A2, A2, A1, BOOL, BOOL, int64, A2)
-    yield "blocked matmul NN into heads, bounded", blocked(False, False, (True, True, True),
-                                                           dict(blocks_per_sm=2), heads_out=True), \
-        (A4, A2, A2, A1, BOOL, BOOL, int64, A2)
     S2, S3 = float32[:, :], float32[:, :, :]     # strided views: the row classes' (any layout)
     yield "blocked matmul NN, row classes of a (dX at 50257)", blocked(
         False, False, (True, True, True), dict(blocks_per_sm=2)), \

@@ -40,7 +40,6 @@ import numpy as np
 from .asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
 from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_forward,
                    gelu_forward_numpy, gelu_value)
-from .heads import split_heads, split_heads_numpy
 from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
                      current_stream, elementwise_grid, is_contiguous, launch)
@@ -49,26 +48,6 @@ from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
 
 TILE = 16
-
-if SIMULATOR:
-    def quotient(a, b):
-        return a // b
-else:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def quotient(typingctx, a, b):
-        """a // b for integers 0 <= a < 2^32, 0 < b < 2^32, as one div.u32: Numba's // also
-        tests b for zero (Python's rule), a branch at each division, and ptxas answered those
-        in the matmul's epilogue into heads by making the epilogue twice (32 stores, not 16)."""
-        def codegen(context, builder, signature, args):
-            x, y = (builder.trunc(value, ir.IntType(32)) if value.type.width > 32 else value
-                    for value in args)
-            return builder.zext(builder.udiv(x, y), ir.IntType(64))
-
-        return types.int64(a, b), codegen
 
 
 @cuda.jit
@@ -109,8 +88,7 @@ def matmul_tiled_kernel(out, a, b, bias, has_bias, transpose_a, transpose_b, acc
 def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b=True,
                                vector_out=True, BM=128, BN=128, BK=8, blocks_per_sm=1,
                                gelu=False, gelu_grad=False, stages=0, gather_epilogue=True,
-                               thread_cols=8, warp_rows=None, fragments_ahead=False,
-                               heads_out=False):
+                               thread_cols=8, warp_rows=None, fragments_ahead=False):
     """The register-blocked kernel for one (transpose_a, transpose_b) and one tile shape.
 
     Block tile BM x BN of the output, computed by (BM/8) x (BN/8) threads that each own an 8x8
@@ -152,10 +130,6 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     of the block leaves the barrier at once and waits on its loads together. (Timed: 6-8%
     slower on every plain product, 2% on those with GELU's backward fused, docs/perf.md v13;
     a variant, not a default.)
-    heads_out: out is [B,H,T,D], the [B*T, H*D] product split into heads (split_heads in the
-    store: element (b*T + t, h*D + d) goes to out[b, h, t, d]; D % 4 == 0, so a thread's runs
-    of 4 columns stay in one head, and T % BM == 0, so a block's rows in one batch), not
-    [S,M,N]; one slice of K, nothing accumulated.
     stages >= 2: the slices go from global to shared memory with cp.async (asynccopy.py), not
     through registers, `stages` of them in flight (a pipeline): 16 bytes a copy for an operand
     whose rows run along M or N (a transposed, b not) and are 16-byte runs (vector), else 4
@@ -199,33 +173,6 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     LINE = THREADS // BK                    # its 4-byte copies: threads on a line of a slice
     WAIT_FOR_OLDEST = wait_copies(stages - 2) if stages else None
     WAIT_FOR_ALL = wait_copies(0)
-    if heads_out and (gelu or gelu_grad):
-        raise ValueError("matmul: no GELU epilogue into heads")
-
-    if heads_out:
-        @cuda.jit(device=True, inline="always")
-        def extent(out):
-            # (M, N) of the product that out[B,H,T,D] holds split into heads
-            return out.shape[0] * out.shape[2], out.shape[1] * out.shape[3]
-
-        @cuda.jit(device=True, inline="always")
-        def at(out, z, m0, row, col):
-            # out's index of the product's (row, col) = (b*T + t, h*D + d) in a block whose rows,
-            # from m0 on, are all in batch b (T % BM == 0): one division for the block's rows,
-            # one per run of 4 columns, in 32 bits. (With one for each row, and Numba's 64-bit
-            # //, ptxas gave the kernel 133-137 registers: 1 block a multiprocessor, or bounded
-            # to 128, 622 instructions in its k loop against 600.)
-            T, D = out.shape[2], out.shape[3]
-            b, h = quotient(m0, T), quotient(col, D)
-            return b, h, row - b * T, col - h * D
-    else:
-        @cuda.jit(device=True, inline="always")
-        def extent(out):
-            return out.shape[1], out.shape[2]
-
-        @cuda.jit(device=True, inline="always")
-        def at(out, z, m0, row, col):
-            return z, row, col
 
     @cuda.jit(device=True, inline="always")
     def read_chunk(x, rows, cols, r, c, vector):
@@ -382,12 +329,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                         v2 += b_frag[j + 2]
                         v3 += b_frag[j + 3]
                         if accumulate:
-                            o = load4(out, at(out, z, m0, row, col))
+                            o = load4(out, (z, row, col))
                             v0 += o[0]
                             v1 += o[1]
                             v2 += o[2]
                             v3 += o[3]
-                    store4(out, at(out, z, m0, row, col), v0, v1, v2, v3)
+                    store4(out, (z, row, col), v0, v1, v2, v3)
                     if gelu:
                         store4(hidden, (row, col), gelu_value(v0), gelu_value(v1),
                                gelu_value(v2), gelu_value(v3))
@@ -399,8 +346,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                     if not gather_epilogue:
                         value += b_frag[j]
                         if accumulate:
-                            value += out[at(out, z, m0, row, col)]
-                    out[at(out, z, m0, row, col)] = value
+                            value += out[z, row, col]
+                    out[z, row, col] = value
                     if gelu:
                         hidden[row, col] = gelu_value(value)
 
@@ -453,7 +400,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 fold_rows(acc, values, hidden, b_frag, 4, m0, n0, ty, tx, M, N, True)
                 for j in range(TC):
                     b_frag[j] = float32(0.0)
-            if accumulate and not heads_out:
+            if accumulate:
                 fold_rows(acc, values, out[z], b_frag, 0, m0, n0, ty, tx, M, N, False)
                 fold_rows(acc, values, out[z], b_frag, 4, m0, n0, ty, tx, M, N, False)
             elif not gelu_grad:
@@ -491,7 +438,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         b_frag_ahead = cuda.local.array(TC, float32)
         a_next = cuda.local.array(A_STAGED, float32)
         b_next = cuda.local.array(B_STAGED, float32)
-        M, N = extent(out)
+        M, N = out.shape[1], out.shape[2]
         K = a.shape[0] if transpose_a else a.shape[1]
         z, k_start, k_end, tid, ty, tx, m0, n0 = block_start(acc, K, k_per_split)
 
@@ -591,7 +538,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         acc = cuda.local.array((8, TC), float32)
         a_frag = cuda.local.array(8, float32)
         b_frag = cuda.local.array(TC, float32)
-        M, N = extent(out)
+        M, N = out.shape[1], out.shape[2]
         K = a.shape[0] if transpose_a else a.shape[1]
         z, k_start, k_end, tid, ty, tx, m0, n0 = block_start(acc, K, k_per_split)
 
@@ -741,11 +688,10 @@ def split_count(M, N, K, tile, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES):
 _blocked_kernels = {}
 
 
-def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False, gelu_grad=False,
-                    heads_out=False):
+def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False, gelu_grad=False):
     """The blocked kernel for these transposes, these (vector_a, vector_b, vector_out) and tile
     parameters (make_blocked_matmul_kernel's keyword arguments; None = the defaults), with or
-    without a GELU epilogue (forward: gelu, backward: gelu_grad), storing into heads or not."""
+    without a GELU epilogue (forward: gelu, backward: gelu_grad)."""
     # Launch bounds of 2 blocks per multiprocessor (at most 128 registers a thread) where they
     # pay: the plain product (NN) fits in 128 registers unbounded and runs 5% slower bounded;
     # the transposed ones needed 139-143 and ran 11-14% faster bounded, and so did the 4-byte
@@ -765,7 +711,6 @@ def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False, g
     tiles.setdefault("gather_epilogue", not (transpose_b and not transpose_a))
     tiles["gelu"] = gelu
     tiles["gelu_grad"] = gelu_grad
-    tiles["heads_out"] = heads_out
     key = (transpose_a, transpose_b, vectors, tuple(sorted(tiles.items())))
     if key not in _blocked_kernels:
         _blocked_kernels[key] = make_blocked_matmul_kernel(transpose_a, transpose_b, *vectors,
@@ -774,10 +719,9 @@ def _blocked_kernel(transpose_a, transpose_b, vectors, tiles=None, gelu=False, g
 
 
 def _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input):
-    check(len(out.shape) in (2, 4) and len(a.shape) == 2 and len(b.shape) == 2,
-          f"matmul: out must be 2-D or [B,H,T,D], a and b 2-D, got {out.shape}, {a.shape}, "
-          f"{b.shape}")
-    M, N = _extent(out)
+    check(len(out.shape) == 2 and len(a.shape) == 2 and len(b.shape) == 2,
+          f"matmul: out, a, b must be 2-D, got {out.shape}, {a.shape}, {b.shape}")
+    M, N = out.shape
     K = a.shape[0] if transpose_a else a.shape[1]
     # an operand whose rows run along M or N may hold them padded to 4k floats (see matmul)
     a_width = a.shape[1] if transpose_a and a.shape == (K, padded_length(M)) else M
@@ -1121,43 +1065,6 @@ def row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits=None, ti
     launch(scatter_edges_kernel, *rows_grid(M, 8), out, edges, firsts, ends, hi, accumulate)
 
 
-def _extent(out):
-    """(M, N) of the product out holds: out[M,N], or out[B,H,T,D] split into heads."""
-    if len(out.shape) == 4:
-        B, H, T, D = out.shape
-        return B * T, H * D
-    return out.shape
-
-
-def matmul_into_heads(out, a, b, bias=None, transpose_a=False, transpose_b=False, kernel="auto",
-                      **options):
-    """out[B,H,T,D] = (op(a) . op(b) + bias) split into H heads of D: the [B*T, H*D] product's
-    element (b*T + t, h*D + d) at out[b, h, t, d] (split_heads in the store). The blocked kernel
-    stores it so itself (heads_out) where its epilogue can: 16-byte runs of aligned rows, D % 4
-    == 0, T a multiple of the block tile's rows, one slice of K; else the product is made whole
-    and split_heads moves it."""
-    check_float32(out=out, a=a, b=b, bias=bias)
-    M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, None, None)
-    B, H, T, D = out.shape
-    if kernel == "auto":
-        kernel = "tiled" if SIMULATOR else "blocked"
-    has_bias = bias is not None
-    vectors = (aligned16(a), aligned16(b), aligned16(out) and (not has_bias or aligned16(bias)))
-    if kernel == "blocked" and all(vectors) and D % 4 == 0 and not (
-            transpose_b and copies_b_transposed(M, N, transpose_a, transpose_b,
-                                                options.get("copy_b_transposed"))):
-        fast = _blocked_kernel(bool(transpose_a), bool(transpose_b), vectors,
-                               options.get("tiles"), heads_out=True)
-        k_per_split, grid = _split_plan(fast, M, N, K, options.get("k_splits"))
-        if grid[2] == 1 and T % fast.tile[0] == 0:      # (a block's rows in one batch)
-            launch(fast, grid, fast.threads, out, a, b, bias if has_bias else out[0, 0, 0],
-                   has_bias, False, k_per_split, a)
-            return
-    product = cuda.device_array((B, T, H * D), dtype=np.float32, stream=current_stream())
-    matmul(product.reshape(M, N), a, b, bias, transpose_a, transpose_b, kernel=kernel, **options)
-    split_heads(out, product)
-
-
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
            kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
            copy_b_transposed=None, pad_unaligned=None):
@@ -1181,16 +1088,7 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     An operand whose rows run along M or N (a transposed: [K, M]; b not: [K, N]) may hold them
     padded to 4k floats ([K, M4], [K, N4]), the padding read by the blocked kernel (16 bytes at
     a time) and left out of out: how padded copies are multiplied, and how a model that keeps
-    its weights padded can use them.
-    out may also be [B,H,T,D], the product split into heads: matmul_into_heads (no accumulate,
-    no GELU)."""
-    if len(out.shape) == 4:
-        check(not accumulate and gelu_out is None and gelu_input is None,
-              "matmul: a product into heads is stored, not accumulated, and has no GELU")
-        matmul_into_heads(out, a, b, bias, transpose_a, transpose_b, kernel, k_splits=k_splits,
-                          tiles=tiles, copy_b_transposed=copy_b_transposed,
-                          pad_unaligned=pad_unaligned)
-        return
+    its weights padded can use them."""
     check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     if kernel == "auto":
@@ -1247,21 +1145,9 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         gelu_forward(gelu_out, out)
 
 
-def matmul_into_heads_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False,
-                            kernel="auto", **options):
-    M, N, _ = _check_matmul(out, a, b, bias, transpose_a, transpose_b, None, None)
-    B, H, T, D = out.shape
-    product = np.empty((M, N), dtype=out.dtype)
-    matmul_numpy(product, a, b, bias, transpose_a, transpose_b)
-    split_heads_numpy(out, product.reshape(B, T, N))
-
-
 def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
                  kernel="auto", k_splits=None, tiles=None, gelu_out=None, gelu_input=None,
                  copy_b_transposed=None, pad_unaligned=None):
-    if len(out.shape) == 4:
-        matmul_into_heads_numpy(out, a, b, bias, transpose_a, transpose_b)
-        return
     M, N, _ = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     product = (a.T if transpose_a else a)[:M] @ (b.T if transpose_b else b)[:, :N]
     if bias is not None:
