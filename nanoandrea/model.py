@@ -87,10 +87,10 @@ class GPT:
     def attention(self, x, layer, p=0.0, site=0):
         a = f"h.{layer}.attn."
         H = self.config.n_head
-        q, k, v = ops.linears(x, (self[a + "w_q"], self[a + "b_q"]),           # 1. [B,T,C] each,
-                              (self[a + "w_k"], self[a + "b_k"]),           #    all heads at once,
-                              (self[a + "w_v"], self[a + "b_v"]))           #    three products
-        q, k, v = ops.split_heads(q, H), ops.split_heads(k, H), ops.split_heads(v, H)  # 2. [B,H,T,D]
+        q, k, v = ops.linears(x, (self[a + "w_q"], self[a + "b_q"]),   # 1. three products, all
+                              (self[a + "w_k"], self[a + "b_k"]),   #    heads at once, [B,T,C]
+                              (self[a + "w_v"], self[a + "b_v"]),   # 2. each split into heads,
+                              heads=H)                              #    [B,H,T,D] (split_heads)
         y = ops.attention(q, k, v, p, self.dropout_seed, site)                # 3. [B,H,T,D]
         y = ops.merge_heads(y)                                                # 4. [B,T,C]
         return ops.linear(y, self[a + "w_o"], self[a + "b_o"])                # 5. mix the heads

@@ -71,14 +71,20 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
     return y if g is None else record(g, [y], _gelu_backward(g, y))
 
 
-def linears(x, *weights_and_biases):
-    """[linear(x, w, b) for each (w, b)]: products of one input, independent of each other. In
-    a captured step all but the first run beside it on the second stream, joined before this
-    returns (kernels/launch.py): the grids' last waves overlap. (Recorded last to first.)"""
+def linears(x, *weights_and_biases, heads=None):
+    """[linear(x, w, b) for each (w, b)]: products of one input, independent of each other;
+    heads=H: each then split into H heads (split_heads). In a captured step all but the first
+    run beside it on the second stream, joined before this returns (kernels/launch.py): the
+    grids' last waves overlap, and their splits (memory-bound copies) the first product
+    (compute-bound). (Recorded last to first.)"""
+    def product(w, b):
+        y = linear(x, w, b)
+        return y if heads is None else split_heads(y, heads)
+
     (w, b), rest = weights_and_biases[0], weights_and_biases[1:]
     with launch.beside(forward=True):
-        others = [linear(x, *pair) for pair in rest]
-    first = linear(x, w, b)
+        others = [product(*pair) for pair in rest]
+    first = product(w, b)
     launch.join()
     return [first, *others]
 

@@ -85,10 +85,10 @@ def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, monkeypatc
 @pytest.mark.parametrize("forward", [True, False])
 def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatch, forward):
     """The weight gradients launched on a second stream (autograd.beside): every linear layer's
-    dW and db go there; in the forward (forward=True) each layer's K and V products
-    (ops.linears) and the W^T copies of its six weights that backward's dX products read
-    (made at any size here); nothing else does; the backward ends joined; the gradients are
-    the one-stream gradients bit for bit."""
+    dW and db go there; in the forward (forward=True) each layer's K and V products and their
+    splits into heads (ops.linears) and the W^T copies of its six weights that backward's dX
+    products read (made at any size here); nothing else does; the backward ends joined; the
+    gradients are the one-stream gradients bit for bit."""
     from numba import cuda
 
     from nanoandrea.kernels import matmul
@@ -121,15 +121,17 @@ def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatc
         got = grads()
         assert not launch._forked                       # backward ended joined
     assert np.array_equal(got, want)
+    split = "split_heads4_kernel" if config.head_size % 4 == 0 else "split_heads_kernel"
     beside = {name for name, on_side in streams if on_side}
     assert beside == ({"matmul_tiled_kernel", "sum_rows_kernel", "finish_column_sums_kernel"}
-                      | ({"transpose_kernel"} if forward else set()))
+                      | ({"transpose_kernel", split} if forward else set()))
     products = [on_side for name, on_side in streams[forward_launches:] if "matmul" in name]
     assert sum(products) == len(products) / 2          # of each layer's two products, dW beside
     assert "transpose_kernel" not in {name for name, _ in streams[forward_launches:]}
     in_forward = Counter(name for name, on_side in streams[:forward_launches] if on_side)
-    assert in_forward == (Counter(matmul_tiled_kernel=2 * config.n_layer,
-                                  transpose_kernel=6 * config.n_layer) if forward else Counter())
+    assert in_forward == (Counter({"matmul_tiled_kernel": 2 * config.n_layer, split:
+                                   2 * config.n_layer, "transpose_kernel": 6 * config.n_layer})
+                          if forward else Counter())
 
 
 def kernel_name(kernel):
