@@ -18,9 +18,9 @@ once as a CUDA graph and from then on replayed with one call:
               corrections (AdamW.prepare). Nothing in the step waits for the host.
     streams   the capture has a second stream (`second_stream=True`): the weight gradients
               run on it, beside the rest of the backward pass (autograd.beside), and in the
-              forward a layer's K and V products beside its Q (ops.linears) and the W^T
-              copies the input gradients read (ops.linear; second_stream="backward" keeps
-              the forward on one stream); the graph holds
+              forward a layer's K and V products and their splits into heads beside its Q
+              (ops.linears) and the W^T copies the input gradients read (ops.linear;
+              second_stream="backward" keeps the forward on one stream); the graph holds
               both, joined before the update. The same kernels on the same data: the same
               bits as one stream.
 

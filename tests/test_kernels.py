@@ -634,7 +634,7 @@ def concat(heads_array):
     return np.ascontiguousarray(heads_array.transpose(0, 2, 1, 3)).reshape(B, T, H * D)
 
 
-class Heads:
+class DeviceHeads:
     """A [B,H,T,D] device array to test a kernel's output or input with: contiguous, or (concat)
     a heads.heads_view of a [B,T,C] device array, the heads side by side as the model keeps
     attention's output and q, k, v's gradients. `host()` reads it back as [B,H,T,D]."""
@@ -653,14 +653,14 @@ def check_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p, tiles=No
                     in_concat=False):
     """attention_forward, then attention_backward (= and +=), against the NumPy twins; q, k, v
     and dout `offset` floats past the start of their allocations (device_at). in_concat: out,
-    dout and the gradients are heads views of [B,T,C] arrays (Heads), as the model has them."""
+    dout and the gradients are heads views of [B,T,C] arrays (DeviceHeads), as the model has them."""
     seed = np.array([424242], dtype=np.int64)
     drop = dict(dropout_p=dropout_p, seed=device(seed, np.int64), site=5, tiles=tiles)
     drop_numpy = dict(drop, seed=seed)
     q, k, v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(4))
-    out, lse = Heads(np.full((B, H, T, D), np.nan), in_concat), poisoned((B, H, T))
+    out, lse = DeviceHeads(np.full((B, H, T, D), np.nan), in_concat), poisoned((B, H, T))
     dq_q, dk_q, dv_q = (device_at(x.astype(np.float32), offset) for x in (q, k, v))
-    d_dout = Heads(dout.astype(np.float32), in_concat, offset).array
+    d_dout = DeviceHeads(dout.astype(np.float32), in_concat, offset).array
     attention.attention_forward(out.array, lse, dq_q, dk_q, dv_q, kernel=kernel,
                                 rows_per_block=rows_per_block, **drop)
     want_out, want_lse = np.empty((B, H, T, D)), np.empty((B, H, T))
@@ -671,7 +671,7 @@ def check_attention(rng, D, kernel, rows_per_block, B, H, T, dropout_p, tiles=No
     for accumulate in (False, True):
         priors = [rng.standard_normal((B, H, T, D)).astype(np.float32) if accumulate else
                   np.full((B, H, T, D), np.nan) for _ in range(3)]
-        grads = [Heads(prior, in_concat) for prior in priors]
+        grads = [DeviceHeads(prior, in_concat) for prior in priors]
         delta = poisoned((B, H, T))
         attention.attention_backward(*[g.array for g in grads], delta, d_dout, dq_q, dk_q,
                                      dv_q, out.array, lse, accumulate, kernel=kernel,

@@ -864,8 +864,8 @@ def attention_delta4_kernel(delta, dout, out, zeroed, zero):
     # takes DELTA_ROWS consecutive rows t of head blockIdx.y, lane l holds d = 4l..4l+3 of
     # each (lanes past D/4 count zero), so a row is one coalesced 16-byte load per array and
     # lane; then each row's sum meets in warp_sum.
-    # All 2 DELTA_ROWS loads of a lane are in flight at once: no `if` per row (a row past N is
-    # row N-1 again, not stored), and every load before the first product (ptxas, sm_90: with
+    # All 2 DELTA_ROWS loads of a lane are in flight at once: no `if` per row (a row past T is
+    # row T-1 again, not stored), and every load before the first product (ptxas, sm_90: with
     # the products next to their loads, a row's product waited for its loads before the next
     # rows' loads went out; behind an `if` per row, every row waited for the one before).
     # The sum's order, fixed: each lane adds its 4 products in order of d, then warp_sum's

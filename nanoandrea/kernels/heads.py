@@ -183,7 +183,7 @@ def heads_view(x, n_head):
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
         return FakeCUDAArray(heads_view_numpy(x._ary, n_head))
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
-    (batch, time, item) = x.strides
+    batch, time, item = x.strides
     return DeviceNDArray((B, n_head, T, D), (batch, D * item, time, item), np.float32,
                          stream=x.stream, gpu_data=x.gpu_data)
 
