@@ -629,9 +629,11 @@ def attention_cases():
 
 
 def concat(heads_array):
-    """[B,H,T,D] on the host -> the heads side by side, [B,T,C]."""
+    """[B,H,T,D] on the host -> the heads side by side, [B,T,C] (merge_heads' twin)."""
     B, H, T, D = heads_array.shape
-    return np.ascontiguousarray(heads_array.transpose(0, 2, 1, 3)).reshape(B, T, H * D)
+    out = np.empty((B, T, H * D), dtype=heads_array.dtype)
+    heads.merge_heads_numpy(out, heads_array)
+    return out
 
 
 class DeviceHeads:
