@@ -14,7 +14,7 @@ from numba import cuda
 
 from conftest import GPU, relative_error
 from nanoandrea.kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding,
-                                gelu, heads, layernorm, matmul, pad)
+                                gelu, heads, layernorm, matmul, mma, pad)
 from nanoandrea.kernels.launch import current_stream, launch
 from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
 from nanoandrea.kernels.vector import load4, store4
@@ -786,6 +786,66 @@ def test_share_pairs_are_packed():
         pairs = [(q, k) for q in range(9) for k in range(q // ratio + 1)]
         assert [attention.share_pair(q, k, ratio) for q, k in pairs] == list(range(len(pairs)))
         assert attention.share_pair(9, 0, ratio) == len(pairs)
+
+
+@pytest.mark.parametrize("D", attention.FAST_HEAD_SIZES)
+@pytest.mark.parametrize("B,H,T,rows_per_block,in_concat",
+                         [(1, 2, 7, None, False), (1, 1, 20, None, True)] if not GPU else
+                         [(4, 12, 256, None, True), (1, 2, 1000, None, False), (1, 1, 300, 40, False)])
+def test_attention_tensor_forward(rng, D, B, H, T, rows_per_block, in_concat):
+    """The tensor-core forward (3xTF32 mma's), then the fast backward from its out and lse:
+    several key tiles, rows of a block not a multiple of the tile's, out the heads' concat."""
+    check_attention(rng, D, "tensor", rows_per_block, B, H, T, 0.0, in_concat=in_concat)
+
+
+def test_attention_auto_picks_the_tensor_forward_without_dropout(monkeypatch):
+    monkeypatch.setattr(attention, "TENSOR_FORWARD", True)
+    assert attention._pick(64, "auto") == "tensor"
+    assert attention._pick(32, "auto", dropout_p=0.1) == "fast"
+    assert attention._pick(64, "auto", backward=True) == "fast"
+    assert attention._pick(72, "auto") == "reference"
+
+
+def test_attention_tensor_forward_takes_no_dropout(rng):
+    q = device(rng.standard_normal((1, 1, 5, 32)))
+    with pytest.raises(ValueError, match="no dropout"):
+        attention.attention_forward(poisoned((1, 1, 5, 32)), poisoned((1, 1, 5)), q, q, q,
+                                    kernel="tensor", dropout_p=0.1)
+
+
+@cuda.jit
+def one_mma_kernel(d, a, b, c):
+    # d[16,8] = a[16,8] b[8,8] + c[16,8] by one warp: each lane loads its fragments (mma.py)
+    lane = cuda.threadIdx.x
+    g, t = lane // 4, lane % 4
+    x = mma.mma_tf32(a[g, t], a[g + 8, t], a[g, t + 4], a[g + 8, t + 4], b[t, g], b[t + 4, g],
+                     c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
+    d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1] = x
+
+
+@cuda.jit
+def split_kernel(hi, lo, x):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        hi[i], lo[i] = mma.split_tf32(x[i])
+
+
+def test_mma_fragments_and_tf32_split(rng):
+    """One warp's mma on TF32 values against NumPy (the fragment layout of kernels/mma.py),
+    and split_tf32: hi and lo TF32 (low 13 bits zero), hi + lo within 2^-21 of x, as NumPy's."""
+    x = (rng.standard_normal(1000) * 10.0 ** rng.integers(-8, 8, 1000)).astype(np.float32)
+    hi, lo = poisoned(1000), poisoned(1000)
+    split_kernel[8, 128](hi, lo, device(x))
+    hi, lo = hi.copy_to_host(), lo.copy_to_host()
+    want_hi, want_lo = mma.split_tf32_numpy(x)
+    assert np.array_equal(hi, want_hi) and np.array_equal(lo, want_lo)
+    assert not np.any((hi.view(np.uint32) | lo.view(np.uint32)) & np.uint32(0x1FFF))
+    assert np.all(np.abs(hi.astype(np.float64) + lo - x) <= 2.0 ** -21 * np.abs(x))
+    a, b = (mma.split_tf32_numpy(rng.standard_normal(shape))[0] for shape in ((16, 8), (8, 8)))
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    d = poisoned((16, 8))
+    one_mma_kernel[1, 32](d, device(a), device(b), device(c))
+    assert relative_error(d.copy_to_host(), mma.mma_numpy(a, b, c)) < 1e-6
 
 
 @pytest.mark.parametrize("D", attention.FAST_HEAD_SIZES)

@@ -384,6 +384,10 @@ def bench_attention(args):
                     print(f"  note: {label} {name}: ours and SDPA differ by {error:.1e} "
                           f"(both match float64 NumPy, checked above)")
 
+            if kernel == "tensor":                  # registers, and bytes spilled
+                compiled = attention_kernels._tensor_forward(D, tiles and tiles[0], (Q, K, V))
+                print(f"  note: {label} tensor{variant}: {compiled.get_regs_per_thread()} "
+                      f"registers, {compiled.get_local_mem_per_thread()} bytes of local memory")
             if kernel == "fast" and rows is None:   # same inputs again: the same bits?
                 first = torch.as_tensor(dq, device="cuda").clone()
                 backward()
@@ -436,11 +440,15 @@ def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):
 
 def attention_variants(D, T, args):
     """(kernel, rows_per_block, tiles, label): the reference where it is not too slow to wait
-    for, the fast kernels with their default query tile and with one block per (batch, head);
-    with --variants, the other tiles asked for too (attention.TILE_VARIANTS)."""
+    for, the fast kernels with their default query tile and with one block per (batch, head),
+    the tensor-core forward; with --variants, the other tiles asked for too
+    (attention.TILE_VARIANTS, TENSOR_TILE_VARIANTS)."""
     variants = [("reference", None, None, "")] if D == 72 or T <= 256 else []
     if D in attention_kernels.FAST_HEAD_SIZES:
-        variants += [("fast", None, None, ""), ("fast", T, None, "")]
+        variants += [("fast", None, None, ""), ("fast", T, None, ""), ("tensor", None, None, "")]
+        variants += [("tensor", None, (tile, None, None), f" [{name}]")
+                     for name, tile in attention_kernels.TENSOR_TILE_VARIANTS.items()
+                     if wanted(args, name)]
         variants += [("fast", None, tiles, f" [{name}]")
                      for name, tiles in attention_kernels.TILE_VARIANTS.get(D, {}).items()
                      if wanted(args, name)]

@@ -52,17 +52,19 @@ fast kernels, a range of its rows), and the launch grid supplies the parallelism
 import math
 
 import numpy as np
-from numba import cuda, float32, uint64
+from numba import cuda, float32, int64, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, check, check_float32,
                      check_float32_rows, check_shape, elementwise_grid, launch, scratch)
-from .reduce import WARP, warp_barrier, warp_sum
+from .mma import mma_tf32, split_tf32
+from .reduce import WARP, quad_max, quad_sum, warp_barrier, warp_sum
 from .sharedmem import dynamic_shared_floats, shared_tile
 from .vector import add4, aligned16, load4, store4
 
 NEG_INF = float32(-np.inf)
 LOG2E = float32(1.0 / math.log(2.0))
+LN2 = float32(math.log(2.0))
 FAST_HEAD_SIZES = (32, 64)
 
 
@@ -180,6 +182,60 @@ def block_rows(H, T, rows_per_block, heavy_first):
     return cuda.blockIdx.x // H, cuda.blockIdx.x % H, row_start, min(T, row_start + rows_per_block)
 
 
+@cuda.jit(device=True, inline="always")
+def store_split4(tiles, index, x0, x1, x2, x3):
+    # tiles = (hi, lo): four floats split into TF32 parts (mma.split_tf32), one 16-byte store
+    # into each tile
+    hi, lo = tiles
+    h0, l0 = split_tf32(x0)
+    h1, l1 = split_tf32(x1)
+    h2, l2 = split_tf32(x2)
+    h3, l3 = split_tf32(x3)
+    store4(hi, index, h0, h1, h2, h3)
+    store4(lo, index, l0, l1, l2, l3)
+
+
+def make_stage(D, THREADS, VECTOR, put=store4):
+    """(stage, R_STEP): the device function that copies rows of one head's [T, D] into a shared
+    tile, for a block of THREADS threads, which copies R_STEP rows a pass (tiles hold a multiple
+    of R_STEP rows); VECTOR as in tile_functions. put(tile, (r, d), x0, x1, x2, x3) stores each
+    4 floats: store4, or store_split4 (`tile` then a pair of tiles)."""
+    CHUNKS = D // 4                     # 4-float chunks in a row of D; a pass of the block
+    C_STEP = min(CHUNKS, THREADS)       # copies R_STEP rows, C_STEP chunks of each row per
+    R_STEP = THREADS // C_STEP          # thread step
+    assert CHUNKS % C_STEP == 0, (D, THREADS)
+
+    @cuda.jit(device=True, inline="always")
+    def stage(tile, x, row0, n_rows, T, scale):
+        # tile[r, d] = x[row0 + r, d] * scale for r < n_rows (x: one head's [T, D]), zeros past T,
+        # in 4-float chunks: one 16-byte load from global memory (VECTOR; else four 4-byte ones,
+        # no alignment asked of x), one 16-byte store (put). Consecutive threads take consecutive
+        # chunks of a row (a warp reads 512 consecutive bytes): thread t copies
+        # chunks t % C_STEP + s*C_STEP of rows t // C_STEP + n*R_STEP. Indices are uint64: for
+        # a signed index Numba adds a negative-index wraparound (a compare and a select per
+        # index), which the compiler cannot drop here.
+        d_first = uint64(cuda.threadIdx.x % C_STEP * 4)
+        r_first = uint64(cuda.threadIdx.x // C_STEP)
+        for n in range(n_rows // R_STEP):
+            r = r_first + uint64(n * R_STEP)
+            row = uint64(row0) + r
+            inside = row < uint64(T)
+            for step in range(CHUNKS // C_STEP):
+                d = d_first + uint64(step * C_STEP * 4)
+                if inside and VECTOR:
+                    x4 = load4(x, (row, d))
+                    put(tile, (r, d), x4[0] * scale, x4[1] * scale, x4[2] * scale,
+                        x4[3] * scale)
+                elif inside:
+                    put(tile, (r, d), x[row, d] * scale, x[row, d + uint64(1)] * scale,
+                        x[row, d + uint64(2)] * scale, x[row, d + uint64(3)] * scale)
+                else:
+                    zero = float32(0.0)
+                    put(tile, (r, d), zero, zero, zero, zero)
+
+    return stage, R_STEP
+
+
 def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
     """The device functions a tiled kernel is built from, for one tile shape.
 
@@ -222,10 +278,8 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
     THREADS = THREADS_M * THREADS_N
     assert ROWS % TM == 0 and COLS % TN == 0 and D % THREADS_N == 0, (D, ROWS, COLS, TM, TN)
     assert TM % 4 == 0 and TD % 4 == 0, ("runs of 4 rows and head dimensions", D, TM, TD)
-    CHUNKS = D // 4                     # staging: 4-float chunks in a row of D; a pass of the
-    C_STEP = min(CHUNKS, THREADS)       # block copies R_STEP rows, C_STEP chunks of each row
-    R_STEP = THREADS // C_STEP          # per thread step
-    assert CHUNKS % C_STEP == 0 and ROWS % R_STEP == 0 and COLS % R_STEP == 0, (D, ROWS, COLS)
+    stage, R_STEP = make_stage(D, THREADS, VECTOR)
+    assert ROWS % R_STEP == 0 and COLS % R_STEP == 0, (D, ROWS, COLS)
     assert SCORE_STEPS in (1, 2) and D % (4 * SCORE_STEPS) == 0 and COLS % 4 == 0, \
         ("steps per loop trip", D, COLS, SCORE_STEPS)
     assert WARP % THREADS_N == 0, ("a row's threads in one warp", COLS, TN)
@@ -245,34 +299,6 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
         # the head dimension of this thread's j-th output column (of TD): runs of 4, 4*THREADS_N
         # dimensions apart
         return (j // 4) * (4 * THREADS_N) + tx * 4 + j % 4
-
-    @cuda.jit(device=True, inline="always")
-    def stage(tile, x, row0, n_rows, T, scale):
-        # tile[r, d] = x[row0 + r, d] * scale for r < n_rows (x: one head's [T, D]), zeros past T,
-        # in 4-float chunks: one 16-byte load from global memory (VECTOR; else four 4-byte ones,
-        # no alignment asked of x), one 16-byte store. Consecutive threads take consecutive
-        # chunks of a row (a warp reads 512 consecutive bytes): thread t copies
-        # chunks t % C_STEP + s*C_STEP of rows t // C_STEP + n*R_STEP. Indices are uint64: for
-        # a signed index Numba adds a negative-index wraparound (a compare and a select per
-        # index), which the compiler cannot drop here.
-        d_first = uint64(cuda.threadIdx.x % C_STEP * 4)
-        r_first = uint64(cuda.threadIdx.x // C_STEP)
-        for n in range(n_rows // R_STEP):
-            r = r_first + uint64(n * R_STEP)
-            row = uint64(row0) + r
-            inside = row < uint64(T)
-            for step in range(CHUNKS // C_STEP):
-                d = d_first + uint64(step * C_STEP * 4)
-                if inside and VECTOR:
-                    x4 = load4(x, (row, d))
-                    store4(tile, (r, d), x4[0] * scale, x4[1] * scale, x4[2] * scale,
-                           x4[3] * scale)
-                elif inside:
-                    store4(tile, (r, d), x[row, d] * scale, x[row, d + uint64(1)] * scale,
-                           x[row, d + uint64(2)] * scale, x[row, d + uint64(3)] * scale)
-                else:
-                    zero = float32(0.0)
-                    store4(tile, (r, d), zero, zero, zero, zero)
 
     @cuda.jit(device=True, inline="always")
     def scores_step(acc, x, y, y_frag, d, ty, tx):
@@ -520,6 +546,186 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, wide_staging=Tru
             cuda.syncthreads()                               # before q_tile, partial are reused
 
     return with_shape(attention_forward_kernel, THREADS_M * THREADS_N, ROWS, blocks_per_sm)
+
+
+# --- tensor-core forward: 3xTF32 mma's, D = 32 or 64, no dropout --------------------------------
+
+def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
+    """The forward on the tensor cores (kernels/mma.py), at float32 accuracy: every product
+    split in three TF32 mma's (Ahi Bhi + Ahi Blo + Alo Bhi), as PyTorch's float32 attention
+    computes. A block of WARPS warps takes ROWS = 16 WARPS query rows, 16 a warp (one mma's
+    rows), and walks key tiles of COLS (a multiple of 8); no dropout (the FFMA kernel takes
+    dropout_p > 0). The same online softmax as attention_forward_kernel, on mma fragments:
+
+      S = Q K^T   a warp's [16, COLS]: COLS/8 fragments of 16 x 8 in registers (lane (g, t)
+                  of the warp holds rows g, g+8 and columns 2t, 2t+1 of each), accumulated
+                  over D/8 steps of d. A step reads Q's A fragment (rows x d) from q_tile and
+                  splits it, then one mma chain a fragment: COLS/8 independent chains, which
+                  is what keeps the tensor cores busy. K's B fragments (d x keys) come split
+                  already: k was split into its TF32 parts as it was staged (store_split4,
+                  once a block, not once a warp). q is staged times log2(e)/sqrt(D), so that
+                  exp2 gives the softmax's exponentials.
+      softmax     a row's COLS values are in the 4 lanes of a quad: its max meets in two
+                  shuffles (reduce.quad_max); each lane keeps its part of the row sum until
+                  the end (reduce.quad_sum).
+      O += P V    P goes through the warp's rows of p_tile (which takes the k tiles' place
+                  once every warp is done with them) to come back as A fragments; V's B
+                  fragments from the v tiles (split as k's); O [16, D] a warp, D/8 fragments
+                  in registers, one mma chain each.
+    Every array a lane keeps in registers (S, O and a fragment) is indexed only in the inner
+    loops, which the compiler unrolls; the outer loops (over d steps, key steps) read shared
+    memory only. Shared tiles in dynamic shared memory, rows padded so that the 32 lanes of a
+    fragment's read hit 32 banks: q's and the k tiles' rows D + 4 floats (lanes read rows g,
+    columns t), the v tiles' D + 8 (rows t, columns g), p_tile's COLS + 4.
+    """
+    ROWS = 16 * WARPS
+    THREADS = WARP * WARPS
+    ONE, TWO, FOUR, EIGHT = uint64(1), uint64(2), uint64(4), uint64(8)
+    D_STEPS = D // 8            # k-steps of S = Q K^T along d, and O's fragments along d
+    KEY_STEPS = COLS // 8       # S's fragments along the keys, k-steps of O += P V
+    K_ROW, V_ROW, P_ROW = D + 4, D + 8, COLS + 4
+    K_LO, V_HI, V_LO, Q_AT = (COLS * K_ROW, 2 * COLS * K_ROW, COLS * (2 * K_ROW + V_ROW),
+                              2 * COLS * (K_ROW + V_ROW))          # (offsets, in floats)
+    SHARED_BYTES = 4 * (Q_AT + ROWS * K_ROW)
+    stage, R_STEP = make_stage(D, THREADS, vector)
+    stage_split, _ = make_stage(D, THREADS, vector, store_split4)
+    assert D % 8 == 0 and COLS % 8 == 0 and (ROWS % R_STEP, COLS % R_STEP) == (0, 0), \
+        (D, WARPS, COLS)
+    assert ROWS * P_ROW <= 2 * COLS * K_ROW, ("p_tile in the k tiles' place", D, WARPS, COLS)
+
+    @cuda.jit(device=True, inline="always")
+    def mma3(c0, c1, c2, c3, a_hi, a_lo, b_hi0, b_hi1, b_lo0, b_lo1):
+        # (c0..c3) + A B in three mma's, the small parts first: A = a_hi + a_lo (4 fragment
+        # floats each), B = b_hi + b_lo (2 each)
+        c0, c1, c2, c3 = mma_tf32(a_lo[0], a_lo[1], a_lo[2], a_lo[3], b_hi0, b_hi1,
+                                  c0, c1, c2, c3)
+        c0, c1, c2, c3 = mma_tf32(a_hi[0], a_hi[1], a_hi[2], a_hi[3], b_lo0, b_lo1,
+                                  c0, c1, c2, c3)
+        return mma_tf32(a_hi[0], a_hi[1], a_hi[2], a_hi[3], b_hi0, b_hi1, c0, c1, c2, c3)
+
+    @cuda.jit(device=True, inline="always")
+    def read_fragment(hi, lo, tile, row, col):
+        # an A fragment at (row, col) of a shared tile, split: rows row, row+8, columns col,
+        # col+4 (the lane's g and t already in row and col; uint64 indices, as in stage)
+        hi[0], lo[0] = split_tf32(tile[row, col])
+        hi[1], lo[1] = split_tf32(tile[row + EIGHT, col])
+        hi[2], lo[2] = split_tf32(tile[row, col + FOUR])
+        hi[3], lo[3] = split_tf32(tile[row + EIGHT, col + FOUR])
+
+    @cuda.jit(**launch_bounds(THREADS, blocks_per_sm))
+    def attention_forward_tensor_kernel(out, lse, q, k, v, scale, rows_per_block):
+        # out[B,H,T,D], lse[B,H,T] from q, k, v [B,H,T,D]; grid (B*H, T/rows_per_block), block
+        # WARPS warps; warp w owns rows 16w .. 16w+15 of each tile of ROWS rows.
+        buffer = dynamic_shared_floats()
+        k_hi = shared_tile(buffer, 0, COLS, K_ROW)          # k[j0 + c, d], split
+        k_lo = shared_tile(buffer, K_LO, COLS, K_ROW)
+        p_tile = shared_tile(buffer, 0, ROWS, P_ROW)        # P, in the k tiles' place
+        v_hi = shared_tile(buffer, V_HI, COLS, V_ROW)       # v[j0 + c, d], split
+        v_lo = shared_tile(buffer, V_LO, COLS, V_ROW)
+        q_tile = shared_tile(buffer, Q_AT, ROWS, K_ROW)     # q[row_base + r, d] log2(e)/sqrt(D)
+        a_hi = cuda.local.array(4, float32)                 # an A fragment, split
+        a_lo = cuda.local.array(4, float32)
+        s = cuda.local.array((KEY_STEPS, 4), float32)       # the lane's S values, then P's
+        o = cuda.local.array((D_STEPS, 4), float32)         # O's fragments
+        B, H, T, _ = q.shape
+        b, h, row_start, row_end = block_rows(H, T, rows_per_block, True)
+        lane = uint64(cuda.threadIdx.x % WARP)              # (shared tiles' indices uint64)
+        g = lane // FOUR
+        t = lane % FOUR
+        r = uint64(cuda.threadIdx.x // WARP * 16) + g       # this lane's rows: r, r + 8
+        for row_base in range(row_start, row_end, ROWS):
+            stage(q_tile, q[b, h], row_base, ROWS, T, scale * LOG2E)
+            for i in range(D_STEPS):
+                for e in range(4):
+                    o[i, e] = float32(0.0)
+            m0 = m1 = NEG_INF           # running max of rows r, r + 8 (log2 units)
+            l0 = l1 = float32(0.0)      # this lane's part of their running sums
+            row0 = row_base + int64(r)
+            row1 = row0 + 8
+            keys_end = min(row_end, row_base + ROWS)
+            for j0 in range(0, keys_end, COLS):
+                stage_split((k_hi, k_lo), k[b, h], j0, COLS, T, float32(1.0))
+                stage_split((v_hi, v_lo), v[b, h], j0, COLS, T, float32(1.0))
+                cuda.syncthreads()
+                for n in range(KEY_STEPS):
+                    for e in range(4):
+                        s[n, e] = float32(0.0)
+                for i in range(D_STEPS):                     # S = Q K^T, 8 d at a time
+                    d = uint64(i * 8) + t
+                    read_fragment(a_hi, a_lo, q_tile, r, d)
+                    for n in range(KEY_STEPS):
+                        key = uint64(n * 8) + g
+                        s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma3(
+                            s[n, 0], s[n, 1], s[n, 2], s[n, 3], a_hi, a_lo, k_hi[key, d],
+                            k_hi[key, d + FOUR], k_lo[key, d], k_lo[key, d + FOUR])
+                max0 = max1 = NEG_INF                        # causal mask, rows' max
+                for n in range(KEY_STEPS):
+                    key = j0 + n * 8 + 2 * int64(t)
+                    if key > row0:
+                        s[n, 0] = NEG_INF
+                    if key + 1 > row0:
+                        s[n, 1] = NEG_INF
+                    if key > row1:
+                        s[n, 2] = NEG_INF
+                    if key + 1 > row1:
+                        s[n, 3] = NEG_INF
+                    max0 = max(max0, max(s[n, 0], s[n, 1]))
+                    max1 = max(max1, max(s[n, 2], s[n, 3]))
+                new0 = max(m0, quad_max(max0))               # finite: key 0 is in every row's
+                new1 = max(m1, quad_max(max1))               # first tile (a later tile may
+                                                             # mask all of a warp's keys)
+                fix0 = math.exp2(m0 - new0)                  # 0 on the first tile
+                fix1 = math.exp2(m1 - new1)
+                m0, m1 = new0, new1
+                l0 *= fix0
+                l1 *= fix1
+                for i in range(D_STEPS):
+                    o[i, 0] *= fix0
+                    o[i, 1] *= fix0
+                    o[i, 2] *= fix1
+                    o[i, 3] *= fix1
+                cuda.syncthreads()                           # (every warp done with the k tiles)
+                for n in range(KEY_STEPS):                   # P = 2^(S - m): 0 where masked
+                    col = uint64(n * 8) + TWO * t
+                    p0 = math.exp2(s[n, 0] - m0)
+                    p1 = math.exp2(s[n, 1] - m0)
+                    p2 = math.exp2(s[n, 2] - m1)
+                    p3 = math.exp2(s[n, 3] - m1)
+                    l0 += p0 + p1
+                    l1 += p2 + p3
+                    p_tile[r, col] = p0
+                    p_tile[r, col + ONE] = p1
+                    p_tile[r + EIGHT, col] = p2
+                    p_tile[r + EIGHT, col + ONE] = p3
+                warp_barrier()                               # (the warp's own rows of P)
+                for n in range(KEY_STEPS):                   # O += P V, 8 keys at a time
+                    key = uint64(n * 8) + t
+                    read_fragment(a_hi, a_lo, p_tile, r, key)
+                    for i in range(D_STEPS):
+                        d = uint64(i * 8) + g
+                        o[i, 0], o[i, 1], o[i, 2], o[i, 3] = mma3(
+                            o[i, 0], o[i, 1], o[i, 2], o[i, 3], a_hi, a_lo, v_hi[key, d],
+                            v_hi[key + FOUR, d], v_lo[key, d], v_lo[key + FOUR, d])
+                cuda.syncthreads()                           # before the next tiles are staged
+            l0 = quad_sum(l0)
+            l1 = quad_sum(l1)
+            if row0 < row_end:
+                inv_l = float32(1.0) / l0
+                for i in range(D_STEPS):
+                    out[b, h, row0, i * 8 + 2 * int64(t)] = o[i, 0] * inv_l
+                    out[b, h, row0, i * 8 + 2 * int64(t) + 1] = o[i, 1] * inv_l
+                if t == 0:
+                    lse[b, h, row0] = m0 * LN2 + math.log(l0)
+            if row1 < row_end:
+                inv_l = float32(1.0) / l1
+                for i in range(D_STEPS):
+                    out[b, h, row1, i * 8 + 2 * int64(t)] = o[i, 2] * inv_l
+                    out[b, h, row1, i * 8 + 2 * int64(t) + 1] = o[i, 3] * inv_l
+                if t == 0:
+                    lse[b, h, row1] = m1 * LN2 + math.log(l1)
+
+    attention_forward_tensor_kernel.shared_bytes = SHARED_BYTES
+    return with_shape(attention_forward_tensor_kernel, THREADS, ROWS, blocks_per_sm)
 
 
 def make_dq_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, vector=True, dropout=True):
@@ -926,6 +1132,17 @@ GPU_TILES = {64: ((64, 32, 4, 4, 4), (32, 32, 4, 4), (64, 32, 4, 4, 3, 2, True, 
 SIMULATOR_TILES = {D: ((4, 4, 4, 2), (8, 4, 8, 2), (4, 4, 4, 1, 0, 1, True))
                    for D in FAST_HEAD_SIZES}
 TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
+# The tensor-core forward's tile per head size: (WARPS, COLS[, blocks_per_sm]), query rows 16
+# WARPS a block, keys COLS a tile. In the simulator one warp and 16 keys (T=7 then fits in one
+# tile; T=20 crosses two). TENSOR_FORWARD: whether "auto" runs it (dropout_p = 0). Timed on
+# the H200 (2026-11-30, session 14, run 4; docs/perf.md v16): 4 warps and 32 keys 0.732 ms at
+# [16,12,1024,64] and 0.114 ms at [64,12,256,32], against the FFMA kernel's 0.859 and 0.176;
+# 64 keys 1.161 / 0.141 (twice the shared memory: fewer blocks a multiprocessor), 2 warps
+# and 32 keys 1.392 / 0.157.
+GPU_TENSOR_TILES = {D: (4, 32) for D in FAST_HEAD_SIZES}
+TENSOR_TILES = {D: (1, 16) for D in FAST_HEAD_SIZES} if SIMULATOR else GPU_TENSOR_TILES
+TENSOR_FORWARD = not SIMULATOR     # (the simulator's mma is slow: tests there ask for it by name)
+TENSOR_TILE_VARIANTS = {"tensor 64 keys": (4, 64), "tensor 2 warps": (2, 32)}
 # Other tiles worth timing against GPU_TILES (tools/bench.py --variants), as attention_forward's
 # `tiles` (forward, dq, dk/dv; None keeps the default). ptxas, sm_90 (2026-11-29): dk/dv with
 # two scores steps a trip at 4 blocks per multiprocessor: no spills (at 5 or 6 blocks it
@@ -1002,13 +1219,30 @@ def _check_attention(q, k, v, **others):
     return B, H, T, D
 
 
-def _pick(D, kernel):
+def _pick(D, kernel, dropout_p=0.0, backward=False):
+    """The kernels to run: "reference", "fast" (FFMA) or "tensor" (the forward's tensor-core
+    kernel, without dropout; its backward is the fast one). "auto": tensor where TENSOR_FORWARD
+    says so, else fast, for D in FAST_HEAD_SIZES; reference for other D."""
     if kernel == "auto":
-        kernel = "fast" if D in FAST_HEAD_SIZES else "reference"
-    check(kernel in ("fast", "reference"), f"attention: unknown kernel {kernel!r}")
+        kernel = (("tensor" if TENSOR_FORWARD and dropout_p == 0 else "fast")
+                  if D in FAST_HEAD_SIZES else "reference")
+    check(kernel in ("fast", "reference", "tensor"), f"attention: unknown kernel {kernel!r}")
     check(kernel == "reference" or D in FAST_HEAD_SIZES,
           f"attention: the fast kernels take D in {FAST_HEAD_SIZES}, got D={D}")
-    return kernel
+    check(kernel != "tensor" or dropout_p == 0,
+          "attention: the tensor-core forward takes no dropout (kernel='fast' does)")
+    return "fast" if kernel == "tensor" and backward else kernel
+
+
+def _tensor_forward(D, tile=None, arrays=()):
+    """The tensor-core forward for head size D, compiled once per tile (WARPS, COLS[,
+    blocks_per_sm]; None: TENSOR_TILES[D]) and staging width (16 bytes where q, k, v allow)."""
+    tile = tuple(tile or TENSOR_TILES[D])
+    vector = all(aligned16(x) for x in arrays)
+    key = ("tensor", D, tile, vector)
+    if key not in _fast_kernels:
+        _fast_kernels[key] = make_tensor_forward_kernel(D, *tile, vector=vector)
+    return _fast_kernels[key]
 
 
 def dropout_arguments(p, seed, site):
@@ -1035,9 +1269,15 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
     B, H, T, D = _check_attention(q, k, v, out=out, lse=lse)
     scale = np.float32(1.0 / math.sqrt(D))
     drop = dropout_arguments(dropout_p, _seed(seed, lse), site)
-    if _pick(D, kernel) == "reference":
+    if _pick(D, kernel, dropout_p) == "reference":
         launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale,
                *drop)
+        return
+    if _pick(D, "fast" if kernel == "auto" and tiles else kernel, dropout_p) == "tensor":
+        forward = _tensor_forward(D, tiles and tiles[0], (q, k, v))
+        rows = min(T, rows_per_block or forward.rows)
+        launch(forward, (B * H, blocks(T, rows)), forward.threads, out, lse, q, k, v, scale,
+               rows, shared_bytes=forward.shared_bytes)
         return
     forward = _fast(D, tiles, (q, k, v), dropout_p > 0)[0]
     rows = min(T, rows_per_block or forward.rows)
@@ -1073,10 +1313,12 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
                                   delta=delta)
     scale = np.float32(1.0 / math.sqrt(D))
     drop = dropout_arguments(dropout_p, _seed(seed, lse), site)
-    if _pick(D, kernel) == "reference":
+    if _pick(D, kernel, dropout_p, backward=True) == "reference":
         launch(attention_backward_reference_kernel, B * H, THREADS,
                dq, dk, dv, delta, dout, q, k, v, out, lse, scale, *drop, accumulate)
         return
+    if kernel == "tensor" and tiles:    # (the forward's tile is the tensor kernel's)
+        tiles = (None,) + tuple(tiles[1:])
     if DETERMINISTIC if deterministic is None else deterministic:
         tiles = deterministic_tiles(D, tiles)
     _, dq_kernel, dkdv_kernel = _fast(D, tiles, (q, k, v, dout), dropout_p > 0)

@@ -55,7 +55,8 @@ if SIMULATOR:
     _warps_lock = threading.Lock()
 
     @cuda.jit(device=True)
-    def warp_sum(value):
+    def warp_values(value):
+        # (the 32 lanes' values, this lane): the lanes meet in a list
         index = cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y
                                                       + cuda.blockDim.y * cuda.threadIdx.z)
         warp, lane = divmod(index, WARP)
@@ -65,12 +66,30 @@ if SIMULATOR:
         slots[lane] = value
         barrier.wait()
         values = list(slots)
-        barrier.wait()
-        offset = WARP // 2               # the shuffles' butterfly, in the same order
+        barrier.wait()                  # (the slots may be refilled right after)
+        return values, lane
+
+    def _butterfly(values, lane, offset, combine):
+        # the shuffles' butterfly from `offset` down to 1, in the same order as on the GPU
         while offset > 0:
-            values = [values[i] + values[i ^ offset] for i in range(WARP)]
+            values = [combine(values[i], values[i ^ offset]) for i in range(WARP)]
             offset //= 2
         return values[lane]
+
+    @cuda.jit(device=True)
+    def warp_sum(value):
+        values, lane = warp_values(value)
+        return _butterfly(values, lane, WARP // 2, lambda x, y: x + y)
+
+    @cuda.jit(device=True)
+    def quad_sum(value):
+        values, lane = warp_values(value)
+        return _butterfly(values, lane, 2, lambda x, y: x + y)
+
+    @cuda.jit(device=True)
+    def quad_max(value):
+        values, lane = warp_values(value)
+        return _butterfly(values, lane, 2, max)
 
     @cuda.jit(device=True)
     def warp_barrier():
@@ -95,6 +114,20 @@ else:
             value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
             offset //= 2
         return value
+
+    @cuda.jit(device=True, inline="always")
+    def quad_sum(value):
+        # the sum of `value` over the 4 lanes of this lane's quad (lanes 4g .. 4g+3: the lanes
+        # that hold one row of an mma fragment, kernels/mma.py), to each of them; all 32 lanes
+        # must call it
+        value += cuda.shfl_xor_sync(0xFFFFFFFF, value, 1)
+        return value + cuda.shfl_xor_sync(0xFFFFFFFF, value, 2)
+
+    @cuda.jit(device=True, inline="always")
+    def quad_max(value):
+        # the max of `value` over the 4 lanes of this lane's quad, as quad_sum
+        value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
+        return max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 2))
 
 
 # Column sums of a [rows, columns] matrix, in two deterministic stages:
