@@ -60,7 +60,7 @@ from .launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, check, check_float3
 from .mma import mma_tf32, split_tf32
 from .reduce import WARP, quad_max, quad_sum, warp_barrier, warp_sum
 from .sharedmem import dynamic_shared_floats, shared_tile
-from .vector import add4, aligned16, load2, load4, store4
+from .vector import add4, aligned16, load4, store4
 
 NEG_INF = float32(-np.inf)
 LOG2E = float32(1.0 / math.log(2.0))
@@ -182,10 +182,24 @@ def block_rows(H, T, rows_per_block, heavy_first):
     return cuda.blockIdx.x // H, cuda.blockIdx.x % H, row_start, min(T, row_start + rows_per_block)
 
 
-def make_stage(D, THREADS, VECTOR):
+@cuda.jit(device=True, inline="always")
+def store_split4(tiles, index, x0, x1, x2, x3):
+    # tiles = (hi, lo): four floats split into TF32 parts (mma.split_tf32), one 16-byte store
+    # into each tile
+    hi, lo = tiles
+    h0, l0 = split_tf32(x0)
+    h1, l1 = split_tf32(x1)
+    h2, l2 = split_tf32(x2)
+    h3, l3 = split_tf32(x3)
+    store4(hi, index, h0, h1, h2, h3)
+    store4(lo, index, l0, l1, l2, l3)
+
+
+def make_stage(D, THREADS, VECTOR, put=store4):
     """(stage, R_STEP): the device function that copies rows of one head's [T, D] into a shared
     tile, for a block of THREADS threads, which copies R_STEP rows a pass (tiles hold a multiple
-    of R_STEP rows); VECTOR as in tile_functions."""
+    of R_STEP rows); VECTOR as in tile_functions. put(tile, (r, d), x0, x1, x2, x3) stores each
+    4 floats: store4, or store_split4 (`tile` then a pair of tiles)."""
     CHUNKS = D // 4                     # 4-float chunks in a row of D; a pass of the block
     C_STEP = min(CHUNKS, THREADS)       # copies R_STEP rows, C_STEP chunks of each row per
     R_STEP = THREADS // C_STEP          # thread step
@@ -195,7 +209,7 @@ def make_stage(D, THREADS, VECTOR):
     def stage(tile, x, row0, n_rows, T, scale):
         # tile[r, d] = x[row0 + r, d] * scale for r < n_rows (x: one head's [T, D]), zeros past T,
         # in 4-float chunks: one 16-byte load from global memory (VECTOR; else four 4-byte ones,
-        # no alignment asked of x), one 16-byte store. Consecutive threads take consecutive
+        # no alignment asked of x), one 16-byte store (put). Consecutive threads take consecutive
         # chunks of a row (a warp reads 512 consecutive bytes): thread t copies
         # chunks t % C_STEP + s*C_STEP of rows t // C_STEP + n*R_STEP. Indices are uint64: for
         # a signed index Numba adds a negative-index wraparound (a compare and a select per
@@ -210,14 +224,14 @@ def make_stage(D, THREADS, VECTOR):
                 d = d_first + uint64(step * C_STEP * 4)
                 if inside and VECTOR:
                     x4 = load4(x, (row, d))
-                    store4(tile, (r, d), x4[0] * scale, x4[1] * scale, x4[2] * scale,
-                           x4[3] * scale)
+                    put(tile, (r, d), x4[0] * scale, x4[1] * scale, x4[2] * scale,
+                        x4[3] * scale)
                 elif inside:
-                    store4(tile, (r, d), x[row, d] * scale, x[row, d + uint64(1)] * scale,
-                           x[row, d + uint64(2)] * scale, x[row, d + uint64(3)] * scale)
+                    put(tile, (r, d), x[row, d] * scale, x[row, d + uint64(1)] * scale,
+                        x[row, d + uint64(2)] * scale, x[row, d + uint64(3)] * scale)
                 else:
                     zero = float32(0.0)
-                    store4(tile, (r, d), zero, zero, zero, zero)
+                    put(tile, (r, d), zero, zero, zero, zero)
 
     return stage, R_STEP
 
@@ -536,99 +550,6 @@ def make_forward_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, wide_staging=Tru
 
 # --- tensor-core forward: 3xTF32 mma's, D = 32 or 64, no dropout --------------------------------
 
-@cuda.jit(device=True, inline="always")
-def paired(c):
-    # the column where a tile laid out for B fragments keeps column c (uint64): within each
-    # 8 columns, c goes to 2 (c % 4) + (c % 8) // 4, so that columns c and c + 4 (a B
-    # fragment's b0 and b1: kernels/mma.py) sit side by side and one 8-byte load (load2)
-    # reads both
-    return (c & ~uint64(7)) | ((c & uint64(3)) << uint64(1)) | ((c >> uint64(2)) & uint64(1))
-
-
-@cuda.jit(device=True, inline="always")
-def a_place(r, c):
-    # (row, column) where a tile laid out for A fragments keeps element (r, c) of a [16 w, 8 n]
-    # matrix (uint64): rows r and r + 8 of each 16 share a row, and within each 8 columns the
-    # 16 floats of rows (r, r + 8) x columns (c, c + 4) run in a fragment's order, so that lane
-    # (g, t) reads its a0, a1, a2, a3 (A[g, t], A[g+8, t], A[g, t+4], A[g+8, t+4]) with one
-    # 16-byte load (load4) at (8 (r // 16) + g, 16 (c // 8) + 4 t), straight into the four
-    # registers the mma takes
-    row = (r >> uint64(4)) * uint64(8) + (r & uint64(7))
-    column = ((c >> uint64(3)) * uint64(16) + (c & uint64(3)) * uint64(4)
-              + ((c >> uint64(2)) & uint64(1)) * uint64(2) + ((r >> uint64(3)) & uint64(1)))
-    return row, column
-
-
-def make_fragment_stages(D, THREADS, VECTOR):
-    """(stage_a, stage_rows, stage_columns): copies of rows of one head's [T, D] into shared
-    tiles laid out for mma fragments, split into TF32 parts (mma.split_tf32) on the way:
-      stage_a(hi, lo, x, row0, n_rows, T, scale)        (q: A fragments, rows x d)
-          hi[a_place(r, d)] + lo[a_place(r, d)] = x[row0 + r, d] * scale
-      stage_rows(hi, lo, x, row0, n_rows, T)             (k: B fragments, d x keys)
-          hi[r, paired(d)] + lo[r, paired(d)] = x[row0 + r, d]
-          two 16-byte stores into each tile for 8 floats
-      stage_columns(hi, lo, x, row0, n_rows, T)          (v: B fragments, keys x d)
-          hi[d, paired(r)] + lo[d, paired(r)] = x[row0 + r, d], transposed: consecutive
-          threads take consecutive rows r (four floats of d each), so that the 32 lanes of a
-          warp store into 32 different banks.
-    stage_a and stage_rows copy 8 floats of a row a thread step (two 16-byte loads, VECTOR;
-    else eight 4-byte ones): n_rows a multiple of THREADS / (D/8); stage_columns: n_rows * D/4
-    a multiple of THREADS. Zeros past T."""
-    GROUPS = D // 8                     # 8-float groups in a row of D
-    G_ROWS = THREADS // GROUPS          # rows of a stage_rows pass
-    assert THREADS % GROUPS == 0, (D, THREADS)
-
-    @cuda.jit(device=True, inline="always")
-    def read4(x, row, d, T, scale):
-        # x[row, d:d+4] * scale, zeros past T
-        if row >= uint64(T):
-            return float32(0.0), float32(0.0), float32(0.0), float32(0.0)
-        if VECTOR:
-            x4 = load4(x, (row, d))
-            return x4[0] * scale, x4[1] * scale, x4[2] * scale, x4[3] * scale
-        return (x[row, d] * scale, x[row, d + uint64(1)] * scale,
-                x[row, d + uint64(2)] * scale, x[row, d + uint64(3)] * scale)
-
-    @cuda.jit(device=True, inline="always")
-    def stage_a(hi, lo, x, row0, n_rows, T, scale):
-        d = uint64(cuda.threadIdx.x % GROUPS * 8)
-        r_first = uint64(cuda.threadIdx.x // GROUPS)
-        for n in range(n_rows // G_ROWS):
-            r = r_first + uint64(n * G_ROWS)
-            y = (read4(x, uint64(row0) + r, d, T, scale)
-                 + read4(x, uint64(row0) + r, d + uint64(4), T, scale))
-            for c in range(8):
-                place = a_place(r, d + uint64(c))
-                hi[place], lo[place] = split_tf32(y[c])
-
-    @cuda.jit(device=True, inline="always")
-    def stage_rows(hi, lo, x, row0, n_rows, T):
-        d = uint64(cuda.threadIdx.x % GROUPS * 8)
-        r_first = uint64(cuda.threadIdx.x // GROUPS)
-        for n in range(n_rows // G_ROWS):
-            r = r_first + uint64(n * G_ROWS)
-            row = uint64(row0) + r
-            y0, y1, y2, y3 = read4(x, row, d, T, float32(1.0))
-            y4, y5, y6, y7 = read4(x, row, d + uint64(4), T, float32(1.0))
-            for tile, part in ((hi, 0), (lo, 1)):       # columns 0, 4, 1, 5 | 2, 6, 3, 7
-                store4(tile, (r, d), split_tf32(y0)[part], split_tf32(y4)[part],
-                       split_tf32(y1)[part], split_tf32(y5)[part])
-                store4(tile, (r, d + uint64(4)), split_tf32(y2)[part], split_tf32(y6)[part],
-                       split_tf32(y3)[part], split_tf32(y7)[part])
-
-    @cuda.jit(device=True, inline="always")
-    def stage_columns(hi, lo, x, row0, n_rows, T):
-        for i in range(cuda.threadIdx.x, n_rows * (D // 4), THREADS):
-            r = uint64(i % n_rows)
-            d = uint64(i // n_rows * 4)
-            c = paired(r)
-            y = read4(x, uint64(row0) + r, d, T, float32(1.0))
-            for j in range(4):
-                hi[d + uint64(j), c], lo[d + uint64(j), c] = split_tf32(y[j])
-
-    return stage_a, stage_rows, stage_columns
-
-
 def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
     """The forward on the tensor cores (kernels/mma.py), at float32 accuracy: every product
     split in three TF32 mma's (Ahi Bhi + Ahi Blo + Alo Bhi), as PyTorch's float32 attention
@@ -638,42 +559,39 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
 
       S = Q K^T   a warp's [16, COLS]: COLS/8 fragments of 16 x 8 in registers (lane (g, t)
                   of the warp holds rows g, g+8 and columns 2t, 2t+1 of each), accumulated
-                  over D/8 steps of d: a step reads Q's A fragment (rows x d) and then one
-                  mma chain a fragment, COLS/8 independent chains, which is what keeps the
-                  tensor cores busy. q (times log2(e)/sqrt(D), so that exp2 gives the
-                  softmax's exponentials) and k are split into their TF32 parts as they are
-                  staged, once a block (make_fragment_stages), and laid out so that a lane
-                  reads a fragment with one load: A's four floats in order (a_place), B's two
-                  side by side (paired).
+                  over D/8 steps of d. A step reads Q's A fragment (rows x d) from q_tile and
+                  splits it, then one mma chain a fragment: COLS/8 independent chains, which
+                  is what keeps the tensor cores busy. K's B fragments (d x keys) come split
+                  already: k was split into its TF32 parts as it was staged (store_split4,
+                  once a block, not once a warp). q is staged times log2(e)/sqrt(D), so that
+                  exp2 gives the softmax's exponentials.
       softmax     a row's COLS values are in the 4 lanes of a quad: its max meets in two
                   shuffles (reduce.quad_max); each lane keeps its part of the row sum until
                   the end (reduce.quad_sum).
-      O += P V    P goes through the warp's rows of p_tile (in the k tiles' place, once every
-                  warp is done with them; a_place) to come back as A fragments, split; V's B
-                  fragments (keys x d) from v's tiles, staged transposed ([d, key], keys
-                  paired); O [16, D] a warp, D/8 fragments in registers, one mma chain each.
+      O += P V    P goes through the warp's rows of p_tile (which takes the k tiles' place
+                  once every warp is done with them) to come back as A fragments; V's B
+                  fragments from the v tiles (split as k's); O [16, D] a warp, D/8 fragments
+                  in registers, one mma chain each.
     Every array a lane keeps in registers (S, O and a fragment) is indexed only in the inner
     loops, which the compiler unrolls; the outer loops (over d steps, key steps) read shared
-    memory only, with uint64 indices (no negative-index selects). Shared tiles in dynamic
-    shared memory, rows padded so that the lanes of a load's phase hit 32 different banks:
-    B tiles' rows 8 floats longer than their data (a multiple of 32 plus 8: 16 lanes, rows g,
-    columns 2t, 8 bytes each), A tiles' 16 longer (32 plus 16: 8 lanes, 16 bytes each).
+    memory only. Shared tiles in dynamic shared memory, rows padded so that the 32 lanes of a
+    fragment's read hit 32 banks: q's and the k tiles' rows D + 4 floats (lanes read rows g,
+    columns t), the v tiles' D + 8 (rows t, columns g), p_tile's COLS + 4.
     """
     ROWS = 16 * WARPS
     THREADS = WARP * WARPS
-    ONE, FOUR, EIGHT = uint64(1), uint64(4), uint64(8)
+    ONE, TWO, FOUR, EIGHT = uint64(1), uint64(2), uint64(4), uint64(8)
     D_STEPS = D // 8            # k-steps of S = Q K^T along d, and O's fragments along d
     KEY_STEPS = COLS // 8       # S's fragments along the keys, k-steps of O += P V
-    K_ROW, V_ROW = D + 8, COLS + 8                  # B tiles [COLS, D], [D, COLS]
-    Q_ROW, P_ROW = 2 * D + 16, 2 * COLS + 16        # A tiles [ROWS/2, 2 D], [ROWS/2, 2 COLS]
-    K_LO, V_HI = COLS * K_ROW, 2 * COLS * K_ROW                     # (offsets, in floats)
-    V_LO, Q_HI = V_HI + D * V_ROW, V_HI + 2 * D * V_ROW
-    Q_LO = Q_HI + ROWS // 2 * Q_ROW
-    SHARED_BYTES = 4 * (Q_LO + ROWS // 2 * Q_ROW)
-    stage_a, stage_rows, stage_columns = make_fragment_stages(D, THREADS, vector)
-    assert D % 8 == 0 and COLS % 8 == 0 and ROWS % (THREADS // D_STEPS) == 0 \
-        and COLS % (THREADS // D_STEPS) == 0 and COLS * D % (4 * THREADS) == 0, (D, WARPS, COLS)
-    assert ROWS // 2 * P_ROW <= 2 * COLS * K_ROW, ("p_tile in the k tiles' place", D, COLS)
+    K_ROW, V_ROW, P_ROW = D + 4, D + 8, COLS + 4
+    K_LO, V_HI, V_LO, Q_AT = (COLS * K_ROW, 2 * COLS * K_ROW, COLS * (2 * K_ROW + V_ROW),
+                              2 * COLS * (K_ROW + V_ROW))          # (offsets, in floats)
+    SHARED_BYTES = 4 * (Q_AT + ROWS * K_ROW)
+    stage, R_STEP = make_stage(D, THREADS, vector)
+    stage_split, _ = make_stage(D, THREADS, vector, store_split4)
+    assert D % 8 == 0 and COLS % 8 == 0 and (ROWS % R_STEP, COLS % R_STEP) == (0, 0), \
+        (D, WARPS, COLS)
+    assert ROWS * P_ROW <= 2 * COLS * K_ROW, ("p_tile in the k tiles' place", D, WARPS, COLS)
 
     @cuda.jit(device=True, inline="always")
     def mma3(c0, c1, c2, c3, a_hi, a_lo, b_hi0, b_hi1, b_lo0, b_lo1):
@@ -686,27 +604,28 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
         return mma_tf32(a_hi[0], a_hi[1], a_hi[2], a_hi[3], b_hi0, b_hi1, c0, c1, c2, c3)
 
     @cuda.jit(device=True, inline="always")
-    def split4(x):
-        # a fragment's four floats split: (the hi parts, the lo parts)
-        h0, l0 = split_tf32(x[0])
-        h1, l1 = split_tf32(x[1])
-        h2, l2 = split_tf32(x[2])
-        h3, l3 = split_tf32(x[3])
-        return (h0, h1, h2, h3), (l0, l1, l2, l3)
+    def read_fragment(hi, lo, tile, row, col):
+        # an A fragment at (row, col) of a shared tile, split: rows row, row+8, columns col,
+        # col+4 (the lane's g and t already in row and col; uint64 indices, as in stage)
+        hi[0], lo[0] = split_tf32(tile[row, col])
+        hi[1], lo[1] = split_tf32(tile[row + EIGHT, col])
+        hi[2], lo[2] = split_tf32(tile[row, col + FOUR])
+        hi[3], lo[3] = split_tf32(tile[row + EIGHT, col + FOUR])
 
     @cuda.jit(**launch_bounds(THREADS, blocks_per_sm))
     def attention_forward_tensor_kernel(out, lse, q, k, v, scale, rows_per_block):
         # out[B,H,T,D], lse[B,H,T] from q, k, v [B,H,T,D]; grid (B*H, T/rows_per_block), block
         # WARPS warps; warp w owns rows 16w .. 16w+15 of each tile of ROWS rows.
         buffer = dynamic_shared_floats()
-        k_hi = shared_tile(buffer, 0, COLS, K_ROW)          # k[j0 + c, d], split, paired d
+        k_hi = shared_tile(buffer, 0, COLS, K_ROW)          # k[j0 + c, d], split
         k_lo = shared_tile(buffer, K_LO, COLS, K_ROW)
-        p_tile = shared_tile(buffer, 0, ROWS // 2, P_ROW)   # P at a_place, in k's place
-        v_hi = shared_tile(buffer, V_HI, D, V_ROW)          # v[j0 + c, d] at [d, paired c],
-        v_lo = shared_tile(buffer, V_LO, D, V_ROW)          # split
-        q_hi = shared_tile(buffer, Q_HI, ROWS // 2, Q_ROW)  # q[row_base + r, d] log2(e)/sqrt(D)
-        q_lo = shared_tile(buffer, Q_LO, ROWS // 2, Q_ROW)  # at a_place, split
-        s = cuda.local.array((KEY_STEPS, 4), float32)       # the lane's S values
+        p_tile = shared_tile(buffer, 0, ROWS, P_ROW)        # P, in the k tiles' place
+        v_hi = shared_tile(buffer, V_HI, COLS, V_ROW)       # v[j0 + c, d], split
+        v_lo = shared_tile(buffer, V_LO, COLS, V_ROW)
+        q_tile = shared_tile(buffer, Q_AT, ROWS, K_ROW)     # q[row_base + r, d] log2(e)/sqrt(D)
+        a_hi = cuda.local.array(4, float32)                 # an A fragment, split
+        a_lo = cuda.local.array(4, float32)
+        s = cuda.local.array((KEY_STEPS, 4), float32)       # the lane's S values, then P's
         o = cuda.local.array((D_STEPS, 4), float32)         # O's fragments
         B, H, T, _ = q.shape
         b, h, row_start, row_end = block_rows(H, T, rows_per_block, True)
@@ -714,9 +633,8 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
         g = lane // FOUR
         t = lane % FOUR
         r = uint64(cuda.threadIdx.x // WARP * 16) + g       # this lane's rows: r, r + 8
-        a_row = uint64(cuda.threadIdx.x // WARP * 8) + g    # its A fragments' row in A tiles
         for row_base in range(row_start, row_end, ROWS):
-            stage_a(q_hi, q_lo, q[b, h], row_base, ROWS, T, scale * LOG2E)
+            stage(q_tile, q[b, h], row_base, ROWS, T, scale * LOG2E)
             for i in range(D_STEPS):
                 for e in range(4):
                     o[i, e] = float32(0.0)
@@ -726,24 +644,20 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
             row1 = row0 + 8
             keys_end = min(row_end, row_base + ROWS)
             for j0 in range(0, keys_end, COLS):
-                stage_rows(k_hi, k_lo, k[b, h], j0, COLS, T)
-                stage_columns(v_hi, v_lo, v[b, h], j0, COLS, T)
+                stage_split((k_hi, k_lo), k[b, h], j0, COLS, T, float32(1.0))
+                stage_split((v_hi, v_lo), v[b, h], j0, COLS, T, float32(1.0))
                 cuda.syncthreads()
                 for n in range(KEY_STEPS):
                     for e in range(4):
                         s[n, e] = float32(0.0)
                 for i in range(D_STEPS):                     # S = Q K^T, 8 d at a time
-                    a_column = uint64(i * 16) + FOUR * t
-                    a_hi = load4(q_hi, (a_row, a_column))
-                    a_lo = load4(q_lo, (a_row, a_column))
-                    d = uint64(i * 8) + t + t                # (paired: d = t, t+4 of the 8)
+                    d = uint64(i * 8) + t
+                    read_fragment(a_hi, a_lo, q_tile, r, d)
                     for n in range(KEY_STEPS):
                         key = uint64(n * 8) + g
-                        b_hi0, b_hi1 = load2(k_hi, (key, d))
-                        b_lo0, b_lo1 = load2(k_lo, (key, d))
                         s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma3(
-                            s[n, 0], s[n, 1], s[n, 2], s[n, 3], a_hi, a_lo,
-                            b_hi0, b_hi1, b_lo0, b_lo1)
+                            s[n, 0], s[n, 1], s[n, 2], s[n, 3], a_hi, a_lo, k_hi[key, d],
+                            k_hi[key, d + FOUR], k_lo[key, d], k_lo[key, d + FOUR])
                 max0 = max1 = NEG_INF                        # causal mask, rows' max
                 for n in range(KEY_STEPS):
                     key = j0 + n * 8 + 2 * int64(t)
@@ -772,28 +686,26 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
                     o[i, 3] *= fix1
                 cuda.syncthreads()                           # (every warp done with the k tiles)
                 for n in range(KEY_STEPS):                   # P = 2^(S - m): 0 where masked
-                    key = uint64(n * 8) + t + t              # (keys 2t, 2t+1 of the 8)
+                    col = uint64(n * 8) + TWO * t
                     p0 = math.exp2(s[n, 0] - m0)
                     p1 = math.exp2(s[n, 1] - m0)
                     p2 = math.exp2(s[n, 2] - m1)
                     p3 = math.exp2(s[n, 3] - m1)
                     l0 += p0 + p1
                     l1 += p2 + p3
-                    p_tile[a_place(r, key)] = p0
-                    p_tile[a_place(r, key + ONE)] = p1
-                    p_tile[a_place(r + EIGHT, key)] = p2
-                    p_tile[a_place(r + EIGHT, key + ONE)] = p3
+                    p_tile[r, col] = p0
+                    p_tile[r, col + ONE] = p1
+                    p_tile[r + EIGHT, col] = p2
+                    p_tile[r + EIGHT, col + ONE] = p3
                 warp_barrier()                               # (the warp's own rows of P)
                 for n in range(KEY_STEPS):                   # O += P V, 8 keys at a time
-                    a_hi, a_lo = split4(load4(p_tile, (a_row, uint64(n * 16) + FOUR * t)))
-                    key = uint64(n * 8) + t + t              # (paired: keys t, t+4 of the 8)
+                    key = uint64(n * 8) + t
+                    read_fragment(a_hi, a_lo, p_tile, r, key)
                     for i in range(D_STEPS):
                         d = uint64(i * 8) + g
-                        b_hi0, b_hi1 = load2(v_hi, (d, key))
-                        b_lo0, b_lo1 = load2(v_lo, (d, key))
                         o[i, 0], o[i, 1], o[i, 2], o[i, 3] = mma3(
-                            o[i, 0], o[i, 1], o[i, 2], o[i, 3], a_hi, a_lo,
-                            b_hi0, b_hi1, b_lo0, b_lo1)
+                            o[i, 0], o[i, 1], o[i, 2], o[i, 3], a_hi, a_lo, v_hi[key, d],
+                            v_hi[key + FOUR, d], v_lo[key, d], v_lo[key + FOUR, d])
                 cuda.syncthreads()                           # before the next tiles are staged
             l0 = quad_sum(l0)
             l1 = quad_sum(l1)

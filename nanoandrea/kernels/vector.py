@@ -1,7 +1,6 @@
 """16-byte loads and stores of four float32s: `load4` and `store4`, for use inside kernels.
 
     x0, x1, x2, x3 = load4(array, (i, j))      array[i, j], array[i, j+1], array[i, j+2], array[i, j+3]
-    x0, x1 = load2(array, (i, j))              array[i, j], array[i, j+1]: 8 bytes (j even)
     store4(array, (i, j), x0, x1, x2, x3)
     add4(array, (i, j), x0, x1, x2, x3)        array[i, j:j+4] += (x0, .., x3), atomically
 
@@ -51,11 +50,6 @@ if SIMULATOR:
         return (array[outer + (j,)], array[outer + (j + 1,)], array[outer + (j + 2,)],
                 array[outer + (j + 3,)])
 
-    def load2(array, index):
-        *outer, j = index
-        outer = tuple(outer)
-        return array[outer + (j,)], array[outer + (j + 1,)]
-
     def store4(array, index, x0, x1, x2, x3):
         *outer, j = index
         outer = tuple(outer)
@@ -79,15 +73,14 @@ else:
 
     FLOAT4 = ir.VectorType(ir.FloatType(), 4)
 
-    def _element_pointer(context, builder, array_type, array, index_type, index, vector=FLOAT4):
-        """LLVM pointer to array[index] (index: a tuple of integers), as <4 x float>* (or
-        another vector type's pointer)."""
+    def _element_pointer(context, builder, array_type, array, index_type, index):
+        """LLVM pointer to array[index] (index: a tuple of integers), as <4 x float>*."""
         array = context.make_array(array_type)(context, builder, array)
         indices = [context.cast(builder, value, kind, types.intp) for value, kind in
                    zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]
         pointer = cgutils.get_item_pointer(context, builder, array_type, array, indices,
                                            wraparound=False)
-        return builder.bitcast(pointer, ir.PointerType(vector))
+        return builder.bitcast(pointer, ir.PointerType(FLOAT4))
 
     def _pointer_and_values(context, builder, signature, args):
         """For (array, index, x0, x1, x2, x3): the <4 x float>* to array[index] and the four
@@ -104,28 +97,20 @@ else:
             raise TypeError(f"load4, store4, add4 need a tuple of {array.ndim} indices, "
                             f"got {index}")
 
-    def _vector_load(width):
-        """The intrinsic load<width>: `width` floats in one aligned load of 4 * width bytes."""
-        result = types.UniTuple(types.float32, width)
-        vector_type = ir.VectorType(ir.FloatType(), width)
+    @intrinsic
+    def load4(typingctx, array, index):
+        _check(array, index)
+        result = types.UniTuple(types.float32, 4)
 
-        @intrinsic
-        def load(typingctx, array, index):
-            _check(array, index)
+        def codegen(context, builder, signature, args):
+            pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                       signature.args[1], args[1])
+            vector = builder.load(pointer, align=16)
+            values = [builder.extract_element(vector, ir.Constant(ir.IntType(32), i))
+                      for i in range(4)]
+            return context.make_tuple(builder, result, values)
 
-            def codegen(context, builder, signature, args):
-                pointer = _element_pointer(context, builder, signature.args[0], args[0],
-                                           signature.args[1], args[1], vector_type)
-                vector = builder.load(pointer, align=4 * width)
-                values = [builder.extract_element(vector, ir.Constant(ir.IntType(32), i))
-                          for i in range(width)]
-                return context.make_tuple(builder, result, values)
-
-            return result(array, index), codegen
-        return load
-
-    load4 = _vector_load(4)
-    load2 = _vector_load(2)     # (ld.shared.v2.f32: an mma fragment's two floats, kernels/mma.py)
+        return result(array, index), codegen
 
     @intrinsic
     def store4(typingctx, array, index, x0, x1, x2, x3):
