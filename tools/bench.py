@@ -386,8 +386,10 @@ def bench_attention(args):
 
             if kernel == "tensor":                  # registers, and bytes spilled
                 compiled = attention_kernels._tensor_forward(D, tiles and tiles[0], (Q, K, V))
-                print(f"  note: {label} tensor{variant}: {compiled.get_regs_per_thread()} "
-                      f"registers, {compiled.get_local_mem_per_thread()} bytes of local memory")
+                print(f"  note: {label} tensor{variant}: "
+                      f"{max(compiled.get_regs_per_thread().values())} registers, "
+                      f"{max(compiled.get_local_mem_per_thread().values())} bytes of local "
+                      f"memory")
             if kernel == "fast" and rows is None:   # same inputs again: the same bits?
                 first = torch.as_tensor(dq, device="cuda").clone()
                 backward()

@@ -48,6 +48,10 @@ fast kernels, a range of its rows), and the launch grid supplies the parallelism
                      Before them, delta (attention_delta): a warp per DELTA_ROWS rows, 16-byte
                      loads, the lanes' sums met in warp shuffles (reduce.warp_sum); a thread
                      per row for unaligned rows.
+  tensor forward     the fast forward's flash tiles on the tensor cores (kernels/mma.py): a
+                     warp per 16 query rows, S and O as mma fragments, every product in three
+                     TF32 mma's to float32 accuracy (make_tensor_forward_kernel). What "auto"
+                     runs without dropout on the GPU; the backward stays the fast one.
 """
 import math
 
@@ -1143,6 +1147,7 @@ GPU_TENSOR_TILES = {D: (4, 32) for D in FAST_HEAD_SIZES}
 TENSOR_TILES = {D: (1, 16) for D in FAST_HEAD_SIZES} if SIMULATOR else GPU_TENSOR_TILES
 TENSOR_FORWARD = not SIMULATOR     # (the simulator's mma is slow: tests there ask for it by name)
 TENSOR_TILE_VARIANTS = {"tensor 64 keys": (4, 64), "tensor 2 warps": (2, 32)}
+_tensor_kernels = {}
 # Other tiles worth timing against GPU_TILES (tools/bench.py --variants), as attention_forward's
 # `tiles` (forward, dq, dk/dv; None keeps the default). ptxas, sm_90 (2026-11-29): dk/dv with
 # two scores steps a trip at 4 blocks per multiprocessor: no spills (at 5 or 6 blocks it
@@ -1239,10 +1244,10 @@ def _tensor_forward(D, tile=None, arrays=()):
     blocks_per_sm]; None: TENSOR_TILES[D]) and staging width (16 bytes where q, k, v allow)."""
     tile = tuple(tile or TENSOR_TILES[D])
     vector = all(aligned16(x) for x in arrays)
-    key = ("tensor", D, tile, vector)
-    if key not in _fast_kernels:
-        _fast_kernels[key] = make_tensor_forward_kernel(D, *tile, vector=vector)
-    return _fast_kernels[key]
+    key = (D, tile, vector)
+    if key not in _tensor_kernels:
+        _tensor_kernels[key] = make_tensor_forward_kernel(D, *tile, vector=vector)
+    return _tensor_kernels[key]
 
 
 def dropout_arguments(p, seed, site):
