@@ -616,6 +616,18 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
         hi[2], lo[2] = split_tf32(tile[row, col + FOUR])
         hi[3], lo[3] = split_tf32(tile[row + EIGHT, col + FOUR])
 
+    @cuda.jit(device=True, inline="always")
+    def store_row(out, lse, o, b, h, row, half, m, total, t):
+        # the lane's part of a finished row: out[b, h, row, columns 2t, 2t+1 of each 8] from
+        # O's fragments (half 0: their rows g, c0 and c1; half 1: rows g+8, c2 and c3), scaled
+        # by 1/total; lse from lane t = 0 (m in log2 units)
+        inv_l = float32(1.0) / total
+        for i in range(D_STEPS):
+            out[b, h, row, i * 8 + 2 * t] = o[i, 2 * half] * inv_l
+            out[b, h, row, i * 8 + 2 * t + 1] = o[i, 2 * half + 1] * inv_l
+        if t == 0:
+            lse[b, h, row] = m * LN2 + math.log(total)
+
     @cuda.jit(**launch_bounds(THREADS, blocks_per_sm))
     def attention_forward_tensor_kernel(out, lse, q, k, v, scale, rows_per_block):
         # out[B,H,T,D], lse[B,H,T] from q, k, v [B,H,T,D]; grid (B*H, T/rows_per_block), block
@@ -714,19 +726,9 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
             l0 = quad_sum(l0)
             l1 = quad_sum(l1)
             if row0 < row_end:
-                inv_l = float32(1.0) / l0
-                for i in range(D_STEPS):
-                    out[b, h, row0, i * 8 + 2 * int64(t)] = o[i, 0] * inv_l
-                    out[b, h, row0, i * 8 + 2 * int64(t) + 1] = o[i, 1] * inv_l
-                if t == 0:
-                    lse[b, h, row0] = m0 * LN2 + math.log(l0)
+                store_row(out, lse, o, b, h, row0, 0, m0, l0, int64(t))
             if row1 < row_end:
-                inv_l = float32(1.0) / l1
-                for i in range(D_STEPS):
-                    out[b, h, row1, i * 8 + 2 * int64(t)] = o[i, 2] * inv_l
-                    out[b, h, row1, i * 8 + 2 * int64(t) + 1] = o[i, 3] * inv_l
-                if t == 0:
-                    lse[b, h, row1] = m1 * LN2 + math.log(l1)
+                store_row(out, lse, o, b, h, row1, 1, m1, l1, int64(t))
 
     attention_forward_tensor_kernel.shared_bytes = SHARED_BYTES
     return with_shape(attention_forward_tensor_kernel, THREADS, ROWS, blocks_per_sm)
