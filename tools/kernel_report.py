@@ -107,7 +107,8 @@ def kernels():
             if tiles[2] is not None:
                 yield f"attention dk/dv D={D} [{name}]", attention.make_dkdv_kernel(
                     D, *tiles[2], dropout=False), dkdv_args
-        for tile in {attention.GPU_TENSOR_TILES[D], *attention.TENSOR_TILE_VARIANTS.values()}:
+        for tile in dict.fromkeys((attention.GPU_TENSOR_TILES[D],
+                                   *attention.TENSOR_TILE_VARIANTS.values())):
             tensor = attention.make_tensor_forward_kernel(D, *tile)
             yield f"attention forward D={D} (tensor cores, 3xTF32, {tile})", tensor, \
                 (float32[:, :, :, :], A3, A4, A4, A4, float32, int64)

@@ -1226,13 +1226,14 @@ def _check_attention(q, k, v, **others):
     return B, H, T, D
 
 
-def _pick(D, kernel, dropout_p=0.0, backward=False):
+def _pick(D, kernel, dropout_p=0.0, backward=False, tiles=None):
     """The kernels to run: "reference", "fast" (FFMA) or "tensor" (the forward's tensor-core
     kernel, without dropout; its backward is the fast one). "auto": tensor where TENSOR_FORWARD
-    says so, else fast, for D in FAST_HEAD_SIZES; reference for other D."""
+    says so and no FFMA tiles are given, else fast, for D in FAST_HEAD_SIZES; reference for
+    other D."""
     if kernel == "auto":
-        kernel = (("tensor" if TENSOR_FORWARD and dropout_p == 0 else "fast")
-                  if D in FAST_HEAD_SIZES else "reference")
+        tensor = TENSOR_FORWARD and dropout_p == 0 and not tiles
+        kernel = ("tensor" if tensor else "fast") if D in FAST_HEAD_SIZES else "reference"
     check(kernel in ("fast", "reference", "tensor"), f"attention: unknown kernel {kernel!r}")
     check(kernel == "reference" or D in FAST_HEAD_SIZES,
           f"attention: the fast kernels take D in {FAST_HEAD_SIZES}, got D={D}")
@@ -1276,11 +1277,12 @@ def attention_forward(out, lse, q, k, v, kernel="auto", rows_per_block=None, dro
     B, H, T, D = _check_attention(q, k, v, out=out, lse=lse)
     scale = np.float32(1.0 / math.sqrt(D))
     drop = dropout_arguments(dropout_p, _seed(seed, lse), site)
-    if _pick(D, kernel, dropout_p) == "reference":
+    picked = _pick(D, kernel, dropout_p, tiles=tiles)
+    if picked == "reference":
         launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale,
                *drop)
         return
-    if _pick(D, "fast" if kernel == "auto" and tiles else kernel, dropout_p) == "tensor":
+    if picked == "tensor":
         forward = _tensor_forward(D, tiles and tiles[0], (q, k, v))
         rows = min(T, rows_per_block or forward.rows)
         launch(forward, (B * H, blocks(T, rows)), forward.threads, out, lse, q, k, v, scale,
