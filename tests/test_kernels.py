@@ -400,6 +400,36 @@ def test_matmul_in_row_classes(rng, monkeypatch, case, M, N, K, transpose_b, acc
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
+@pytest.mark.parametrize("index", [(slice(1, None, 4),), (slice(2, None, 4), slice(3, 18)),
+                                   (slice(None), slice(3, None, 4), slice(1, 9)),
+                                   (0, slice(1, None, 2)), (slice(5, 2),)])
+def test_strided_view(rng, index):
+    """launch.strided_view(x, index) is x[index]: the same elements read back (of a view that
+    starts one float past a 16-byte boundary too), and a kernel writing through it writes
+    those elements of x and no others."""
+    from nanoandrea.kernels.launch import strided_view
+    host = rng.standard_normal((2, 23, 21)).astype(np.float32)
+    if len(index) < 3 and index[0] != 0:
+        host = host.reshape(46, 21)
+    for x in (device(host), offset_by_one(host)):
+        view = strided_view(x, index)
+        assert view.shape == host[index].shape
+        np.testing.assert_array_equal(view.copy_to_host(), host[index])
+    if host.ndim == 2 and host[index].size:
+        x = device(host)
+        changed = host.copy()
+        changed[index] = -1.0
+        fill_kernel[1, 32](strided_view(x, index), -1.0)
+        np.testing.assert_array_equal(x.copy_to_host(), changed)
+
+
+@cuda.jit
+def fill_kernel(x, value):
+    # x[R,C] = value, whatever x's strides
+    for i in range(cuda.threadIdx.x, x.shape[0] * x.shape[1], cuda.blockDim.x):
+        x[i // x.shape[1], i % x.shape[1]] = value
+
+
 def test_row_classes_windows(monkeypatch):
     """The aligned window of each class of rows of a [R, 50257] matrix: row i starts i floats
     (mod 4) into a 16-byte run, so class j's window starts at column (4 - j) % 4; with the

@@ -42,7 +42,7 @@ from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_for
                    gelu_forward_numpy, gelu_value)
 from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     current_stream, elementwise_grid, is_contiguous, launch)
+                     current_stream, elementwise_grid, is_contiguous, launch, strided_view)
 from .vector import aligned16, load4, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
@@ -1030,26 +1030,26 @@ def row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits=None, ti
             rows = blocks(M - j, ROW_CLASSES)               # with the k outside the window
             product = cuda.device_array((1, rows, N), dtype=np.float32,
                                         stream=current_stream())
-            _blocked_view_product(product, a[j::4, first:first + count],
+            _blocked_view_product(product, strided_view(a, (slice(j, None, 4),
+                                                            slice(first, first + count))),
                                   b[first:first + count], False, False, k_splits, tiles)
             launch(add_class_rows_kernel, *rows_grid(rows, N), out, product[0], a, b, j, first,
                    first + count, accumulate)
         return
     # windows along n (of b's classes of rows, or of out's); the columns outside some
-    # class's window, [0, lo) and [hi, N), computed whole by a product of their own
+    # class's window, [0, lo) and [hi, N), computed whole by a product of their own, after the
+    # classes' products (the GPU runs those while the host launches the small ones)
     windows = [aligned_window(b if case == "k rows" else out, j) for j in classes]
     lo = max(first for first, _ in windows)
     hi = min(first + count for first, count in windows)
-    edges = cuda.device_array((M, 8), dtype=np.float32, stream=current_stream())
-    matmul(edges, a, _edge_columns(b, lo, hi), transpose_a=transpose_a, kernel="blocked",
-           k_splits=k_splits, tiles=tiles, pad_unaligned=False)
     if case == "k rows":                    # classes of k: partials over each window, summed
         partials = []
         for j, (first, count) in zip(classes, windows):
             partial = cuda.device_array((1, M, count), dtype=np.float32,
                                         stream=current_stream())
-            _blocked_view_product(partial, a[j::4], b[j::4, first:first + count], True, False,
-                                  k_splits, tiles)
+            _blocked_view_product(partial, strided_view(a, (slice(j, None, 4),)),
+                                  strided_view(b, (slice(j, None, 4), slice(first, first + count))),
+                                  True, False, k_splits, tiles)
             partials.append(partial[0])
         launch(sum_windows_kernel, *rows_grid(M, hi - lo), out, *partials,
                *[first for first, _ in windows], lo, hi, accumulate)
@@ -1059,10 +1059,14 @@ def row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits=None, ti
         for j, (first, count) in zip(classes, windows):
             b_window = cuda.device_array((K, count), dtype=np.float32, stream=current_stream())
             launch(copy_window_kernel, *rows_grid(K, count), b_window, b, first)
-            _blocked_view_product(out3[:, j::4, first:first + count], a[j::4], b_window, False,
-                                  accumulate, k_splits, tiles)
+            _blocked_view_product(
+                strided_view(out3, (slice(None), slice(j, None, 4), slice(first, first + count))),
+                strided_view(a, (slice(j, None, 4),)), b_window, False, accumulate, k_splits, tiles)
         firsts = tuple(first for first, _ in windows)
         ends = tuple(first + count for first, count in windows)
+    edges = cuda.device_array((M, 8), dtype=np.float32, stream=current_stream())
+    matmul(edges, a, _edge_columns(b, lo, hi), transpose_a=transpose_a, kernel="blocked",
+           k_splits=k_splits, tiles=tiles, pad_unaligned=False)
     launch(scatter_edges_kernel, *rows_grid(M, 8), out, edges, firsts, ends, hi, accumulate)
 
 
