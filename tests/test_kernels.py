@@ -353,11 +353,13 @@ def test_matmul_on_padded_copies(rng, transpose_a, transpose_b):
 
 
 # (case, M, N, K, transpose_b) of the row classes: in the simulator, then at sizes whose rows of
-# odd length make all four classes' windows start at different columns
-ROW_CLASS_CASES = [("a rows", *((13, 20, 23) if not GPU else (1001, 388, 771)), False),
-                   ("a rows", *((13, 20, 23) if not GPU else (1001, 388, 771)), True),
-                   ("k rows", *((12, 21, 19) if not GPU else (388, 771, 1001)), False),
-                   ("out rows", *((13, 21, 12) if not GPU else (1001, 771, 388)), False)]
+# odd length make all four classes' windows start at different columns; None: a product the
+# row classes do not take (its classes' rows not as many in each), which the 4-byte kernels do
+ROW_CLASS_CASES = [("a rows", *((32, 36, 39) if not GPU else (1000, 388, 771)), False),
+                   ("a rows", *((32, 36, 39) if not GPU else (1000, 388, 771)), True),
+                   ("k rows", *((36, 37, 32) if not GPU else (388, 771, 1000)), False),
+                   ("out rows", *((32, 37, 36) if not GPU else (1000, 771, 388)), False),
+                   (None, *((33, 36, 39) if not GPU else (1001, 388, 771)), False)]
 
 
 def offset_by_one(array):
@@ -372,16 +374,17 @@ def offset_by_one(array):
 @pytest.mark.parametrize("offset", [False, True] if GPU else [False])
 def test_matmul_in_row_classes(rng, monkeypatch, case, M, N, K, transpose_b, accumulate, offset):
     """pad_unaligned="row classes": a product whose operand or output has rows that are not
-    16-byte runs, in four classes of rows, each over its aligned window (with transpose_b, on
-    W^T's copy), and the columns outside the windows apart. Every element of out written (NaN
-    before), or added to; the case expected taken; NumPy's answer. On the GPU also with the
-    unaligned array starting one float past a 16-byte boundary (the windows move with it)."""
+    16-byte runs, in four classes of rows in one launch, each over its aligned window (with
+    transpose_b, on W^T's copy), and the columns outside the windows apart. Every element of
+    out written (NaN before), or added to; the case expected taken; NumPy's answer. On the GPU
+    also with the unaligned array starting one float past a 16-byte boundary (the windows move
+    with it)."""
     transpose_a = case == "k rows"
     a = rng.standard_normal((K, M) if transpose_a else (M, K)).astype(np.float32)
     b = rng.standard_normal((N, K) if transpose_b else (K, N)).astype(np.float32)
     out, prior = output_and_prior(rng, (M, N), accumulate)
     A, B = device(a), device(b)
-    if offset and case == "a rows":
+    if offset and case in ("a rows", None):
         A = offset_by_one(a)
     elif offset and case == "k rows":
         B = offset_by_one(b)
@@ -394,33 +397,39 @@ def test_matmul_in_row_classes(rng, monkeypatch, case, M, N, K, transpose_b, acc
     matmul.matmul(out, A, B, transpose_a=transpose_a, transpose_b=transpose_b,
                   accumulate=accumulate, kernel="blocked", tiles=None if GPU else dict(BM=16, BN=16),
                   pad_unaligned="row classes", copy_b_transposed=transpose_b or None)
-    assert taken == [case]
+    assert taken == ([case] if case else [])
     want = prior.astype(np.float64)
     matmul.matmul_numpy(want, a, b, None, transpose_a, transpose_b, accumulate)
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
-@pytest.mark.parametrize("index", [(slice(1, None, 4),), (slice(2, None, 4), slice(3, 18)),
-                                   (slice(None), slice(3, None, 4), slice(1, 9)),
-                                   (0, slice(1, None, 2)), (slice(5, 2),)])
-def test_strided_view(rng, index):
-    """launch.strided_view(x, index) is x[index]: the same elements read back (of a view that
-    starts one float past a 16-byte boundary too), and a kernel writing through it writes
-    those elements of x and no others."""
-    from nanoandrea.kernels.launch import strided_view
-    host = rng.standard_normal((2, 23, 21)).astype(np.float32)
-    if len(index) < 3 and index[0] != 0:
-        host = host.reshape(46, 21)
-    for x in (device(host), offset_by_one(host)):
-        view = strided_view(x, index)
-        assert view.shape == host[index].shape
-        np.testing.assert_array_equal(view.copy_to_host(), host[index])
-    if host.ndim == 2 and host[index].size:
-        x = device(host)
-        changed = host.copy()
-        changed[index] = -1.0
-        fill_kernel[1, 32](strided_view(x, index), -1.0)
-        np.testing.assert_array_equal(x.copy_to_host(), changed)
+def test_row_class_windows_and_views(rng, monkeypatch):
+    """class_window of a [R, 50257] matrix: row i starts i floats (mod 4) into a 16-byte run, so
+    with step = 3, class j's window from column first + 3j starts on a run, wherever the
+    array's first element sits in its own (float_offset); the windows are whole runs, cover
+    all but at most 12 columns on either side, and overlap. class_view holds the four windows:
+    its [j, i, c] is x[4i + j, first + j * step + c] (a view: writes land in x)."""
+    class Rows:                 # (only the shape is looked at, and float_offset's answer)
+        shape = (8, 50257)
+    for offset in range(4):
+        monkeypatch.setattr(matmul, "float_offset", lambda x: offset)
+        first, step, count = matmul.class_window(Rows())
+        assert step == 3 and count % 4 == 0
+        for j in range(4):
+            assert (offset + j * 50257 + first + j * step) % 4 == 0
+        lo, hi = first + 3 * step, first + count
+        assert lo <= 12 and 50257 - hi <= 12 and lo < hi
+    monkeypatch.undo()
+    host = rng.standard_normal((12, 23)).astype(np.float32)
+    x = device(host)
+    first, step, count = matmul.class_window(x)
+    view = matmul.class_view(x, first, step, count)
+    want = np.array([[host[4 * i + j, first + j * step:first + j * step + count]
+                      for i in range(3)] for j in range(4)])
+    np.testing.assert_array_equal(view.copy_to_host(), want)
+    fill_kernel[1, 32](view[2], -1.0)
+    host[2::4, first + 2 * step:first + 2 * step + count] = -1.0
+    np.testing.assert_array_equal(x.copy_to_host(), host)
 
 
 @cuda.jit
@@ -428,21 +437,6 @@ def fill_kernel(x, value):
     # x[R,C] = value, whatever x's strides
     for i in range(cuda.threadIdx.x, x.shape[0] * x.shape[1], cuda.blockDim.x):
         x[i // x.shape[1], i % x.shape[1]] = value
-
-
-def test_row_classes_windows(monkeypatch):
-    """The aligned window of each class of rows of a [R, 50257] matrix: row i starts i floats
-    (mod 4) into a 16-byte run, so class j's window starts at column (4 - j) % 4; with the
-    array's first element one float further into its run, each window one column earlier
-    (mod 4); the windows are whole runs and leave at most 3 columns out on either side."""
-    class Rows:                 # (only the shape is looked at, and float_offset's answer)
-        shape = (8, 50257)
-    for offset in range(4):
-        monkeypatch.setattr(matmul, "float_offset", lambda x: offset)
-        for j in range(4):
-            first, count = matmul.aligned_window(Rows(), j)
-            assert first == (4 - j - offset) % 4
-            assert count % 4 == 0 and first + count > 50257 - 4
 
 
 @pytest.mark.parametrize("kernel", ["tiled", "blocked"])

@@ -186,30 +186,28 @@ def is_contiguous(array):
     return flags["C_CONTIGUOUS"] if flags is not None else True
 
 
-def strided_view(x, index):
-    """x[index] for a device array x and a tuple of slices (any step) and ints, made in a few
-    microseconds. numba-cuda's own x[index] walks every row of a view whose rows are not
-    contiguous to list its contiguous pieces: x[j::4] of 16384 rows took ~4 ms of host time
-    (Python), which the GPU sat through before the product on it could start (the row classes'
-    products, docs/perf.md v17). This builds the view from its first element, shape and strides
-    alone. (In the simulator, x[index].)"""
-    if SIMULATOR:
-        return x[index]
+def element_strides(x):
+    return tuple(stride // x.dtype.itemsize for stride in x.strides)
+
+
+def raw_view(x, offset, shape, strides):
+    """The view of x's memory whose element [i, j, ...] is the one `offset + i * strides[0] +
+    j * strides[1] + ...` elements past x's first: any strides >= 0, so also views that no
+    slice makes (the row classes' [4, R/4, W] views, whose classes start at different columns;
+    matmul.class_view). The caller keeps it inside x. Made in microseconds: numba-cuda's own
+    x[j::4] walks every row of such a view in Python to list its contiguous pieces (~4 ms for
+    4096 rows, host time that the GPU sat through before the product on it could start:
+    docs/perf.md v17)."""
+    size = x.dtype.itemsize
+    if SIMULATOR:       # (a NumPy view of the simulator's array)
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+        check(is_contiguous(x), "raw_view: a contiguous array in the simulator")
+        flat = x._ary.reshape(-1)[offset:]
+        return FakeCUDAArray(np.lib.stride_tricks.as_strided(
+            flat, tuple(shape), tuple(size * stride for stride in strides)), x.stream)
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
-    index = tuple(index) + (slice(None),) * (len(x.shape) - len(index))
-    offset, shape, strides = 0, [], []
-    for item, length, stride in zip(index, x.shape, x.strides):
-        if isinstance(item, slice):
-            start, stop, step = item.indices(length)
-            check(step > 0, "strided_view: positive steps only")
-            offset += start * stride
-            shape.append(max(0, (stop - start + step - 1) // step))
-            strides.append(stride * step)
-        else:
-            check(0 <= item < length, f"strided_view: index {item} outside {length}")
-            offset += item * stride
-    return DeviceNDArray(tuple(shape), tuple(strides), x.dtype, stream=x.stream,
-                         gpu_data=x.gpu_data.view(offset))
+    return DeviceNDArray(tuple(shape), tuple(size * stride for stride in strides), x.dtype,
+                         stream=x.stream, gpu_data=x.gpu_data.view(offset * size))
 
 
 def check_contiguous(name, array):

@@ -42,7 +42,7 @@ from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_for
                    gelu_forward_numpy, gelu_value)
 from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     current_stream, elementwise_grid, is_contiguous, launch, strided_view)
+                     current_stream, elementwise_grid, is_contiguous, launch, raw_view)
 from .vector import aligned16, load4, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
@@ -352,23 +352,20 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                         hidden[row, col] = gelu_value(value)
 
     @cuda.jit(device=True, inline="always")
-    def block_start(acc, K, k_per_split):
-        # zeroes the accumulators; returns where this block and thread work: the K slice
-        # [k_start, k_end) (split-K: blockIdx.z), the output tile's first row m0 and column
-        # n0, the thread's index tid and its place (ty, tx) on the THREADS_M x THREADS_N grid
+    def block_start(acc):
+        # zeroes the accumulators; returns where this block and thread work: the thread's index
+        # tid and its place (ty, tx) on the THREADS_M x THREADS_N grid, the output tile's first
+        # row m0 and column n0
         for i in range(8):
             for j in range(TC):
                 acc[i, j] = float32(0.0)
-        z = cuda.blockIdx.z
-        k_start = z * k_per_split
         tid = cuda.threadIdx.x
         ty, tx = tid // THREADS_N, tid % THREADS_N
         if WARP_TILED:
             warp, lane = tid // 32, tid % 32
             ty = (warp // WARPS_N) * WARP_ROWS + lane // WARP_COLS
             tx = (warp % WARPS_N) * WARP_COLS + lane % WARP_COLS
-        return (z, k_start, min(K, k_start + k_per_split), tid, ty, tx,
-                cuda.blockIdx.y * BM, cuda.blockIdx.x * BN)
+        return tid, ty, tx, cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
 
     @cuda.jit(device=True, inline="always")
     def epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N):
@@ -421,26 +418,15 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     capped = blocks_per_sm > 1 or THREADS > 256
     bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if capped and not SIMULATOR else {}
 
-    @cuda.jit(**bounds)
-    def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
-        # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), where Kz is
-        # the z-th slice of k_per_split columns of K (split-K; S = 1 when K is not split).
-        # hidden[M,N], S = 1: with gelu, gelu(out[0]) is written to it; with gelu_grad, the
-        # product (+ bias) is multiplied by gelu'(hidden) before it is added or stored; else
-        # not read.
-        # grid (N/BN, M/BM, S), block THREADS
-        a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
-        b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
-        acc = cuda.local.array((8, TC), float32)
-        a_frag = cuda.local.array(8, float32)
-        b_frag = cuda.local.array(TC, float32)
-        a_frag_ahead = cuda.local.array(8, float32)        # (fragments_ahead: the second set)
-        b_frag_ahead = cuda.local.array(TC, float32)
-        a_next = cuda.local.array(A_STAGED, float32)
-        b_next = cuda.local.array(B_STAGED, float32)
+    @cuda.jit(device=True, inline="always")
+    def staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start, k_end,
+                       a_tiles, b_tiles, acc, a_frag, b_frag, a_frag_ahead, b_frag_ahead,
+                       a_next, b_next):
+        # out[z, this block's tile] (+)= op(a)[tile's rows, k_start:k_end] . op(b)[k_start:k_end,
+        # tile's columns] (+ bias), the slices staged through registers: the body of
+        # blocked_matmul_kernel and class_matmul_kernel
         M, N = out.shape[1], out.shape[2]
-        K = a.shape[0] if transpose_a else a.shape[1]
-        z, k_start, k_end, tid, ty, tx, m0, n0 = block_start(acc, K, k_per_split)
+        tid, ty, tx, m0, n0 = block_start(acc)
 
         # the first slice goes straight to buffer 0
         load_slice(a_next, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, M, k_end, m0, k_start,
@@ -480,6 +466,52 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             buffer = 1 - buffer
 
         epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
+
+    @cuda.jit(**bounds)
+    def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
+        # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), where Kz is
+        # the z-th slice of k_per_split columns of K (split-K; S = 1 when K is not split).
+        # hidden[M,N], S = 1: with gelu, gelu(out[0]) is written to it; with gelu_grad, the
+        # product (+ bias) is multiplied by gelu'(hidden) before it is added or stored; else
+        # not read.
+        # grid (N/BN, M/BM, S), block THREADS
+        a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
+        b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
+        acc = cuda.local.array((8, TC), float32)
+        a_frag = cuda.local.array(8, float32)
+        b_frag = cuda.local.array(TC, float32)
+        a_frag_ahead = cuda.local.array(8, float32)        # (fragments_ahead: the second set)
+        b_frag_ahead = cuda.local.array(TC, float32)
+        a_next = cuda.local.array(A_STAGED, float32)
+        b_next = cuda.local.array(B_STAGED, float32)
+        K = a.shape[0] if transpose_a else a.shape[1]
+        z = cuda.blockIdx.z
+        k_start = z * k_per_split
+        staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start,
+                       min(K, k_start + k_per_split), a_tiles, b_tiles, acc, a_frag, b_frag,
+                       a_frag_ahead, b_frag_ahead, a_next, b_next)
+
+    @cuda.jit(**bounds)
+    def class_matmul_kernel(out, a3, b3, bias, has_bias, accumulate, k_per_split, hidden):
+        # out[S,M,N]: out[z] (+)= op(a3[z]) . b3[z] over all of K (+ bias, hidden as above):
+        # S products of the same shape in one launch, z = blockIdx.z picking the operands (the
+        # four classes of rows of the LM head at V = 50257: row_class_matmul). k_per_split is
+        # not read.
+        # grid (N/BN, M/BM, S), block THREADS
+        a_tiles = cuda.shared.array((2, BK, A_PAD), float32)
+        b_tiles = cuda.shared.array((2, BK, B_PAD), float32)
+        acc = cuda.local.array((8, TC), float32)
+        a_frag = cuda.local.array(8, float32)
+        b_frag = cuda.local.array(TC, float32)
+        a_frag_ahead = cuda.local.array(8, float32)
+        b_frag_ahead = cuda.local.array(TC, float32)
+        a_next = cuda.local.array(A_STAGED, float32)
+        b_next = cuda.local.array(B_STAGED, float32)
+        z = cuda.blockIdx.z
+        a, b = a3[z], b3[z]
+        staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, 0,
+                       a.shape[0] if transpose_a else a.shape[1], a_tiles, b_tiles, acc,
+                       a_frag, b_frag, a_frag_ahead, b_frag_ahead, a_next, b_next)
 
     @cuda.jit(device=True, inline="always")
     def copy_slice(tiles, stage, x, chunks, total, along_k, width, vector, size, k_end, first,
@@ -540,7 +572,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         b_frag = cuda.local.array(TC, float32)
         M, N = out.shape[1], out.shape[2]
         K = a.shape[0] if transpose_a else a.shape[1]
-        z, k_start, k_end, tid, ty, tx, m0, n0 = block_start(acc, K, k_per_split)
+        tid, ty, tx, m0, n0 = block_start(acc)
+        z = cuda.blockIdx.z
+        k_start = z * k_per_split
+        k_end = min(K, k_start + k_per_split)
 
         # the first stages - 1 slices start on their way, a group each
         for s in range(stages - 1):
@@ -570,14 +605,13 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
 
         epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
 
-    if stages:
-        kernel = pipelined_matmul_kernel
-    else:
-        kernel = blocked_matmul_kernel
-    kernel.threads = THREADS
-    kernel.launch_bounds = bounds.get("launch_bounds")
-    kernel.tile = (BM, BN, BK)
-    kernel.thread_outputs = 8 * TC
+    kernel = pipelined_matmul_kernel if stages else blocked_matmul_kernel
+    for each in (kernel, class_matmul_kernel):
+        each.threads = THREADS
+        each.launch_bounds = bounds.get("launch_bounds")
+        each.tile = (BM, BN, BK)
+        each.thread_outputs = 8 * TC
+    kernel.classes = class_matmul_kernel        # (the register-staged kernel's, in any case)
     return kernel
 
 
@@ -825,30 +859,32 @@ def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied,
 # --- rows that are not 16-byte runs, read and written in place: four classes of rows ---------
 # Row i of a matrix [R, L] starts i*L floats past the first. When L is not a multiple of 4 the
 # rows do not all start on a 16-byte boundary, but rows i and i + 4 start at the same place in
-# one: the rows of a class j = i mod 4 (the view x[j::4], rows 4L floats apart) all have whole
-# aligned runs of 4 floats from the same column on, their aligned window. A product whose
-# operand or output has such rows is then computed as four products over those views, each
-# over its class's window of columns (16-byte loads and stores throughout, no padded copy of the
-# large operand), plus the few columns outside the windows (at most 3 on either side), apart.
-# Three cases (b not transposed; the LM head at V = 50257 has one of each):
+# one: the rows of a class j = i mod 4 (x[j::4], rows 4L floats apart) all have whole aligned
+# runs of 4 floats from the same column on. With step = (-L) % 4, class j's window of columns
+# may start at first + j * step (first: where row 0's runs start), so that the four windows
+# are one [4, R/4, count] view with strides (L + step, 4L, 1) (class_view): each class's
+# elements a whole number of runs past the one before. A product whose operand or output has
+# such rows is then one launch of class_matmul_kernel (grid z = the class), 16-byte loads and
+# stores throughout and no padded copy of the large operand, plus the few columns outside the
+# windows (at most 12 on either side), apart. Three cases (b not transposed; the LM head at
+# V = 50257 has one of each):
 #   a rows   out[M,N] (+)= a[M,K] . b[K,N], a's rows not runs (dlogits . W, with W^T copied):
-#            a's classes of rows and out's, windows along k; the k outside (at most 6) added
-#            as each class's rows go into out (add_class_rows_kernel)
+#            a's classes of rows and out's, windows along k (b's rows shifted with them); the
+#            k outside a row's window added after (add_outside_windows_kernel)
 #   k rows   out[M,N] (+)= a[K,M]^T . b[K,N], b's rows not runs (X^T . dlogits): classes of
-#            the rows of a and b (of k), each product into partials over its window of n, which
-#            sum_windows adds up; the columns outside some window by a product of their own
+#            the rows of a and b (of k), each class's product into partials over its window of
+#            n, which sum_windows adds up; the columns outside some window by a product of
+#            their own
 #   out rows out[M,N] (+)= a[M,K] . b[K,N], out's rows not runs (X . W): out's classes of rows
-#            and a's, each product over its window of n on a copy of b's columns there; the
-#            columns outside the windows by a product of their own
-# Not the default (pads_unaligned's padded copies are). Timed on the H200 at 50257 (docs/perf.md
-# v14): one class's dW product runs as fast on the strided views as on contiguous copies, but
-# four products of K/4 took 28.4 ms where one of K took 26.1 at Vp, about what the padded copy
-# costs; the first version's small copies through strided views were slow (0.28-0.52x in all);
-# as rewritten below, 0.71 / 0.73 / 0.68x (fwd / dX / dW) against the padded copies' 0.83 /
-# 0.80 / 0.81x in the same run (v15, run 5). (Open: a launch with strided views took ~6 ms of
-# host time in that diagnosis; if so, the four products belong in one launch.)
+#            and a's, each over its window of n on a copy of b's columns there
+#            (copy_windows_kernel); the columns outside the windows by a product of their own
+# History (docs/perf.md v14, v15, v17): four launches, one a class, on views made with
+# numba-cuda's x[j::4], which walks all 4096 rows of such a view in Python (~4 ms of host
+# time each, that the GPU waited through): 0.71 / 0.73 / 0.68x cuBLAS (fwd / dX / dW); with
+# the views made in O(1) (launch.raw_view), 0.85 / 0.83 / 0.81x (v17, run 1).
 
 ROW_CLASSES = 4
+EDGE = 16       # columns outside the windows, at most, on either side (12 at most: 3 + 3 * 3)
 
 
 def float_offset(x):
@@ -857,18 +893,28 @@ def float_offset(x):
     return 0 if SIMULATOR else (x.device_ctypes_pointer.value // 4) % 4
 
 
-def aligned_window(x, j):
-    """(first, count): the columns of class j's rows of x[R, L] (x[j::4]) that are whole 16-byte
-    runs: from the first column at a 16-byte boundary, a multiple of 4 of them."""
+def class_window(x):
+    """(first, step, count) of a contiguous x[R, L]: class j's rows, x[j::4], are whole aligned
+    16-byte runs over columns [first + j * step, first + j * step + count)."""
     L = x.shape[1]
-    first = -(float_offset(x) + j * L) % 4
-    return first, max(0, (L - first) // 4 * 4)
+    step = -L % 4
+    first = -float_offset(x) % 4
+    return first, step, max(0, (L - first - 3 * step) // 4 * 4)
+
+
+def class_view(x, first, step, count):
+    """x[R, L] (contiguous, R % 4 == 0) as its four classes of rows, [4, R/4, count]: element
+    [j, i, c] is x[4i + j, first + j * step + c]."""
+    R, L = x.shape
+    return raw_view(x, first, (ROW_CLASSES, R // ROW_CLASSES, count), (L + step, 4 * L, 1))
 
 
 def row_class_case(M, N, K, transpose_a, transpose_b, aligned, has_bias, hidden):
     """Which of the three row-class products computes this one ("a rows", "k rows", "out
-    rows"), or None (then the 4-byte kernels do)."""
-    if has_bias or hidden is not None or transpose_b or min(M, N, K) < 2 * ROW_CLASSES:
+    rows"), or None (then the 4-byte kernels do). The classes' rows must be as many in each
+    class (a multiple of 4) and their windows wider than the edges."""
+    if (has_bias or hidden is not None or transpose_b
+            or min(M, N, K) < 2 * EDGE or (K if transpose_a else M) % ROW_CLASSES):
         return None
     if not transpose_a and not aligned["a"] and aligned["b"] and aligned["out"]:
         return "a rows"
@@ -881,7 +927,8 @@ def row_class_case(M, N, K, transpose_a, transpose_b, aligned, has_bias, hidden)
 
 # The row classes' small kernels take whole, contiguous arrays and the windows as numbers
 # (copies through strided views of the 3.3 GB operands, with pad.copy_corner, took 48 ms for
-# the 2 x 16384 x 3 floats of dW's edge columns on the H200; the reason was not found).
+# the 2 x 16384 x 3 floats of dW's edge columns on the H200 in session 12, likely the same
+# host time as above).
 ROWS_THREADS = 32 if SIMULATOR else 256
 
 
@@ -899,38 +946,42 @@ def row_columns():
 
 
 @cuda.jit
-def copy_window_kernel(out, x, first):
-    # out[R,C] = x[:, first:first + C]: a window of x's columns as rows of their own
-    R, C = out.shape
+def copy_windows_kernel(out, x, first, step):
+    # out[4,R,C][j] = x[:, first + j * step : first + j * step + C]: each class's window of x's
+    # columns as a contiguous [R, C] of its own
+    _, R, C = out.shape
     r0, r_step, c0, c_step = row_columns()
     for r in range(r0, R, r_step):
         for c in range(c0, C, c_step):
-            out[r, c] = x[r, first + c]
+            for j in range(ROW_CLASSES):
+                out[j, r, c] = x[r, first + j * step + c]
 
 
 @cuda.jit
 def gather_edges_kernel(edges, x, lo, hi):
-    # edges[R,8] = x's columns [0, lo) in edges' first 4, [hi, L) in its last 4, zeros after
+    # edges[R, 2E] = x's columns [0, lo) in edges' first E, [hi, L) in its last E, zeros after
     R, L = x.shape
+    E = edges.shape[1] // 2
     r0, r_step, c0, c_step = row_columns()
     for r in range(r0, R, r_step):
-        for c in range(c0, 8, c_step):
-            col = c if c < 4 else hi + c - 4
-            inside = col < lo if c < 4 else col < L
+        for c in range(c0, 2 * E, c_step):
+            col = c if c < E else hi + c - E
+            inside = col < lo if c < E else col < L
             edges[r, c] = x[r, col] if inside else float32(0.0)
 
 
 @cuda.jit
-def scatter_edges_kernel(out, edges, firsts, ends, hi, accumulate):
-    # out[r, c] (+)= edges[r, c] for c < firsts[r % 4], and edges[r, 4 + c - hi] for
-    # ends[r % 4] <= c < N: each row's columns outside its class's window
+def scatter_edges_kernel(out, edges, first, step, count, hi, accumulate):
+    # out[r, c] (+)= edges[r, c] for c < class j's window's first column (j = r % 4), and
+    # edges[r, E + c - hi] for c at or past its end: each row's columns outside its window
     R, N = out.shape
+    E = edges.shape[1] // 2
     r0, r_step, c0, c_step = row_columns()
     for r in range(r0, R, r_step):
-        first, end = firsts[r % 4], ends[r % 4]
-        for slot in range(c0, 8, c_step):
-            col = slot if slot < 4 else hi + slot - 4
-            if (slot < 4 and col < first) or (slot >= 4 and end <= col and col < N):
+        begin = first + (r % ROW_CLASSES) * step
+        for slot in range(c0, 2 * E, c_step):
+            col = slot if slot < E else hi + slot - E
+            if (slot < E and col < begin) or (slot >= E and begin + count <= col and col < N):
                 value = edges[r, slot]
                 if accumulate:
                     value += out[r, col]
@@ -938,56 +989,36 @@ def scatter_edges_kernel(out, edges, firsts, ends, hi, accumulate):
 
 
 @cuda.jit
-def sum_windows_kernel(out, p0, p1, p2, p3, s0, s1, s2, s3, lo, hi, accumulate):
-    # out[m, n] (+)= p0[m, n - s0] + p1[m, n - s1] + p2[m, n - s2] + p3[m, n - s3] for
-    # lo <= n < hi: the k-row classes' partial products, each shifted by its window's first
-    # column
+def sum_windows_kernel(out, partials, first, step, lo, hi, accumulate):
+    # out[m, n] (+)= sum over j of partials[j, m, n - first - j * step], for lo <= n < hi: the
+    # k-row classes' partial products, each over its own window of columns
     M = out.shape[0]
     r0, r_step, c0, c_step = row_columns()
     for m in range(r0, M, r_step):
         for n in range(lo + c0, hi, c_step):
-            total = ((p0[m, n - s0] + p1[m, n - s1]) + p2[m, n - s2]) + p3[m, n - s3]
+            total = ((partials[0, m, n - first] + partials[1, m, n - first - step])
+                     + partials[2, m, n - first - 2 * step]) + partials[3, m, n - first - 3 * step]
             if accumulate:
                 total += out[m, n]
             out[m, n] = total
 
 
 @cuda.jit
-def add_class_rows_kernel(out, product, a, b, j, first, end, accumulate):
-    # out[4i + j, :] (+)= product[i, :] + the k outside [first, end): a[4i + j, k] * b[k, :]
-    # (product: class j's rows of a . b over its window of k)
-    rows, N = product.shape
+def add_outside_windows_kernel(out, a, b, first, step, count):
+    # out[r, :] += a[r, k] * b[k, :] summed over the k outside row r's window of a, [first +
+    # j * step, + count) for j = r % 4 (the window's own product is in out already)
+    R, N = out.shape
     K = a.shape[1]
     r0, r_step, c0, c_step = row_columns()
-    for i in range(r0, rows, r_step):
-        r = 4 * i + j
+    for r in range(r0, R, r_step):
+        begin = first + (r % ROW_CLASSES) * step
         for n in range(c0, N, c_step):
-            total = product[i, n]
-            for k in range(first):
+            total = out[r, n]
+            for k in range(begin):
                 total += a[r, k] * b[k, n]
-            for k in range(end, K):
+            for k in range(begin + count, K):
                 total += a[r, k] * b[k, n]
-            if accumulate:
-                total += out[r, n]
             out[r, n] = total
-
-
-def _blocked_view_product(out3, a, b, transpose_a, accumulate, k_splits, tiles):
-    """out3[0] (+)= op(a) . b, b not transposed, no bias, by the blocked kernel with 16-byte
-    loads and stores: views whose rows are aligned runs (out3: [1, M, N]), split-K as matmul."""
-    _, M, N = out3.shape
-    K = a.shape[0] if transpose_a else a.shape[1]
-    tiles = dict(tiles or {})       # bounded to 2 blocks a multiprocessor (128 registers): the
-    tiles.setdefault("blocks_per_sm", 2)    # views' strides cost registers (a strided output:
-                                            # 132 unbounded, ptxas sm_90)
-    fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles)
-    k_per_split, grid = _split_plan(fast, M, N, K, k_splits)
-    placeholder = b[0, :1]                  # (the bias argument, never read)
-    if grid[2] == 1:
-        launch(fast, grid, fast.threads, out3, a, b, placeholder, False, accumulate,
-               k_per_split, a)
-    else:
-        _sum_of_slices(fast, grid, k_per_split, out3[0], a, b, placeholder, False, accumulate)
 
 
 def _split_plan(fast, M, N, K, k_splits):
@@ -1009,65 +1040,58 @@ def _sum_of_slices(fast, grid, k_per_split, out, a, b, bias, has_bias, accumulat
     sum_splits(out, partials, bias, has_bias, accumulate)
 
 
-def _edge_columns(x, lo, hi):
-    """x's columns [0, lo) and [hi, L) side by side in a fresh [R, 8] array, zeros after them
-    (each side at most 4 columns): the columns outside the row classes' windows."""
-    R, L = x.shape
-    check(lo <= 4 and L - hi <= 4, "matmul: row classes' edges wider than 4 columns")
-    edges = cuda.device_array((R, 8), dtype=np.float32, stream=current_stream())
-    launch(gather_edges_kernel, *rows_grid(R, 8), edges, x, lo, hi)
-    return edges
-
-
-def row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits=None, tiles=None):
-    """out (+)= op(a) . b in four classes of rows (row_class_case's case; see above)."""
+def row_class_matmul(case, out, a, b, transpose_a, accumulate, tiles=None):
+    """out (+)= op(a) . b in four classes of rows, one launch (row_class_case's case; above)."""
     M, N = out.shape
-    classes = range(ROW_CLASSES)
-    if case == "a rows":                    # windows along k, a's (and out's) classes of rows,
-        K = a.shape[1]                      # each class's product made whole in a contiguous
-        for j in classes:                   # array (out is small here; a strided output costs
-            first, count = aligned_window(a, j)             # the kernel registers), then added
-            rows = blocks(M - j, ROW_CLASSES)               # with the k outside the window
-            product = cuda.device_array((1, rows, N), dtype=np.float32,
-                                        stream=current_stream())
-            _blocked_view_product(product, strided_view(a, (slice(j, None, 4),
-                                                            slice(first, first + count))),
-                                  b[first:first + count], False, False, k_splits, tiles)
-            launch(add_class_rows_kernel, *rows_grid(rows, N), out, product[0], a, b, j, first,
-                   first + count, accumulate)
+    # NN bounded to 2 blocks a multiprocessor (128 registers): on the class views it needs 132
+    # unbounded (ptxas, sm_90: the k loop 599-603 instructions, 616 bounded, 8-16 bytes of
+    # spills); TN fits 128 unbounded, its loop 578 instructions there and 606 bounded
+    tiles = dict(tiles or {})
+    tiles.setdefault("blocks_per_sm", 1 if transpose_a else 2)
+    fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles)
+    BM, BN, _ = fast.tile
+    placeholder = out[0, :1]                # (the bias argument, never read)
+    if case == "a rows":                    # windows along k: a's and out's classes of rows
+        K = a.shape[1]
+        first, step, count = class_window(a)
+        b3 = raw_view(b, first * N, (ROW_CLASSES, count, N), (step * N, N, 1))
+        launch(fast.classes, (blocks(N, BN), blocks(M // 4, BM), ROW_CLASSES), fast.threads,
+               class_view(out, 0, 0, N), class_view(a, first, step, count), b3, placeholder,
+               False, accumulate, 0, out)
+        launch(add_outside_windows_kernel, *rows_grid(M, N), out, a, b, first, step, count)
         return
-    # windows along n (of b's classes of rows, or of out's); the columns outside some
-    # class's window, [0, lo) and [hi, N), computed whole by a product of their own, after the
-    # classes' products (the GPU runs those while the host launches the small ones)
-    windows = [aligned_window(b if case == "k rows" else out, j) for j in classes]
-    lo = max(first for first, _ in windows)
-    hi = min(first + count for first, count in windows)
     if case == "k rows":                    # classes of k: partials over each window, summed
-        partials = []
-        for j, (first, count) in zip(classes, windows):
-            partial = cuda.device_array((1, M, count), dtype=np.float32,
-                                        stream=current_stream())
-            _blocked_view_product(partial, strided_view(a, (slice(j, None, 4),)),
-                                  strided_view(b, (slice(j, None, 4), slice(first, first + count))),
-                                  True, False, k_splits, tiles)
-            partials.append(partial[0])
-        launch(sum_windows_kernel, *rows_grid(M, hi - lo), out, *partials,
-               *[first for first, _ in windows], lo, hi, accumulate)
-        firsts, ends = (lo,) * 4, (hi,) * 4
+        first, step, count = class_window(b)
+        partials = cuda.device_array((ROW_CLASSES, M, count), dtype=np.float32,
+                                     stream=current_stream())
+        launch(fast.classes, (blocks(count, BN), blocks(M, BM), ROW_CLASSES), fast.threads,
+               partials, class_view(a, 0, 0, M), class_view(b, first, step, count), placeholder,
+               False, False, 0, out)
+        lo, hi = first + 3 * step, first + count
+        launch(sum_windows_kernel, *rows_grid(M, hi - lo), out, partials, first, step, lo, hi,
+               accumulate)
+        first, step, count = lo, 0, hi - lo     # (every row's window, for the edges)
     else:                                   # "out rows": out's (and a's) classes of rows
-        out3, K = out.reshape(1, M, N), b.shape[0]
-        for j, (first, count) in zip(classes, windows):
-            b_window = cuda.device_array((K, count), dtype=np.float32, stream=current_stream())
-            launch(copy_window_kernel, *rows_grid(K, count), b_window, b, first)
-            _blocked_view_product(
-                strided_view(out3, (slice(None), slice(j, None, 4), slice(first, first + count))),
-                strided_view(a, (slice(j, None, 4),)), b_window, False, accumulate, k_splits, tiles)
-        firsts = tuple(first for first, _ in windows)
-        ends = tuple(first + count for first, count in windows)
-    edges = cuda.device_array((M, 8), dtype=np.float32, stream=current_stream())
-    matmul(edges, a, _edge_columns(b, lo, hi), transpose_a=transpose_a, kernel="blocked",
-           k_splits=k_splits, tiles=tiles, pad_unaligned=False)
-    launch(scatter_edges_kernel, *rows_grid(M, 8), out, edges, firsts, ends, hi, accumulate)
+        K = a.shape[1]
+        first, step, count = class_window(out)
+        b_windows = cuda.device_array((ROW_CLASSES, K, count), dtype=np.float32,
+                                      stream=current_stream())
+        launch(copy_windows_kernel, *rows_grid(K, count), b_windows, b, first, step)
+        launch(fast.classes, (blocks(count, BN), blocks(M // 4, BM), ROW_CLASSES), fast.threads,
+               class_view(out, first, step, count), class_view(a, 0, 0, K), b_windows,
+               placeholder, False, accumulate, 0, out)
+    # the columns outside some row's window, [0, lo) and [hi, N), computed whole, after the
+    # classes' product (the GPU runs it while the host launches these)
+    lo, hi = first + 3 * step, first + count
+    check(lo <= EDGE and N - hi <= EDGE, "matmul: row classes' edges wider than EDGE")
+    edge_columns = cuda.device_array((b.shape[0], 2 * EDGE), dtype=np.float32,
+                                     stream=current_stream())
+    launch(gather_edges_kernel, *rows_grid(b.shape[0], 2 * EDGE), edge_columns, b, lo, hi)
+    edges = cuda.device_array((M, 2 * EDGE), dtype=np.float32, stream=current_stream())
+    matmul(edges, a, edge_columns, transpose_a=transpose_a, kernel="blocked", tiles=tiles,
+           pad_unaligned=False)
+    launch(scatter_edges_kernel, *rows_grid(M, 2 * EDGE), out, edges, first, step, count, hi,
+           accumulate)
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
@@ -1122,7 +1146,7 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         case = by_classes and row_class_case(M, N, K, transpose_a, transpose_b, aligned,
                                              has_bias, hidden)
         if case:
-            row_class_matmul(case, out, a, b, transpose_a, accumulate, k_splits, tiles)
+            row_class_matmul(case, out, a, b, transpose_a, accumulate, tiles)
             return
         vectors = (aligned["a"], aligned["b"], aligned["out"]
                    and (not has_bias or aligned16(bias)) and (hidden is None or aligned16(hidden)))
