@@ -403,12 +403,12 @@ def test_matmul_in_row_classes(rng, monkeypatch, case, M, N, K, transpose_b, acc
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
-def test_row_class_windows_and_views(rng, monkeypatch):
+def test_row_class_windows(rng, monkeypatch):
     """class_window of a [R, 50257] matrix: row i starts i floats (mod 4) into a 16-byte run, so
     with step = 3, class j's window from column first + 3j starts on a run, wherever the
     array's first element sits in its own (float_offset); the windows are whole runs, cover
-    all but at most 12 columns on either side, and overlap. class_view holds the four windows:
-    its [j, i, c] is x[4i + j, first + j * step + c] (a view: writes land in x)."""
+    all but at most 12 columns on either side, and overlap. as_classes holds them: in its row
+    i, class j's window starts at column first + j (L + step) (a view: writes land in x)."""
     class Rows:                 # (only the shape is looked at, and float_offset's answer)
         shape = (8, 50257)
     for offset in range(4):
@@ -420,16 +420,17 @@ def test_row_class_windows_and_views(rng, monkeypatch):
         lo, hi = first + 3 * step, first + count
         assert lo <= 12 and 50257 - hi <= 12 and lo < hi
     monkeypatch.undo()
-    host = rng.standard_normal((12, 23)).astype(np.float32)
+    L = 23
+    host = rng.standard_normal((12, L)).astype(np.float32)
     x = device(host)
     first, step, count = matmul.class_window(x)
-    view = matmul.class_view(x, first, step, count)
-    want = np.array([[host[4 * i + j, first + j * step:first + j * step + count]
-                      for i in range(3)] for j in range(4)])
-    np.testing.assert_array_equal(view.copy_to_host(), want)
-    fill_kernel[1, 32](view[2], -1.0)
-    host[2::4, first + 2 * step:first + 2 * step + count] = -1.0
-    np.testing.assert_array_equal(x.copy_to_host(), host)
+    view = matmul.as_classes(x)
+    for j in range(4):
+        start = first + j * (L + step)
+        np.testing.assert_array_equal(view[0].copy_to_host()[:, start:start + count],
+                                      host[j::4, first + j * step:first + j * step + count])
+    fill_kernel[1, 32](view[0], -1.0)
+    np.testing.assert_array_equal(x.copy_to_host(), np.full_like(host, -1.0))
 
 
 @cuda.jit

@@ -78,16 +78,11 @@ def kernels():
                      for ta, tb in ((False, False), (False, True), (True, False))]
     for name, kernel in variants:
         yield name, kernel, MATMUL_ARGS
-    S3 = float32[:, :, :]       # the row classes' [4, R/4, W] views (any layout): one launch
-    yield "blocked matmul NN, row classes of a (dX at 50257)", blocked(
-        False, False, (True, True, True), dict(blocks_per_sm=2)).classes, \
-        (S3, S3, S3, A1, BOOL, BOOL, int64, A2)
-    yield "blocked matmul NN, row classes of out (forward at 50257)", blocked(
-        False, False, (True, True, True), dict(blocks_per_sm=2)).classes, \
-        (S3, S3, A3, A1, BOOL, BOOL, int64, A2)
-    yield "blocked matmul TN, row classes of k (dW at 50257)", blocked(
-        True, False, (True, True, True), dict(blocks_per_sm=1)).classes, \
-        (A3, S3, S3, A1, BOOL, BOOL, int64, A2)
+    PAIR = types.UniTuple(int64, 2)     # the row classes: one launch, offsets as numbers
+    for name, ta in (("NN, row classes (forward, dX at 50257)", False),
+                     ("TN, row classes of k (dW at 50257)", True)):
+        yield f"blocked matmul {name}", blocked(ta, False, (True, True, True)).classes, \
+            (A3, A2, A2, int64, int64, int64, BOOL, PAIR, PAIR, PAIR, PAIR)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits4 (16-byte)", matmul.sum_splits4_kernel, (A1, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:

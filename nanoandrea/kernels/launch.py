@@ -186,30 +186,6 @@ def is_contiguous(array):
     return flags["C_CONTIGUOUS"] if flags is not None else True
 
 
-def element_strides(x):
-    return tuple(stride // x.dtype.itemsize for stride in x.strides)
-
-
-def raw_view(x, offset, shape, strides):
-    """The view of x's memory whose element [i, j, ...] is the one `offset + i * strides[0] +
-    j * strides[1] + ...` elements past x's first: any strides >= 0, so also views that no
-    slice makes (the row classes' [4, R/4, W] views, whose classes start at different columns;
-    matmul.class_view). The caller keeps it inside x. Made in microseconds: numba-cuda's own
-    x[j::4] walks every row of such a view in Python to list its contiguous pieces (~4 ms for
-    4096 rows, host time that the GPU sat through before the product on it could start:
-    docs/perf.md v17)."""
-    size = x.dtype.itemsize
-    if SIMULATOR:       # (a NumPy view of the simulator's array)
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-        check(is_contiguous(x), "raw_view: a contiguous array in the simulator")
-        flat = x._ary.reshape(-1)[offset:]
-        return FakeCUDAArray(np.lib.stride_tricks.as_strided(
-            flat, tuple(shape), tuple(size * stride for stride in strides)), x.stream)
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-    return DeviceNDArray(tuple(shape), tuple(size * stride for stride in strides), x.dtype,
-                         stream=x.stream, gpu_data=x.gpu_data.view(offset * size))
-
-
 def check_contiguous(name, array):
     check(is_contiguous(array), f"{name}: expected a C-contiguous array")
 

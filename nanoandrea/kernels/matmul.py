@@ -42,7 +42,7 @@ from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_for
                    gelu_forward_numpy, gelu_value)
 from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     current_stream, elementwise_grid, is_contiguous, launch, raw_view)
+                     current_stream, elementwise_grid, is_contiguous, launch)
 from .vector import aligned16, load4, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
@@ -175,35 +175,38 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     WAIT_FOR_ALL = wait_copies(0)
 
     @cuda.jit(device=True, inline="always")
-    def read_chunk(x, rows, cols, r, c, vector):
-        # x[r, c:c+4], zeros outside x[:rows, :cols]; 16 bytes at once when vector (then
-        # cols % 4 == 0, so a chunk is all in or all out). (Rows that are not 16-byte runs
+    def read_chunk(x, rows, cols, r, c, vector, dr, dc):
+        # x[dr + r, dc + c:dc + c+4], zeros where r, c are outside [:rows, :cols] (dr, dc: where
+        # the operand starts in x; 0 but in class_matmul_kernel); 16 bytes at once when vector
+        # (then cols % 4 == 0, so a chunk is all in or all out). (Rows that are not 16-byte runs
         # read through the two 16-byte runs around a chunk and ten selects were 6-12% slower
         # than these four 4-byte loads on the LM head at V = 50257: docs/perf.md, v12.)
         if vector:
             if r < rows and c < cols:
-                return load4(x, (r, c))
+                return load4(x, (dr + r, dc + c))
             return float32(0.0), float32(0.0), float32(0.0), float32(0.0)
-        x0 = x[r, c] if r < rows and c < cols else float32(0.0)
-        x1 = x[r, c + 1] if r < rows and c + 1 < cols else float32(0.0)
-        x2 = x[r, c + 2] if r < rows and c + 2 < cols else float32(0.0)
-        x3 = x[r, c + 3] if r < rows and c + 3 < cols else float32(0.0)
+        x0 = x[dr + r, dc + c] if r < rows and c < cols else float32(0.0)
+        x1 = x[dr + r, dc + c + 1] if r < rows and c + 1 < cols else float32(0.0)
+        x2 = x[dr + r, dc + c + 2] if r < rows and c + 2 < cols else float32(0.0)
+        x3 = x[dr + r, dc + c + 3] if r < rows and c + 3 < cols else float32(0.0)
         return x0, x1, x2, x3
 
     @cuda.jit(device=True, inline="always")
-    def load_slice(staged, x, chunks, total, along_k, width, vector, size, k_end, first, k0, tid):
+    def load_slice(staged, x, chunks, total, along_k, width, vector, size, k_end, first, k0, tid,
+                   dr, dc):
         # one operand's slice into registers, 4-float chunks: op(x)[first:first+width, k0:k0+BK]
-        # (A: size M, width BM) or op(x)[k0:k0+BK, first:first+width] (B: size N, width BN)
+        # (A: size M, width BM) or op(x)[k0:k0+BK, first:first+width] (B: size N, width BN),
+        # the operand x[dr:, dc:]
         for r in range(chunks):
             chunk = tid + r * THREADS
             if total % THREADS != 0 and chunk >= total:
                 continue                    # (idle in the last round)
             if along_k:                     # x[size, K]: a chunk is 4 consecutive k
                 i, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
-                x4 = read_chunk(x, size, k_end, first + i, k0 + k, vector)
+                x4 = read_chunk(x, size, k_end, first + i, k0 + k, vector, dr, dc)
             else:                           # x[K, size]: a chunk is 4 consecutive m (or n)
                 k, i = chunk // (width // 4), (chunk % (width // 4)) * 4
-                x4 = read_chunk(x, k_end, size, k0 + k, first + i, vector)
+                x4 = read_chunk(x, k_end, size, k0 + k, first + i, vector, dr, dc)
             for e in range(4):
                 staged[4 * r + e] = x4[e]
 
@@ -281,9 +284,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk + 7, ty, tx)
 
     @cuda.jit(device=True, inline="always")
-    def gather_rows(values, x, i0, m0, n0, ty, tx, M, N):
-        # values[TC * r + j] = x[row of the thread's (i0 + r)-th, its j-th column] for r < 4,
-        # j < TC (zero outside x[:M, :N]): its loads issued together, before any is used
+    def gather_rows(values, x, i0, m0, n0, ty, tx, M, N, dc):
+        # values[TC * r + j] = x[row of the thread's (i0 + r)-th, dc + its j-th column] for r <
+        # 4, j < TC (zero outside x[:M, dc:dc + N]): its loads issued together, before any is
+        # used
         for r in range(4):
             row = m0 + (i0 // 4) * HALF_M + ty * 4 + r
             for run in range(RUNS_N):
@@ -292,18 +296,19 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                     values[TC * r + 4 * run + e] = float32(0.0)
                 if vector_out:
                     if row < M and col < N:
-                        x4 = load4(x, (row, col))
+                        x4 = load4(x, (row, dc + col))
                         for e in range(4):
                             values[TC * r + 4 * run + e] = x4[e]
                 else:
                     for e in range(4):
                         if row < M and col + e < N:
-                            values[TC * r + 4 * run + e] = x[row, col + e]
+                            values[TC * r + 4 * run + e] = x[row, dc + col + e]
 
     @cuda.jit(device=True, inline="always")
-    def fold_rows(acc, values, x, b_frag, i0, m0, n0, ty, tx, M, N, with_gelu_grad):
+    def fold_rows(acc, values, x, b_frag, i0, m0, n0, ty, tx, M, N, dc, with_gelu_grad):
         # acc[i0 .. i0+3, :] = (acc + bias) * gelu'(x) if with_gelu_grad, else (acc + bias) + x
-        gather_rows(values, x, i0, m0, n0, ty, tx, M, N)
+        # (x's columns from dc on)
+        gather_rows(values, x, i0, m0, n0, ty, tx, M, N, dc)
         for r in range(4):
             for j in range(TC):
                 if with_gelu_grad:
@@ -312,10 +317,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                     acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) + values[TC * r + j]
 
     @cuda.jit(device=True, inline="always")
-    def store_row(out, hidden, acc, b_frag, i, z, m0, n0, ty, tx, M, N, accumulate):
-        # out[z, the thread's i-th row, its TC columns] = acc[i, :], plus its bias (b_frag) and
-        # (accumulate) what out holds when the epilogue did not gather those in already; with
-        # gelu, gelu of it into hidden too
+    def store_row(out, hidden, acc, b_frag, i, z, m0, n0, ty, tx, M, N, dc, accumulate):
+        # out[z, the thread's i-th row, dc + its TC columns] = acc[i, :], plus its bias (b_frag)
+        # and (accumulate) what out holds when the epilogue did not gather those in already;
+        # with gelu, gelu of it into hidden too
         row = m0 + (i // 4) * HALF_M + ty * 4 + i % 4
         if vector_out:                  # 16 bytes at a time: out[row, col:col+4]
             for run in range(RUNS_N):
@@ -329,12 +334,12 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                         v2 += b_frag[j + 2]
                         v3 += b_frag[j + 3]
                         if accumulate:
-                            o = load4(out, (z, row, col))
+                            o = load4(out, (z, row, dc + col))
                             v0 += o[0]
                             v1 += o[1]
                             v2 += o[2]
                             v3 += o[3]
-                    store4(out, (z, row, col), v0, v1, v2, v3)
+                    store4(out, (z, row, dc + col), v0, v1, v2, v3)
                     if gelu:
                         store4(hidden, (row, col), gelu_value(v0), gelu_value(v1),
                                gelu_value(v2), gelu_value(v3))
@@ -346,8 +351,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                     if not gather_epilogue:
                         value += b_frag[j]
                         if accumulate:
-                            value += out[z, row, col]
-                    out[z, row, col] = value
+                            value += out[z, row, dc + col]
+                    out[z, row, dc + col] = value
                     if gelu:
                         hidden[row, col] = gelu_value(value)
 
@@ -368,8 +373,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         return tid, ty, tx, cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
 
     @cuda.jit(device=True, inline="always")
-    def epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N):
+    def epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N,
+                 dc):
         # the bias of this thread's columns (or zeros) into b_frag, then its 8 rows of out
+        # (out[z, :, dc:], dc 0 but in class_matmul_kernel)
         for run in range(RUNS_N):
             col = n0 + run * RUN_N + tx * 4
             for j in range(4):
@@ -393,25 +400,25 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         if gather_epilogue:
             values = cuda.local.array(GATHERED, float32)
             if gelu_grad:
-                fold_rows(acc, values, hidden, b_frag, 0, m0, n0, ty, tx, M, N, True)
-                fold_rows(acc, values, hidden, b_frag, 4, m0, n0, ty, tx, M, N, True)
+                fold_rows(acc, values, hidden, b_frag, 0, m0, n0, ty, tx, M, N, 0, True)
+                fold_rows(acc, values, hidden, b_frag, 4, m0, n0, ty, tx, M, N, 0, True)
                 for j in range(TC):
                     b_frag[j] = float32(0.0)
             if accumulate:
-                fold_rows(acc, values, out[z], b_frag, 0, m0, n0, ty, tx, M, N, False)
-                fold_rows(acc, values, out[z], b_frag, 4, m0, n0, ty, tx, M, N, False)
+                fold_rows(acc, values, out[z], b_frag, 0, m0, n0, ty, tx, M, N, dc, False)
+                fold_rows(acc, values, out[z], b_frag, 4, m0, n0, ty, tx, M, N, dc, False)
             elif not gelu_grad:
                 for i in range(8):
                     for j in range(TC):
                         acc[i, j] += b_frag[j]
-        store_row(out, hidden, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, hidden, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, dc, accumulate)
+        store_row(out, hidden, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, dc, accumulate)
+        store_row(out, hidden, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, dc, accumulate)
+        store_row(out, hidden, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, dc, accumulate)
+        store_row(out, hidden, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, dc, accumulate)
+        store_row(out, hidden, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, dc, accumulate)
+        store_row(out, hidden, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, dc, accumulate)
+        store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, dc, accumulate)
 
     # (the simulator's cuda.jit takes no launch_bounds)
     # (and a block of more than 256 threads must fit its registers: at most 128 a thread for 512)
@@ -419,20 +426,21 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if capped and not SIMULATOR else {}
 
     @cuda.jit(device=True, inline="always")
-    def staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start, k_end,
-                       a_tiles, b_tiles, acc, a_frag, b_frag, a_frag_ahead, b_frag_ahead,
-                       a_next, b_next):
+    def staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start, k_end, M, N,
+                       a_dc, b_dr, b_dc, o_dc, a_tiles, b_tiles, acc, a_frag, b_frag,
+                       a_frag_ahead, b_frag_ahead, a_next, b_next):
         # out[z, this block's tile] (+)= op(a)[tile's rows, k_start:k_end] . op(b)[k_start:k_end,
-        # tile's columns] (+ bias), the slices staged through registers: the body of
-        # blocked_matmul_kernel and class_matmul_kernel
-        M, N = out.shape[1], out.shape[2]
+        # tile's columns] (+ bias) for an M x N output, the slices staged through registers:
+        # the body of blocked_matmul_kernel and class_matmul_kernel. The operands and the output
+        # start that many columns (dc) and rows (dr) into a, b and out (0 in blocked_matmul_kernel,
+        # where the compiler drops them).
         tid, ty, tx, m0, n0 = block_start(acc)
 
         # the first slice goes straight to buffer 0
         load_slice(a_next, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, M, k_end, m0, k_start,
-                   tid)
+                   tid, 0, a_dc)
         load_slice(b_next, b, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, vector_b, N, k_end, n0, k_start,
-                   tid)
+                   tid, b_dr, b_dc)
         park(a_tiles, 0, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, tid)
         park(b_tiles, 0, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, tid)
         cuda.syncthreads()
@@ -447,9 +455,9 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         for k0 in range(k_start, k_end, BK):
             # issue the next slice's global loads now ...
             load_slice(a_next, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, M, k_end, m0,
-                       k0 + BK, tid)
+                       k0 + BK, tid, 0, a_dc)
             load_slice(b_next, b, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, vector_b, N, k_end, n0,
-                       k0 + BK, tid)
+                       k0 + BK, tid, b_dr, b_dc)
             if fragments_ahead:             # ... and multiply the current one meanwhile
                 slice_product_ahead(acc, a_frag, b_frag, a_frag_ahead, b_frag_ahead, a_tiles,
                                     b_tiles, buffer, ty, tx)
@@ -465,7 +473,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 multiply_fragments(acc, a_frag_ahead, b_frag_ahead)
             buffer = 1 - buffer
 
-        epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
+        epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N,
+                 o_dc)
 
     @cuda.jit(**bounds)
     def blocked_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
@@ -488,15 +497,18 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         z = cuda.blockIdx.z
         k_start = z * k_per_split
         staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start,
-                       min(K, k_start + k_per_split), a_tiles, b_tiles, acc, a_frag, b_frag,
-                       a_frag_ahead, b_frag_ahead, a_next, b_next)
+                       min(K, k_start + k_per_split), out.shape[1], out.shape[2], 0, 0, 0, 0,
+                       a_tiles, b_tiles, acc, a_frag, b_frag, a_frag_ahead, b_frag_ahead, a_next,
+                       b_next)
 
     @cuda.jit(**bounds)
-    def class_matmul_kernel(out, a3, b3, bias, has_bias, accumulate, k_per_split, hidden):
-        # out[S,M,N]: out[z] (+)= op(a3[z]) . b3[z] over all of K (+ bias, hidden as above):
-        # S products of the same shape in one launch, z = blockIdx.z picking the operands (the
-        # four classes of rows of the LM head at V = 50257: row_class_matmul). k_per_split is
-        # not read.
+    def class_matmul_kernel(out, a, b, M, N, K, accumulate, a_dc, b_dr, b_dc, o_dc):
+        # S products of M x N x K side by side in one launch, the z-th (z = blockIdx.z) on
+        # operands and output that start further into a, b and out, each by where + z * step
+        # (the pairs a_dc, b_dr, b_dc, o_dc: columns of a, rows and columns of b, columns of
+        # out): out[0, :M, o_dc:o_dc + N] (+)= op(a[:, a_dc:])[:M, :K] . b[b_dr:, b_dc:][:K, :N].
+        # No bias, no GELU. The four classes of rows of the LM head at V = 50257, in views of
+        # a, b, out as C-contiguous arrays of rows 4 times as long (row_class_matmul).
         # grid (N/BN, M/BM, S), block THREADS
         a_tiles = cuda.shared.array((2, BK, A_PAD), float32)
         b_tiles = cuda.shared.array((2, BK, B_PAD), float32)
@@ -508,10 +520,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         a_next = cuda.local.array(A_STAGED, float32)
         b_next = cuda.local.array(B_STAGED, float32)
         z = cuda.blockIdx.z
-        a, b = a3[z], b3[z]
-        staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, 0,
-                       a.shape[0] if transpose_a else a.shape[1], a_tiles, b_tiles, acc,
-                       a_frag, b_frag, a_frag_ahead, b_frag_ahead, a_next, b_next)
+        staged_product(out, a, b, b[0], False, accumulate, a, 0, 0, K, M, N,
+                       a_dc[0] + z * a_dc[1], b_dr[0] + z * b_dr[1], b_dc[0] + z * b_dc[1],
+                       o_dc[0] + z * o_dc[1], a_tiles, b_tiles, acc, a_frag, b_frag,
+                       a_frag_ahead, b_frag_ahead, a_next, b_next)
 
     @cuda.jit(device=True, inline="always")
     def copy_slice(tiles, stage, x, chunks, total, along_k, width, vector, size, k_end, first,
@@ -603,7 +615,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             stage = stage + 1 if stage + 1 < stages else 0       # (no 64-bit modulo)
         WAIT_FOR_ALL()              # no copy may land in shared memory after the block ends
 
-        epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N)
+        epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N, 0)
 
     kernel = pipelined_matmul_kernel if stages else blocked_matmul_kernel
     for each in (kernel, class_matmul_kernel):
@@ -862,9 +874,9 @@ def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied,
 # one: the rows of a class j = i mod 4 (x[j::4], rows 4L floats apart) all have whole aligned
 # runs of 4 floats from the same column on. With step = (-L) % 4, class j's window of columns
 # may start at first + j * step (first: where row 0's runs start), so that the four windows
-# are one [4, R/4, count] view with strides (L + step, 4L, 1) (class_view): each class's
-# elements a whole number of runs past the one before. A product whose operand or output has
-# such rows is then one launch of class_matmul_kernel (grid z = the class), 16-byte loads and
+# are at column offsets first + j (L + step) of one C-contiguous [R/4, 4L] view (as_classes,
+# row i holding rows 4i .. 4i+3). A product whose operand or output has such rows is then one
+# launch of class_matmul_kernel (grid z = the class, offsets as numbers), 16-byte loads and
 # stores throughout and no padded copy of the large operand, plus the few columns outside the
 # windows (at most 12 on either side), apart. Three cases (b not transposed; the LM head at
 # V = 50257 has one of each):
@@ -881,7 +893,8 @@ def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied,
 # History (docs/perf.md v14, v15, v17): four launches, one a class, on views made with
 # numba-cuda's x[j::4], which walks all 4096 rows of such a view in Python (~4 ms of host
 # time each, that the GPU waited through): 0.71 / 0.73 / 0.68x cuBLAS (fwd / dX / dW); with
-# the views made in O(1) (launch.raw_view), 0.85 / 0.83 / 0.81x (v17, run 1).
+# the views made in O(1), 0.85 / 0.83 / 0.81x (v17, run 1); in one launch on strided
+# [4, R/4, W] views, dW 0.88x but fwd and dX no faster (NN needed 132 registers there; v17, run 2).
 
 ROW_CLASSES = 4
 EDGE = 16       # columns outside the windows, at most, on either side (12 at most: 3 + 3 * 3)
@@ -902,11 +915,14 @@ def class_window(x):
     return first, step, max(0, (L - first - 3 * step) // 4 * 4)
 
 
-def class_view(x, first, step, count):
-    """x[R, L] (contiguous, R % 4 == 0) as its four classes of rows, [4, R/4, count]: element
-    [j, i, c] is x[4i + j, first + j * step + c]."""
+def as_classes(x):
+    """x[R, L] (contiguous, R % 4 == 0) as [1, R/4, 4L], C-contiguous too: row i holds x's rows
+    4i .. 4i+3 side by side, so class j's rows x[j::4] are its columns [jL, jL + L) and class
+    j's window (class_window) its columns from first + j (L + step): a column offset for
+    class_matmul_kernel, whose loads and stores then index a C-contiguous array (on strided
+    [4, R/4, W] views, NN needed 132 registers, ptxas sm_90)."""
     R, L = x.shape
-    return raw_view(x, first, (ROW_CLASSES, R // ROW_CLASSES, count), (L + step, 4 * L, 1))
+    return x.reshape(1, R // ROW_CLASSES, ROW_CLASSES * L)
 
 
 def row_class_case(M, N, K, transpose_a, transpose_b, aligned, has_bias, hidden):
@@ -947,14 +963,14 @@ def row_columns():
 
 @cuda.jit
 def copy_windows_kernel(out, x, first, step):
-    # out[4,R,C][j] = x[:, first + j * step : first + j * step + C]: each class's window of x's
-    # columns as a contiguous [R, C] of its own
-    _, R, C = out.shape
+    # out[R, 4C]: out[:, jC:jC + C] = x[:, first + j * step : + C], each class's window of x's
+    # columns, side by side
+    R, C = out.shape[0], out.shape[1] // ROW_CLASSES
     r0, r_step, c0, c_step = row_columns()
     for r in range(r0, R, r_step):
         for c in range(c0, C, c_step):
             for j in range(ROW_CLASSES):
-                out[j, r, c] = x[r, first + j * step + c]
+                out[r, j * C + c] = x[r, first + j * step + c]
 
 
 @cuda.jit
@@ -989,15 +1005,16 @@ def scatter_edges_kernel(out, edges, first, step, count, hi, accumulate):
 
 
 @cuda.jit
-def sum_windows_kernel(out, partials, first, step, lo, hi, accumulate):
-    # out[m, n] (+)= sum over j of partials[j, m, n - first - j * step], for lo <= n < hi: the
-    # k-row classes' partial products, each over its own window of columns
+def sum_windows_kernel(out, partials, first, step, count, lo, hi, accumulate):
+    # out[m, n] (+)= sum over j of partials[m, j * count + n - first - j * step], for lo <= n <
+    # hi: the k-row classes' partial products side by side, each over its own window of columns
     M = out.shape[0]
     r0, r_step, c0, c_step = row_columns()
     for m in range(r0, M, r_step):
         for n in range(lo + c0, hi, c_step):
-            total = ((partials[0, m, n - first] + partials[1, m, n - first - step])
-                     + partials[2, m, n - first - 2 * step]) + partials[3, m, n - first - 3 * step]
+            c = n - first
+            total = ((partials[m, c] + partials[m, count + c - step])
+                     + partials[m, 2 * (count - step) + c]) + partials[m, 3 * (count - step) + c]
             if accumulate:
                 total += out[m, n]
             out[m, n] = total
@@ -1043,43 +1060,39 @@ def _sum_of_slices(fast, grid, k_per_split, out, a, b, bias, has_bias, accumulat
 def row_class_matmul(case, out, a, b, transpose_a, accumulate, tiles=None):
     """out (+)= op(a) . b in four classes of rows, one launch (row_class_case's case; above)."""
     M, N = out.shape
-    # NN bounded to 2 blocks a multiprocessor (128 registers): on the class views it needs 132
-    # unbounded (ptxas, sm_90: the k loop 599-603 instructions, 616 bounded, 8-16 bytes of
-    # spills); TN fits 128 unbounded, its loop 578 instructions there and 606 bounded
-    tiles = dict(tiles or {})
-    tiles.setdefault("blocks_per_sm", 1 if transpose_a else 2)
-    fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles)
+    fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles).classes
     BM, BN, _ = fast.tile
-    placeholder = out[0, :1]                # (the bias argument, never read)
+
+    def classes(out3, a3, b, rows, cols, inner, accumulate, a_dc, b_dr, b_dc, o_dc):
+        launch(fast, (blocks(cols, BN), blocks(rows, BM), ROW_CLASSES), fast.threads, out3,
+               a3[0], b, rows, cols, inner, accumulate, a_dc, b_dr, b_dc, o_dc)
+
     if case == "a rows":                    # windows along k: a's and out's classes of rows
-        K = a.shape[1]
-        first, step, count = class_window(a)
-        b3 = raw_view(b, first * N, (ROW_CLASSES, count, N), (step * N, N, 1))
-        launch(fast.classes, (blocks(N, BN), blocks(M // 4, BM), ROW_CLASSES), fast.threads,
-               class_view(out, 0, 0, N), class_view(a, first, step, count), b3, placeholder,
-               False, accumulate, 0, out)
+        K = a.shape[1]                      # (and b's rows with them), out's rows written
+        first, step, count = class_window(a)                # whole, the k outside added after
+        classes(as_classes(out), as_classes(a), b, M // 4, N, count, accumulate,
+                (first, K + step), (first, step), (0, 0), (0, N))
         launch(add_outside_windows_kernel, *rows_grid(M, N), out, a, b, first, step, count)
         return
     if case == "k rows":                    # classes of k: partials over each window, summed
+        K = a.shape[0]
         first, step, count = class_window(b)
-        partials = cuda.device_array((ROW_CLASSES, M, count), dtype=np.float32,
+        partials = cuda.device_array((1, M, ROW_CLASSES * count), dtype=np.float32,
                                      stream=current_stream())
-        launch(fast.classes, (blocks(count, BN), blocks(M, BM), ROW_CLASSES), fast.threads,
-               partials, class_view(a, 0, 0, M), class_view(b, first, step, count), placeholder,
-               False, False, 0, out)
+        classes(partials, as_classes(a), as_classes(b)[0], M, count, K // 4, False, (0, M),
+                (0, 0), (first, N + step), (0, count))
         lo, hi = first + 3 * step, first + count
-        launch(sum_windows_kernel, *rows_grid(M, hi - lo), out, partials, first, step, lo, hi,
-               accumulate)
+        launch(sum_windows_kernel, *rows_grid(M, hi - lo), out, partials[0], first, step, count,
+               lo, hi, accumulate)
         first, step, count = lo, 0, hi - lo     # (every row's window, for the edges)
-    else:                                   # "out rows": out's (and a's) classes of rows
-        K = a.shape[1]
+    else:                                   # "out rows": out's (and a's) classes of rows, b's
+        K = a.shape[1]                      # columns in each class's window side by side
         first, step, count = class_window(out)
-        b_windows = cuda.device_array((ROW_CLASSES, K, count), dtype=np.float32,
+        b_windows = cuda.device_array((K, ROW_CLASSES * count), dtype=np.float32,
                                       stream=current_stream())
         launch(copy_windows_kernel, *rows_grid(K, count), b_windows, b, first, step)
-        launch(fast.classes, (blocks(count, BN), blocks(M // 4, BM), ROW_CLASSES), fast.threads,
-               class_view(out, first, step, count), class_view(a, 0, 0, K), b_windows,
-               placeholder, False, accumulate, 0, out)
+        classes(as_classes(out), as_classes(a), b_windows, M // 4, count, K, accumulate,
+                (0, K), (0, 0), (0, count), (first, N + step))
     # the columns outside some row's window, [0, lo) and [hi, N), computed whole, after the
     # classes' product (the GPU runs it while the host launches these)
     lo, hi = first + 3 * step, first + count
