@@ -472,9 +472,11 @@ def test_matmul_with_rows_padded_along_m_or_n(rng, kernel, transpose_a):
 
 
 def test_padding_pays_only_for_large_products(monkeypatch):
-    """pads_unaligned: the LM head at V = 50257 (forward, input and weight gradients) runs on
-    padded copies of the arrays whose rows hold V floats (with "operands", not of the output,
-    then stored 4 bytes at a time); a small unaligned product, or an aligned one, does not."""
+    """pads_unaligned: the LM head at V = 50257 (forward, input and weight gradients) is large
+    enough for padded copies of the arrays whose rows hold V floats (with "operands", not of
+    the output, then stored 4 bytes at a time); a small unaligned product, or an aligned one,
+    is not. matmul then takes the row classes where they apply (takes_row_classes): all three
+    products of the LM head, without a bias."""
     class Shaped:                 # (only the shape and the alignment are looked at)
         def __init__(self, *shape):
             self.shape = shape
@@ -490,6 +492,12 @@ def test_padding_pays_only_for_large_products(monkeypatch):
         assert matmul.pads_unaligned(*out, k, *shaped) == copied
         copied.pop("out", None)             # "operands": never the output
         assert matmul.pads_unaligned(*out, k, *shaped, pad_unaligned="operands") == copied
+    for (out, a, b, ta, tb, _), case in zip(lm_products, ("out rows", "a rows", "k rows")):
+        aligned = dict(out=out[1] % 4 == 0, a=a[1] % 4 == 0, b=b[1] % 4 == 0)
+        assert matmul.takes_row_classes(*out, a[0] if ta else a[1], ta, tb, aligned, False,
+                                        None) == case   # (matmul's default for them)
+        assert matmul.takes_row_classes(*out, a[0] if ta else a[1], ta, tb, aligned, True,
+                                        None) is None   # (no bias in the row classes)
     assert matmul.pads_unaligned(100, 101, 77, Shaped(100, 101), Shaped(100, 77),
                                  Shaped(77, 101), False, False) is None
     assert matmul.pads_unaligned(M, 50304, C, Shaped(M, 50304), Shaped(M, C),

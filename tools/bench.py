@@ -181,8 +181,8 @@ def bench_matmul(args):
                      for name, ta, tb, out, a, b, theirs, copy, _ in products if copy is None]
             if wanted(args, "cp.async 4-byte"):     # (the cp.async pipeline's 4-byte copies)
                 pipelined = [(f"{name} [cp.async 4-byte]", *rest) for name, *rest in plain]
-            # ... in place in four classes of rows (matmul.row_class_matmul)
-            products += [(f"{name} [row classes]", *rest, None, "row classes")
+            # (the default: in place in four classes of rows, matmul.row_class_matmul) ... or
+            products += [(f"{name} [padded copies]", *rest, None, True)    # on padded copies
                          for name, *rest in plain]
             if wanted(args, "4-byte kernels"):      # (timed in sessions 6-11: 0.70-0.75x)
                 products += [(f"{name} [4-byte kernels]", *rest, None, False)
@@ -202,11 +202,11 @@ def bench_matmul(args):
                        out, a, b, transpose_a=ta, transpose_b=tb, tiles=dict(stages=3),
                        copy_b_transposed=False, pad_unaligned=False), theirs, out)
                   for name, ta, tb, out, a, b, theirs in pipelined]
-        if n % 4 and wanted(args, "unbounded"):     # the row classes' products without
-            cases += [  # launch bounds (their default: 2 blocks a multiprocessor, 128 registers)
-                (f"{name} [row classes, unbounded]", lambda out=out, a=a, b=b, ta=ta, tb=tb:
+        if n % 4 and wanted(args, "bounded"):       # the row classes' products bounded to
+            cases += [  # 2 blocks a multiprocessor (their default: unbounded, 128 registers)
+                (f"{name} [row classes, bounded]", lambda out=out, a=a, b=b, ta=ta, tb=tb:
                  matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb,
-                                       tiles=dict(blocks_per_sm=1), pad_unaligned="row classes"),
+                                       tiles=dict(blocks_per_sm=2), pad_unaligned="row classes"),
                  theirs, out) for name, ta, tb, out, a, b, theirs in plain]
         if n >= 50257 and wanted(args, "dX k_splits"):  # the input gradient's K is the vocabulary:
             for splits in (2, 3):                       # 768 output tiles, 2.9 waves, in slices

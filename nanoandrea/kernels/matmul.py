@@ -30,8 +30,9 @@ With transpose_b (the input gradients, the LM head) and many rows, the blocked p
 makes a transposed copy of b (transpose, at the end of this file) and runs the plain product:
 faster than transposing b's slices in the kernel (copies_b_transposed says when and why).
 Operands whose rows are not whole 16-byte runs (the LM head at GPT-2's V = 50257) are read 4
-bytes at a time, or multiplied on padded copies when the product is large enough
-(pads_unaligned), or, as an option, in place in four classes of rows (row_class_matmul).
+bytes at a time, or, when the product is large enough (pads_unaligned), in place in four
+classes of rows (row_class_matmul: the rows 4 apart start at the same place in a 16-byte run),
+or where those do not apply on padded copies.
 """
 from numba import cuda, float32
 
@@ -890,7 +891,8 @@ def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied,
 #   out rows out[M,N] (+)= a[M,K] . b[K,N], out's rows not runs (X . W): out's classes of rows
 #            and a's, each over its window of n on a copy of b's columns there
 #            (copy_windows_kernel); the columns outside the windows by a product of their own
-# History (docs/perf.md v14, v15, v17): four launches, one a class, on views made with
+# The default for such products when large (matmul's pad_unaligned=None), where the case
+# applies. History (docs/perf.md v14, v15, v17): four launches, one a class, on views made with
 # numba-cuda's x[j::4], which walks all 4096 rows of such a view in Python (~4 ms of host
 # time each, that the GPU waited through): 0.71 / 0.73 / 0.68x cuBLAS (fwd / dX / dW); with
 # the views made in O(1), 0.85 / 0.83 / 0.81x (v17, run 1); in one launch on strided
@@ -1057,6 +1059,17 @@ def _sum_of_slices(fast, grid, k_per_split, out, a, b, bias, has_bias, accumulat
     sum_splits(out, partials, bias, has_bias, accumulate)
 
 
+def takes_row_classes(M, N, K, transpose_a, transpose_b, aligned, has_bias, hidden,
+                      copy_b_transposed=None):
+    """row_class_case of the product that matmul runs, b^T first copied where matmul copies it
+    (copies_b_transposed: the copy's rows aligned)."""
+    if transpose_b:
+        if not copies_b_transposed(M, N, transpose_a, transpose_b, copy_b_transposed):
+            return None
+        aligned, transpose_b = dict(aligned, b=True), False
+    return row_class_case(M, N, K, transpose_a, transpose_b, aligned, has_bias, hidden)
+
+
 def row_class_matmul(case, out, a, b, transpose_a, accumulate, tiles=None):
     """out (+)= op(a) . b in four classes of rows, one launch (row_class_case's case; above)."""
     M, N = out.shape
@@ -1126,7 +1139,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     pad_unaligned, when some operand's rows are not 16-byte runs: run on padded copies (True),
     on padded copies of a and b only ("operands"), in place in four classes of rows ("row
     classes": row_class_matmul, where row_class_case finds a case, else the 4-byte kernels), or
-    with the 4-byte kernels (False); None: pads_unaligned decides (never with GELU).
+    with the 4-byte kernels (False); None: where pads_unaligned would pad (a product large
+    enough, never with GELU), the row classes if they take it, else the padded copies.
     An operand whose rows run along M or N (a transposed: [K, M]; b not: [K, N]) may hold them
     padded to 4k floats ([K, M4], [K, N4]), the padding read by the blocked kernel (16 bytes at
     a time) and left out of out: how padded copies are multiplied, and how a model that keeps
@@ -1146,6 +1160,9 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         by_classes = pad_unaligned == "row classes"
         copied = hidden is None and not all(aligned.values()) and not by_classes and (
             pads_unaligned(M, N, K, out, a, b, transpose_a, transpose_b, pad_unaligned, aligned))
+        if copied and pad_unaligned is None and takes_row_classes(
+                M, N, K, transpose_a, transpose_b, aligned, has_bias, hidden, copy_b_transposed):
+            by_classes, copied = True, None     # (faster than the padded copies: see above)
         if copied:
             padded_matmul(out, a, b, bias if has_bias else None, transpose_a, transpose_b,
                           accumulate, copied, kernel=kernel, k_splits=k_splits, tiles=tiles,
