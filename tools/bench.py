@@ -176,7 +176,8 @@ def bench_matmul(args):
                          (MATMUL_VARIANTS if n < 50257 else LM_VARIANTS).items()
                          if wanted(args, name)})
         pipelined = []
-        if n % 4:                           # rows of V floats: padded copies, or 4 bytes at a time
+        if n % 4:                           # rows of V floats: the row classes (the default),
+                                            # padded copies, or 4 bytes at a time
             plain = [(name, ta, tb, out, a, b, theirs)
                      for name, ta, tb, out, a, b, theirs, copy, _ in products if copy is None]
             if wanted(args, "cp.async 4-byte"):     # (the cp.async pipeline's 4-byte copies)
@@ -211,8 +212,9 @@ def bench_matmul(args):
         if n >= 50257 and wanted(args, "dX k_splits"):  # the input gradient's K is the vocabulary:
             for splits in (2, 3):                       # 768 output tiles, 2.9 waves, in slices
                 cases.append((f"bwd dX=dY.W^T [dX k_splits={splits}]",
-                              lambda splits=splits: matmul_kernels.matmul(
-                                  out_dx, DY, W, transpose_b=True, k_splits=splits),
+                              lambda splits=splits: matmul_kernels.matmul(   # (padded:
+                                  out_dx, DY, W, transpose_b=True, k_splits=splits,  # the row
+                                  pad_unaligned=n % 4 != 0 or None),   # classes do not split K)
                               lambda: dy @ w.T, out_dx))
         # the weight gradient in slices of 16 (one barrier a 1024 FFMA, not 512; ptxas: 128
         # registers, no spills, the k loop 1191 instructions for 1024 FFMA against the

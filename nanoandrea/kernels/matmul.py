@@ -1132,7 +1132,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     pre-activation): out (+)= gelu'(gelu_input) * (op(a) . op(b) + bias), in the blocked
     kernel's epilogue, else the product first and gelu_backward after it.
 
-    Blocked kernel only: k_splits, slices of K computed in parallel (None: split_count chooses);
+    Blocked kernel only: k_splits, slices of K computed in parallel (None: split_count chooses;
+    the row classes below do not split K);
     tiles, a dict of make_blocked_matmul_kernel's tile parameters (None: the defaults);
     copy_b_transposed, with transpose_b: multiply by a transposed copy of b (True), or read b
     transposed in the kernel (False); None: copies_b_transposed decides;
