@@ -427,9 +427,9 @@ def test_row_class_windows(rng, monkeypatch):
     view = matmul.as_classes(x)
     for j in range(4):
         start = first + j * (L + step)
-        np.testing.assert_array_equal(view[0].copy_to_host()[:, start:start + count],
+        np.testing.assert_array_equal(view.copy_to_host()[:, start:start + count],
                                       host[j::4, first + j * step:first + j * step + count])
-    fill_kernel[1, 32](view[0], -1.0)
+    fill_kernel[1, 32](view, -1.0)
     np.testing.assert_array_equal(x.copy_to_host(), np.full_like(host, -1.0))
 
 

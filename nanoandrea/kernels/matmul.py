@@ -428,13 +428,21 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
 
     @cuda.jit(device=True, inline="always")
     def staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start, k_end, M, N,
-                       a_dc, b_dr, b_dc, o_dc, a_tiles, b_tiles, acc, a_frag, b_frag,
-                       a_frag_ahead, b_frag_ahead, a_next, b_next):
+                       a_dc, b_dr, b_dc, o_dc):
         # out[z, this block's tile] (+)= op(a)[tile's rows, k_start:k_end] . op(b)[k_start:k_end,
         # tile's columns] (+ bias) for an M x N output, the slices staged through registers:
         # the body of blocked_matmul_kernel and class_matmul_kernel. The operands and the output
         # start that many columns (dc) and rows (dr) into a, b and out (0 in blocked_matmul_kernel,
         # where the compiler drops them).
+        a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
+        b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
+        acc = cuda.local.array((8, TC), float32)
+        a_frag = cuda.local.array(8, float32)
+        b_frag = cuda.local.array(TC, float32)
+        a_frag_ahead = cuda.local.array(8, float32)        # (fragments_ahead: the second set)
+        b_frag_ahead = cuda.local.array(TC, float32)
+        a_next = cuda.local.array(A_STAGED, float32)
+        b_next = cuda.local.array(B_STAGED, float32)
         tid, ty, tx, m0, n0 = block_start(acc)
 
         # the first slice goes straight to buffer 0
@@ -485,22 +493,11 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         # product (+ bias) is multiplied by gelu'(hidden) before it is added or stored; else
         # not read.
         # grid (N/BN, M/BM, S), block THREADS
-        a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
-        b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
-        acc = cuda.local.array((8, TC), float32)
-        a_frag = cuda.local.array(8, float32)
-        b_frag = cuda.local.array(TC, float32)
-        a_frag_ahead = cuda.local.array(8, float32)        # (fragments_ahead: the second set)
-        b_frag_ahead = cuda.local.array(TC, float32)
-        a_next = cuda.local.array(A_STAGED, float32)
-        b_next = cuda.local.array(B_STAGED, float32)
         K = a.shape[0] if transpose_a else a.shape[1]
         z = cuda.blockIdx.z
         k_start = z * k_per_split
         staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start,
-                       min(K, k_start + k_per_split), out.shape[1], out.shape[2], 0, 0, 0, 0,
-                       a_tiles, b_tiles, acc, a_frag, b_frag, a_frag_ahead, b_frag_ahead, a_next,
-                       b_next)
+                       min(K, k_start + k_per_split), out.shape[1], out.shape[2], 0, 0, 0, 0)
 
     @cuda.jit(**bounds)
     def class_matmul_kernel(out, a, b, M, N, K, accumulate, a_dc, b_dr, b_dc, o_dc):
@@ -511,20 +508,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         # No bias, no GELU. The four classes of rows of the LM head at V = 50257, in views of
         # a, b, out as C-contiguous arrays of rows 4 times as long (row_class_matmul).
         # grid (N/BN, M/BM, S), block THREADS
-        a_tiles = cuda.shared.array((2, BK, A_PAD), float32)
-        b_tiles = cuda.shared.array((2, BK, B_PAD), float32)
-        acc = cuda.local.array((8, TC), float32)
-        a_frag = cuda.local.array(8, float32)
-        b_frag = cuda.local.array(TC, float32)
-        a_frag_ahead = cuda.local.array(8, float32)
-        b_frag_ahead = cuda.local.array(TC, float32)
-        a_next = cuda.local.array(A_STAGED, float32)
-        b_next = cuda.local.array(B_STAGED, float32)
         z = cuda.blockIdx.z
         staged_product(out, a, b, b[0], False, accumulate, a, 0, 0, K, M, N,
                        a_dc[0] + z * a_dc[1], b_dr[0] + z * b_dr[1], b_dc[0] + z * b_dc[1],
-                       o_dc[0] + z * o_dc[1], a_tiles, b_tiles, acc, a_frag, b_frag,
-                       a_frag_ahead, b_frag_ahead, a_next, b_next)
+                       o_dc[0] + z * o_dc[1])
 
     @cuda.jit(device=True, inline="always")
     def copy_slice(tiles, stage, x, chunks, total, along_k, width, vector, size, k_end, first,
@@ -918,13 +905,13 @@ def class_window(x):
 
 
 def as_classes(x):
-    """x[R, L] (contiguous, R % 4 == 0) as [1, R/4, 4L], C-contiguous too: row i holds x's rows
+    """x[R, L] (contiguous, R % 4 == 0) as [R/4, 4L], C-contiguous too: row i holds x's rows
     4i .. 4i+3 side by side, so class j's rows x[j::4] are its columns [jL, jL + L) and class
     j's window (class_window) its columns from first + j (L + step): a column offset for
     class_matmul_kernel, whose loads and stores then index a C-contiguous array (on strided
     [4, R/4, W] views, NN needed 132 registers, ptxas sm_90)."""
     R, L = x.shape
-    return x.reshape(1, R // ROW_CLASSES, ROW_CLASSES * L)
+    return x.reshape(R // ROW_CLASSES, ROW_CLASSES * L)
 
 
 def row_class_case(M, N, K, transpose_a, transpose_b, aligned, has_bias, hidden):
@@ -1076,9 +1063,11 @@ def row_class_matmul(case, out, a, b, transpose_a, accumulate, tiles=None):
     fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles).classes
     BM, BN, _ = fast.tile
 
-    def classes(out3, a3, b, rows, cols, inner, accumulate, a_dc, b_dr, b_dc, o_dc):
-        launch(fast, (blocks(cols, BN), blocks(rows, BM), ROW_CLASSES), fast.threads, out3,
-               a3[0], b, rows, cols, inner, accumulate, a_dc, b_dr, b_dc, o_dc)
+    def classes(out2, a2, b2, rows, cols, inner, accumulate, a_dc, b_dr, b_dc, o_dc):
+        # the four classes' rows x cols x inner products, one launch (class_matmul_kernel)
+        launch(fast, (blocks(cols, BN), blocks(rows, BM), ROW_CLASSES), fast.threads,
+               out2.reshape(1, *out2.shape), a2, b2, rows, cols, inner, accumulate, a_dc, b_dr,
+               b_dc, o_dc)
 
     if case == "a rows":                    # windows along k: a's and out's classes of rows
         K = a.shape[1]                      # (and b's rows with them), out's rows written
@@ -1090,12 +1079,12 @@ def row_class_matmul(case, out, a, b, transpose_a, accumulate, tiles=None):
     if case == "k rows":                    # classes of k: partials over each window, summed
         K = a.shape[0]
         first, step, count = class_window(b)
-        partials = cuda.device_array((1, M, ROW_CLASSES * count), dtype=np.float32,
+        partials = cuda.device_array((M, ROW_CLASSES * count), dtype=np.float32,
                                      stream=current_stream())
-        classes(partials, as_classes(a), as_classes(b)[0], M, count, K // 4, False, (0, M),
+        classes(partials, as_classes(a), as_classes(b), M, count, K // 4, False, (0, M),
                 (0, 0), (first, N + step), (0, count))
         lo, hi = first + 3 * step, first + count
-        launch(sum_windows_kernel, *rows_grid(M, hi - lo), out, partials[0], first, step, count,
+        launch(sum_windows_kernel, *rows_grid(M, hi - lo), out, partials, first, step, count,
                lo, hi, accumulate)
         first, step, count = lo, 0, hi - lo     # (every row's window, for the edges)
     else:                                   # "out rows": out's (and a's) classes of rows, b's
