@@ -44,7 +44,7 @@ from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_for
 from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
                      current_stream, elementwise_grid, is_contiguous, launch)
-from .vector import aligned16, load4, store4
+from .vector import aligned16, load1, load4, store1, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
 
@@ -193,6 +193,18 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         return x0, x1, x2, x3
 
     @cuda.jit(device=True, inline="always")
+    def read_spread(x, rows, cols, r, c, apart, dr, dc):
+        # x[dr + r, dc + c + apart * e] for e < 4, zeros outside [:rows, :cols]: 4-byte loads
+        # whose warp reads 32 consecutive floats each, however x's rows are aligned
+        x0, x1, x2, x3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+        if r < rows:
+            x0 = load1(x, (dr + r, dc + c)) if c < cols else x0
+            x1 = load1(x, (dr + r, dc + c + apart)) if c + apart < cols else x1
+            x2 = load1(x, (dr + r, dc + c + 2 * apart)) if c + 2 * apart < cols else x2
+            x3 = load1(x, (dr + r, dc + c + 3 * apart)) if c + 3 * apart < cols else x3
+        return x0, x1, x2, x3
+
+    @cuda.jit(device=True, inline="always")
     def load_slice(staged, x, chunks, total, along_k, width, vector, size, k_end, first, k0, tid,
                    dr, dc):
         # one operand's slice into registers, 4-float chunks: op(x)[first:first+width, k0:k0+BK]
@@ -205,14 +217,17 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             if along_k:                     # x[size, K]: a chunk is 4 consecutive k
                 i, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
                 x4 = read_chunk(x, size, k_end, first + i, k0 + k, vector, dr, dc)
-            else:                           # x[K, size]: a chunk is 4 consecutive m (or n)
+            elif vector:                    # x[K, size]: a chunk is 4 consecutive m (or n)
                 k, i = chunk // (width // 4), (chunk % (width // 4)) * 4
-                x4 = read_chunk(x, k_end, size, k0 + k, first + i, vector, dr, dc)
-            for e in range(4):
+                x4 = read_chunk(x, k_end, size, k0 + k, first + i, True, dr, dc)
+            else:                           # ... or, 4 bytes at a time, 4 columns width / 4
+                k, i = chunk // (width // 4), chunk % (width // 4)      # apart: each load of
+                x4 = read_spread(x, k_end, size, k0 + k, first + i, width // 4, dr, dc)  # a warp
+            for e in range(4):                                  # then reads consecutive floats
                 staged[4 * r + e] = x4[e]
 
     @cuda.jit(device=True, inline="always")
-    def park(tiles, buffer, staged, chunks, total, along_k, width, tid):
+    def park(tiles, buffer, staged, chunks, total, along_k, width, vector, tid):
         # registers -> shared memory tiles[buffer, k, m]; chunks along k are transposed here
         for r in range(chunks):
             chunk = tid + r * THREADS
@@ -222,6 +237,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 m, k = chunk // (BK // 4), (chunk % (BK // 4)) * 4
                 for i in range(4):
                     tiles[buffer, k + i, m] = staged[4 * r + i]
+            elif not vector:                # (read_spread's columns, width / 4 apart)
+                k, m = chunk // (width // 4), chunk % (width // 4)
+                for i in range(4):
+                    store1(tiles, (buffer, k, m + i * (width // 4)), staged[4 * r + i])
             else:
                 k, m = chunk // (width // 4), (chunk % (width // 4)) * 4
                 store4(tiles, (buffer, k, m), staged[4 * r], staged[4 * r + 1],
@@ -450,8 +469,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                    tid, 0, a_dc)
         load_slice(b_next, b, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, vector_b, N, k_end, n0, k_start,
                    tid, b_dr, b_dc)
-        park(a_tiles, 0, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, tid)
-        park(b_tiles, 0, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, tid)
+        park(a_tiles, 0, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, tid)
+        park(b_tiles, 0, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, vector_b, tid)
         cuda.syncthreads()
         if fragments_ahead:
             load_fragments(a_frag, b_frag, a_tiles, b_tiles, 0, 0, ty, tx)
@@ -474,8 +493,10 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 for kk in range(0, BK, 8):
                     slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx)
             # park the next slice in the other buffer
-            park(a_tiles, 1 - buffer, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, tid)
-            park(b_tiles, 1 - buffer, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN, tid)
+            park(a_tiles, 1 - buffer, a_next, A_CHUNKS, A_TOTAL, A_ALONG_K, BM,
+                 vector_a, tid)
+            park(b_tiles, 1 - buffer, b_next, B_CHUNKS, B_TOTAL, B_ALONG_K, BN,
+                 vector_b, tid)
             cuda.syncthreads()
             if fragments_ahead:             # the next slice's first step, then this one's last
                 load_fragments(a_frag, b_frag, a_tiles, b_tiles, 1 - buffer, 0, ty, tx)

@@ -50,6 +50,12 @@ if SIMULATOR:
         return (array[outer + (j,)], array[outer + (j + 1,)], array[outer + (j + 2,)],
                 array[outer + (j + 3,)])
 
+    def load1(array, index):
+        return array[index]
+
+    def store1(array, index, x):
+        array[index] = x
+
     def store4(array, index, x0, x1, x2, x3):
         *outer, j = index
         outer = tuple(outer)
@@ -111,6 +117,35 @@ else:
             return context.make_tuple(builder, result, values)
 
         return result(array, index), codegen
+
+    @intrinsic
+    def load1(typingctx, array, index):
+        _check(array, index)
+
+        def codegen(context, builder, signature, args):
+            array_type, index_type = signature.args
+            structure = context.make_array(array_type)(context, builder, args[0])
+            indices = [context.cast(builder, value, kind, types.intp) for value, kind in
+                       zip(cgutils.unpack_tuple(builder, args[1], len(index_type)), index_type)]
+            return builder.load(cgutils.get_item_pointer(context, builder, array_type, structure,
+                                                         indices, wraparound=False))
+
+        return types.float32(array, index), codegen
+
+    @intrinsic
+    def store1(typingctx, array, index, x):
+        _check(array, index)
+
+        def codegen(context, builder, signature, args):
+            array_type, index_type, value_type = signature.args
+            structure = context.make_array(array_type)(context, builder, args[0])
+            indices = [context.cast(builder, value, kind, types.intp) for value, kind in
+                       zip(cgutils.unpack_tuple(builder, args[1], len(index_type)), index_type)]
+            builder.store(context.cast(builder, args[2], value_type, types.float32),
+                          cgutils.get_item_pointer(context, builder, array_type, structure,
+                                                   indices, wraparound=False))
+
+        return types.void(array, index, x), codegen
 
     @intrinsic
     def store4(typingctx, array, index, x0, x1, x2, x3):
