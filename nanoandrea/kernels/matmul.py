@@ -440,6 +440,22 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         store_row(out, hidden, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, dc, accumulate)
         store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, dc, accumulate)
 
+    @cuda.jit(device=True, inline="always")
+    def outside_step(acc, a_frag, b_frag, a, b, k, m0, n0, ty, tx, M, N, a_dc, b_dr, b_dc):
+        # one step of k read from global memory, not from the staged slices: the thread's 8
+        # values of a[:, a_dc + k] and TC of b[b_dr + k, b_dc:] (neither transposed), zeros
+        # outside [:M], [:N]; the row classes' k outside a row's window (class_matmul_kernel)
+        for i in range(8):
+            row = m0 + (i // 4) * HALF_M + ty * 4 + i % 4
+            a_frag[i] = float32(0.0)
+            if row < M:
+                a_frag[i] = a[row, a_dc + k]
+        for run in range(RUNS_N):           # (b's row b_dr + k is there: k + 1 rows checked)
+            x4 = read_chunk(b, k + 1, N, k, n0 + run * RUN_N + tx * 4, vector_b, b_dr, b_dc)
+            for e in range(4):
+                b_frag[run * 4 + e] = x4[e]
+        multiply_fragments(acc, a_frag, b_frag)
+
     # (the simulator's cuda.jit takes no launch_bounds)
     # (and a block of more than 256 threads must fit its registers: at most 128 a thread for 512)
     capped = blocks_per_sm > 1 or THREADS > 256
@@ -447,12 +463,13 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
 
     @cuda.jit(device=True, inline="always")
     def staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start, k_end, M, N,
-                       a_dc, b_dr, b_dc, o_dc):
+                       a_dc, b_dr, b_dc, o_dc, before, after):
         # out[z, this block's tile] (+)= op(a)[tile's rows, k_start:k_end] . op(b)[k_start:k_end,
         # tile's columns] (+ bias) for an M x N output, the slices staged through registers:
         # the body of blocked_matmul_kernel and class_matmul_kernel. The operands and the output
-        # start that many columns (dc) and rows (dr) into a, b and out (0 in blocked_matmul_kernel,
-        # where the compiler drops them).
+        # start that many columns (dc) and rows (dr) into a, b and out, and the `before` k
+        # before k_start and `after` after k_end are added one by one (0 in
+        # blocked_matmul_kernel, where the compiler drops them).
         a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
         b_tiles = cuda.shared.array((2, BK, B_PAD), float32)   # op(b) slices
         acc = cuda.local.array((8, TC), float32)
@@ -463,6 +480,15 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         a_next = cuda.local.array(A_STAGED, float32)
         b_next = cuda.local.array(B_STAGED, float32)
         tid, ty, tx, m0, n0 = block_start(acc)
+        # the k outside [k_start, k_end) first (none in blocked_matmul_kernel; a not
+        # transposed only: compiled into TN, the code held 158 registers, ptxas sm_90): before
+        # the slices, so that nothing they need stays live through the k loop (after it, the
+        # row classes' NN kernel needed 133 registers and a loop of 623 instructions)
+        if not transpose_a:
+            for k in range(k_start - before, k_start):
+                outside_step(acc, a_frag, b_frag, a, b, k, m0, n0, ty, tx, M, N, a_dc, b_dr, b_dc)
+            for k in range(k_end, k_end + after):
+                outside_step(acc, a_frag, b_frag, a, b, k, m0, n0, ty, tx, M, N, a_dc, b_dr, b_dc)
 
         # the first slice goes straight to buffer 0
         load_slice(a_next, a, A_CHUNKS, A_TOTAL, A_ALONG_K, BM, vector_a, M, k_end, m0, k_start,
@@ -518,21 +544,25 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         z = cuda.blockIdx.z
         k_start = z * k_per_split
         staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start,
-                       min(K, k_start + k_per_split), out.shape[1], out.shape[2], 0, 0, 0, 0)
+                       min(K, k_start + k_per_split), out.shape[1], out.shape[2], 0, 0, 0, 0, 0,
+                       0)
 
     @cuda.jit(**bounds)
-    def class_matmul_kernel(out, a, b, M, N, K, accumulate, a_dc, b_dr, b_dc, o_dc):
+    def class_matmul_kernel(out, a, b, M, N, K, accumulate, a_dc, b_dr, b_dc, o_dc, before,
+                            after):
         # S products of M x N x K side by side in one launch, the z-th (z = blockIdx.z) on
         # operands and output that start further into a, b and out, each by where + z * step
         # (the pairs a_dc, b_dr, b_dc, o_dc: columns of a, rows and columns of b, columns of
-        # out): out[0, :M, o_dc:o_dc + N] (+)= op(a[:, a_dc:])[:M, :K] . b[b_dr:, b_dc:][:K, :N].
-        # No bias, no GELU. The four classes of rows of the LM head at V = 50257, in views of
-        # a, b, out as C-contiguous arrays of rows 4 times as long (row_class_matmul).
+        # out): out[0, :M, o_dc:o_dc + N] (+)= op(a[:, a_dc:])[:M, :K] . b[b_dr:, b_dc:][:K, :N],
+        # the k range widened by `before` k before 0 and `after` past K (pairs too; NN only:
+        # the TN kernel ignores them). No bias, no GELU. The four classes of rows of the LM
+        # head at V = 50257, in views of a, b, out as C-contiguous arrays of rows 4 times as
+        # long (row_class_matmul).
         # grid (N/BN, M/BM, S), block THREADS
         z = cuda.blockIdx.z
         staged_product(out, a, b, b[0], False, accumulate, a, 0, 0, K, M, N,
                        a_dc[0] + z * a_dc[1], b_dr[0] + z * b_dr[1], b_dc[0] + z * b_dc[1],
-                       o_dc[0] + z * o_dc[1])
+                       o_dc[0] + z * o_dc[1], before[0] + z * before[1], after[0] + z * after[1])
 
     @cuda.jit(device=True, inline="always")
     def copy_slice(tiles, stage, x, chunks, total, along_k, width, vector, size, k_end, first,
@@ -891,7 +921,7 @@ def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied,
 # V = 50257 has one of each):
 #   a rows   out[M,N] (+)= a[M,K] . b[K,N], a's rows not runs (dlogits . W, with W^T copied):
 #            a's classes of rows and out's, windows along k (b's rows shifted with them); the
-#            k outside a row's window added after (add_outside_windows_kernel)
+#            k outside a row's window added one by one after the window's (outside_step)
 #   k rows   out[M,N] (+)= a[K,M]^T . b[K,N], b's rows not runs (X^T . dlogits): classes of
 #            the rows of a and b (of k), each class's product into partials over its window of
 #            n, which sum_windows adds up; the columns outside some window by a product of
@@ -1030,24 +1060,6 @@ def sum_windows_kernel(out, partials, first, step, count, lo, hi, accumulate):
             out[m, n] = total
 
 
-@cuda.jit
-def add_outside_windows_kernel(out, a, b, first, step, count):
-    # out[r, :] += a[r, k] * b[k, :] summed over the k outside row r's window of a, [first +
-    # j * step, + count) for j = r % 4 (the window's own product is in out already)
-    R, N = out.shape
-    K = a.shape[1]
-    r0, r_step, c0, c_step = row_columns()
-    for r in range(r0, R, r_step):
-        begin = first + (r % ROW_CLASSES) * step
-        for n in range(c0, N, c_step):
-            total = out[r, n]
-            for k in range(begin):
-                total += a[r, k] * b[k, n]
-            for k in range(begin + count, K):
-                total += a[r, k] * b[k, n]
-            out[r, n] = total
-
-
 def _split_plan(fast, M, N, K, k_splits):
     """(k_per_split, grid) of the blocked kernel `fast` for an M x N x K product: K in
     k_splits slices (None: split_count's), computed side by side along grid z."""
@@ -1084,18 +1096,19 @@ def row_class_matmul(case, out, a, b, transpose_a, accumulate, tiles=None):
     fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles).classes
     BM, BN, _ = fast.tile
 
-    def classes(out2, a2, b2, rows, cols, inner, accumulate, a_dc, b_dr, b_dc, o_dc):
+    def classes(out2, a2, b2, rows, cols, inner, accumulate, a_dc, b_dr, b_dc, o_dc,
+                before=(0, 0), after=(0, 0)):
         # the four classes' rows x cols x inner products, one launch (class_matmul_kernel)
         launch(fast, (blocks(cols, BN), blocks(rows, BM), ROW_CLASSES), fast.threads,
                out2.reshape(1, *out2.shape), a2, b2, rows, cols, inner, accumulate, a_dc, b_dr,
-               b_dc, o_dc)
+               b_dc, o_dc, before, after)
 
     if case == "a rows":                    # windows along k: a's and out's classes of rows
         K = a.shape[1]                      # (and b's rows with them), out's rows written
-        first, step, count = class_window(a)                # whole, the k outside added after
-        classes(as_classes(out), as_classes(a), b, M // 4, N, count, accumulate,
-                (first, K + step), (first, step), (0, 0), (0, N))
-        launch(add_outside_windows_kernel, *rows_grid(M, N), out, a, b, first, step, count)
+        first, step, count = class_window(a)    # whole, the k outside each row's window in
+        classes(as_classes(out), as_classes(a), b, M // 4, N, count, accumulate,  # the same
+                (first, K + step), (first, step), (0, 0), (0, N),                 # launch
+                (first, step), (K - first - count, -step))
         return
     if case == "k rows":                    # classes of k: partials over each window, summed
         K = a.shape[0]
