@@ -24,7 +24,10 @@ for step in ${steps[@]}; do
       # kernels compile on the CPU, so the suite runs in parallel workers where pytest-xdist is
       # there (`pip download --no-deps -d .whl pytest-xdist execnet` beside the numpy wheel)
       workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
-      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:warnings $workers tests 2>&1 | tee $OUT/pytest.log | tail -15 ;;
+      # (-v: each test's outcome on its own line as it ends, so that a run cut by its time
+      # limit still names what failed; pytest's summary comes only at the end)
+      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -v -rf -p no:warnings $workers ${TESTS:-tests} 2>&1 \
+          | tee $OUT/pytest.log | grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" | tail -15 ;;
     profile)    # each kernel's GPU time in a training step, ours and PyTorch's (torch.profiler)
       timeout ${PROFILE_TIMEOUT:-200} python3 tools/bench.py --only profile --top 30 \
           ${MODELS:+--models $MODELS} 2>&1 | grep -v "Warn\|warn(" | tee $OUT/profile.log ;;
