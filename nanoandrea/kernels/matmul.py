@@ -921,7 +921,7 @@ def padded_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, copied,
 # V = 50257 has one of each):
 #   a rows   out[M,N] (+)= a[M,K] . b[K,N], a's rows not runs (dlogits . W, with W^T copied):
 #            a's classes of rows and out's, windows along k (b's rows shifted with them); the
-#            k outside a row's window added one by one after the window's (outside_step)
+#            k outside a row's window added one by one, before its slices (outside_step)
 #   k rows   out[M,N] (+)= a[K,M]^T . b[K,N], b's rows not runs (X^T . dlogits): classes of
 #            the rows of a and b (of k), each class's product into partials over its window of
 #            n, which sum_windows adds up; the columns outside some window by a product of
