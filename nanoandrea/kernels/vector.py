@@ -3,6 +3,12 @@
     x0, x1, x2, x3 = load4(array, (i, j))      array[i, j], array[i, j+1], array[i, j+2], array[i, j+3]
     store4(array, (i, j), x0, x1, x2, x3)
     add4(array, (i, j), x0, x1, x2, x3)        array[i, j:j+4] += (x0, .., x3), atomically
+    x = load1(array, (i, j)); store1(array, (i, j), x)   one float, 4 bytes
+
+load1 and store1 are array[i, j] without Numba's negative-index wraparound: the indices are
+taken as they are (non-negative, the caller's promise), so the address is one multiply-add
+from the array's start and loads a few floats apart share it (the blocked matmul's 4-byte
+loads of rows that are not 16-byte runs, four columns 32 apart).
 
 One 16-byte instruction (ld.global.v4.f32, ld.shared.v4.f32, st.shared.v4.f32, ...) instead of
 four 4-byte ones: a quarter of the load/store instructions, which is what a register-blocked
