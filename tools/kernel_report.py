@@ -82,7 +82,7 @@ def kernels():
     for name, ta in (("NN, row classes (forward, dX at 50257)", False),
                      ("TN, row classes of k (dW at 50257)", True)):
         yield f"blocked matmul {name}", blocked(ta, False, (True, True, True)).classes, \
-            (A3, A2, A2, int64, int64, int64, BOOL, PAIR, PAIR, PAIR, PAIR, PAIR, PAIR)
+            (A3, A2, A2, int64, int64, int64, BOOL, PAIR, PAIR, PAIR, PAIR)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits4 (16-byte)", matmul.sum_splits4_kernel, (A1, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:

@@ -548,21 +548,21 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                        0)
 
     @cuda.jit(**bounds)
-    def class_matmul_kernel(out, a, b, M, N, K, accumulate, a_dc, b_dr, b_dc, o_dc, before,
-                            after):
+    def class_matmul_kernel(out, a, b, M, N, K, accumulate, a_dc, b_dr, b_dc, o_dc):
         # S products of M x N x K side by side in one launch, the z-th (z = blockIdx.z) on
         # operands and output that start further into a, b and out, each by where + z * step
         # (the pairs a_dc, b_dr, b_dc, o_dc: columns of a, rows and columns of b, columns of
-        # out): out[0, :M, o_dc:o_dc + N] (+)= op(a[:, a_dc:])[:M, :K] . b[b_dr:, b_dc:][:K, :N],
-        # the k range widened by `before` k before 0 and `after` past K (pairs too; NN only:
-        # the TN kernel ignores them). No bias, no GELU. The four classes of rows of the LM
-        # head at V = 50257, in views of a, b, out as C-contiguous arrays of rows 4 times as
-        # long (row_class_matmul).
+        # out): out[0, :M, o_dc:o_dc + N] (+)= op(a[:, a_dc:])[:M, :K] . b[b_dr:, b_dc:][:K, :N];
+        # NN only: b's rows before b_dr and after b_dr + K too, with a's columns beside them
+        # (the k outside a class's window). No bias, no GELU. The four classes of rows of the
+        # LM head at V = 50257, in views of a, b, out as C-contiguous arrays of rows 4 times
+        # as long (row_class_matmul).
         # grid (N/BN, M/BM, S), block THREADS
         z = cuda.blockIdx.z
+        b_row = b_dr[0] + z * b_dr[1]
         staged_product(out, a, b, b[0], False, accumulate, a, 0, 0, K, M, N,
-                       a_dc[0] + z * a_dc[1], b_dr[0] + z * b_dr[1], b_dc[0] + z * b_dc[1],
-                       o_dc[0] + z * o_dc[1], before[0] + z * before[1], after[0] + z * after[1])
+                       a_dc[0] + z * a_dc[1], b_row, b_dc[0] + z * b_dc[1], o_dc[0] + z * o_dc[1],
+                       b_row, b.shape[0] - b_row - K)
 
     @cuda.jit(device=True, inline="always")
     def copy_slice(tiles, stage, x, chunks, total, along_k, width, vector, size, k_end, first,
@@ -1096,19 +1096,17 @@ def row_class_matmul(case, out, a, b, transpose_a, accumulate, tiles=None):
     fast = _blocked_kernel(bool(transpose_a), False, (True, True, True), tiles).classes
     BM, BN, _ = fast.tile
 
-    def classes(out2, a2, b2, rows, cols, inner, accumulate, a_dc, b_dr, b_dc, o_dc,
-                before=(0, 0), after=(0, 0)):
+    def classes(out2, a2, b2, rows, cols, inner, accumulate, a_dc, b_dr, b_dc, o_dc):
         # the four classes' rows x cols x inner products, one launch (class_matmul_kernel)
         launch(fast, (blocks(cols, BN), blocks(rows, BM), ROW_CLASSES), fast.threads,
                out2.reshape(1, *out2.shape), a2, b2, rows, cols, inner, accumulate, a_dc, b_dr,
-               b_dc, o_dc, before, after)
+               b_dc, o_dc)
 
     if case == "a rows":                    # windows along k: a's and out's classes of rows
         K = a.shape[1]                      # (and b's rows with them), out's rows written
-        first, step, count = class_window(a)    # whole, the k outside each row's window in
-        classes(as_classes(out), as_classes(a), b, M // 4, N, count, accumulate,  # the same
-                (first, K + step), (first, step), (0, 0), (0, N),                 # launch
-                (first, step), (K - first - count, -step))
+        first, step, count = class_window(a)    # whole, the k outside each row's window (b's
+        classes(as_classes(out), as_classes(a), b, M // 4, N, count, accumulate,  # rows outside
+                (first, K + step), (first, step), (0, 0), (0, N))   # its own) in the same launch
         return
     if case == "k rows":                    # classes of k: partials over each window, summed
         K = a.shape[0]
