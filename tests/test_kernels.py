@@ -173,12 +173,18 @@ def test_transpose(rng, R, C):
     assert np.array_equal(out.copy_to_host(), want.astype(np.float32))
 
 
+@pytest.mark.parametrize("pad_unaligned", [False, None] if GPU else [False])
 @pytest.mark.parametrize("with_bias,accumulate,gelu_grad", [
     (True, False, False), (False, True, False), (False, True, True)])
-def test_matmul_through_transposed_copy(rng, with_bias, accumulate, gelu_grad):
+def test_matmul_through_transposed_copy(rng, with_bias, accumulate, gelu_grad, pad_unaligned):
     """With transpose_b, the blocked path may multiply by a transposed copy of b (the plain
-    kernel) instead of transposing b's slices in the kernel: a copy moves data, so the two
-    add the same products in the same order and agree bit for bit (with gelu' too)."""
+    kernel) instead of transposing b's slices in the kernel. On the GPU K is not a multiple of
+    4, so a's rows are not 16-byte runs (in the simulator, where an odd K took 120 s a test,
+    they are). With the 4-byte kernels (pad_unaligned=False) a copy only moves
+    data: the two add the same products in the same order and agree bit for bit (with gelu'
+    too). With matmul's own choice (None) the copy can change the route: b^T's rows are
+    aligned, so the copy's product may take the row classes (the k outside each row's window
+    first) where the other runs on padded copies; then both are only checked against NumPy."""
     M, N, K = (20, 24, 36) if not GPU else (2048, 3072, 771)
     assert matmul.copies_b_transposed(M, N, False, True) == GPU     # (what None picks)
     a, b = rng.standard_normal((M, K)), rng.standard_normal((N, K))
@@ -189,14 +195,17 @@ def test_matmul_through_transposed_copy(rng, with_bias, accumulate, gelu_grad):
     for copy in (True, False):
         out = device(prior) if accumulate else poisoned((M, N))
         matmul.matmul(out, device(a), device(b), bias, transpose_b=True, accumulate=accumulate,
-                      kernel="blocked", gelu_input=pre, copy_b_transposed=copy)
+                      kernel="blocked", gelu_input=pre, copy_b_transposed=copy,
+                      pad_unaligned=pad_unaligned)
         outs.append(out.copy_to_host())
     want = prior.copy() if accumulate else np.zeros((M, N))
     matmul.matmul_numpy(want, a, b, None if bias is None else bias.copy_to_host(),
                         transpose_b=True, accumulate=accumulate,
                         gelu_input=None if pre is None else pre.copy_to_host())
-    assert relative_error(outs[0], want) < TOLERANCE
-    assert np.array_equal(outs[0], outs[1])
+    for got in outs:
+        assert relative_error(got, want) < TOLERANCE
+    if pad_unaligned is False:
+        assert np.array_equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("tiles", [dict(BN=96), dict(BM=96)])
