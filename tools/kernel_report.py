@@ -198,6 +198,18 @@ def loops(code):
                    f"{count['BAR']} BAR" + (f", {spills} LDL/STL" if spills else ""))
 
 
+def compile_for_sm90_offline():
+    """Device functions compiled on their own (kernels/launch.py `inlined`: NVVM inlines them)
+    ask numba-cuda for the current device's compute capability, which needs a driver: without
+    a GPU, answer sm_90 (what compile_ptx is given below)."""
+    import types as python_types
+
+    from numba.cuda import dispatcher
+    if not cuda.is_available():
+        dispatcher.get_current_device = lambda: python_types.SimpleNamespace(
+            compute_capability=(9, 0))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sass", action="store_true",
@@ -205,6 +217,7 @@ def main():
     parser.add_argument("--only", default="", help="kernels whose name contains this")
     args = parser.parse_args()
     ptxas = cuda_tool("ptxas")
+    compile_for_sm90_offline()
     with tempfile.TemporaryDirectory() as folder:
         source, cubin = Path(folder) / "kernel.ptx", Path(folder) / "kernel.cubin"
         for name, kernel, signature in kernels():

@@ -60,7 +60,7 @@ from numba import cuda, float32, int64, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, check, check_float32,
-                     check_float32_rows, check_shape, elementwise_grid, launch, scratch)
+                     check_float32_rows, check_shape, elementwise_grid, launch, scratch, inlined)
 from .mma import mma_tf32, split_tf32
 from .reduce import WARP, quad_max, quad_sum, warp_barrier, warp_sum
 from .sharedmem import dynamic_shared_floats, shared_tile
@@ -74,7 +74,7 @@ FAST_HEAD_SIZES = (32, 64)
 
 # --- reference kernels: any head size ------------------------------------------------------
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def row_dot(x, y, b, h, i, j, D):
     # x[b,h,i,:] . y[b,h,j,:]
     total = float32(0.0)
@@ -83,7 +83,7 @@ def row_dot(x, y, b, h, i, j, D):
     return total
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T):
     # G_ij of (batch b, head h): 1 without dropout, else 0 or 1/(1-p)
     if threshold == 0:
@@ -91,7 +91,7 @@ def dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T):
     return keep_scale(seed[0], site, ((b * H + h) * T + i) * T + j, threshold, keep)
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def no_dropout(seed, site, threshold, keep, b, h, i, j, H, T):
     # G_ij = 1: the fast kernels built for dropout_p = 0, where the hash and the branch around
     # it are not compiled in at all
@@ -168,7 +168,7 @@ def attention_backward_reference_kernel(dq, dk, dv, delta, dout, q, k, v, out, l
 
 # --- fast kernels: D known at compile time, flash-attention-2 tiles ----------------------------
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def fast_exp(x):
     # e^x as 2^(x log2 e): a multiply and the hardware's ex2 (math.exp2), where math.exp costs
     # about ten instructions of range reduction. A few float32 ulps off where it matters (x near
@@ -176,7 +176,7 @@ def fast_exp(x):
     return math.exp2(x * LOG2E)
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def block_rows(H, T, rows_per_block, heavy_first):
     # this block's (batch, head) and its rows [row_start, row_end): grid (B*H, T/rows_per_block).
     # heavy_first: block y takes the y-th range from the end, so the longest causal rows (the
@@ -186,7 +186,7 @@ def block_rows(H, T, rows_per_block, heavy_first):
     return cuda.blockIdx.x // H, cuda.blockIdx.x % H, row_start, min(T, row_start + rows_per_block)
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def store_split4(tiles, index, x0, x1, x2, x3):
     # tiles = (hi, lo): four floats split into TF32 parts (mma.split_tf32), one 16-byte store
     # into each tile
@@ -209,7 +209,7 @@ def make_stage(D, THREADS, VECTOR, put=store4):
     R_STEP = THREADS // C_STEP          # thread step
     assert CHUNKS % C_STEP == 0, (D, THREADS)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def stage(tile, x, row0, n_rows, T, scale):
         # tile[r, d] = x[row0 + r, d] * scale for r < n_rows (x: one head's [T, D]), zeros past T,
         # in 4-float chunks: one 16-byte load from global memory (VECTOR; else four 4-byte ones,
@@ -288,23 +288,23 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
         ("steps per loop trip", D, COLS, SCORE_STEPS)
     assert WARP % THREADS_N == 0, ("a row's threads in one warp", COLS, TN)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def thread_position():
         # (ty, tx) of this thread on the THREADS_M x THREADS_N grid
         return cuda.threadIdx.x // THREADS_N, cuda.threadIdx.x % THREADS_N
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def row_of(ty, i):
         # the tile row of this thread's i-th row (of TM): runs of 4, 4*THREADS_M rows apart
         return (i // 4) * (4 * THREADS_M) + ty * 4 + i % 4
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def dim_of(tx, j):
         # the head dimension of this thread's j-th output column (of TD): runs of 4, 4*THREADS_N
         # dimensions apart
         return (j // 4) * (4 * THREADS_N) + tx * 4 + j % 4
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def scores_step(acc, x, y, y_frag, d, ty, tx):
         # acc[TM, TN] += sum_{d <= e < d+4} x[row_of(ty, i), e] y[tx + j*THREADS_N, e]: TN + TM
         # 16-byte loads feed 4 * TM * TN fused multiply-adds (y's 4 x TN values are held while
@@ -319,7 +319,7 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
                 for j in range(TN):
                     acc[i, j] += x4[u] * y_frag[j, u]
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def scores_product(acc, x, y):
         # acc[TM, TN] += sum_d x[row_of(ty, i), d] y[tx + j*THREADS_N, d] over d < D, in
         # SCORE_STEPS steps per loop trip (a manual unroll: the compiler does not unroll a loop
@@ -331,7 +331,7 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
             if SCORE_STEPS == 2:
                 scores_step(acc, x, y, y_frag, d + 4, ty, tx)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def exchange(tile, values):
         # tile[tx + j*THREADS_N, row_of(ty, i)] = values[i, j]: this thread's TM x TN values into
         # a shared tile, transposed (column-major), so output_product reads it along r. One
@@ -344,7 +344,7 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
                 store4(tile, (c, row_of(ty, 4 * a)), values[4 * a, j], values[4 * a + 1, j],
                        values[4 * a + 2, j], values[4 * a + 3, j])
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def output_step(acc, e, y, e_frag, y_frag, c, ty, tx):
         # acc[TM, TD] += e[c, row_of(ty, i)] y[c, dim_of(tx, j)]: TM/4 + TD/4 16-byte loads
         # feed TM * TD fused multiply-adds, the outer product of the blocked SGEMM
@@ -360,7 +360,7 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
             for j in range(TD):
                 acc[i, j] += e_frag[i] * y_frag[j]
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def output_product(acc, e, y):
         # acc[TM, TD] += sum_c e[c, row_of(ty, i)] y[c, dim_of(tx, j)] over c < COLS (e: an
         # exchange tile, y a staged tile [COLS, D]). Four steps per loop trip, as above
@@ -373,7 +373,7 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
             output_step(acc, e, y, e_frag, y_frag, c + 2, ty, tx)
             output_step(acc, e, y, e_frag, y_frag, c + 3, ty, tx)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def store_rows(x, acc, b, h, first, end, scale, accumulate, ty, tx):
         # x[b, h, first + row_of(ty, i), dim_of(tx, j)] (+)= acc[i, j] * scale, rows below end
         for i in range(TM):
@@ -392,7 +392,7 @@ def tile_functions(D, ROWS, COLS, TM, TN, SCORE_STEPS=2, VECTOR=True):
 
 def make_recompute(scores_product, TM, TN):
     """What both backward kernels recompute for each pair of tiles: s = x y^T, dp = u w^T."""
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def recompute(s, x, y, dp, u, w):
         for i in range(TM):
             for j in range(TN):
@@ -597,7 +597,7 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
         (D, WARPS, COLS)
     assert ROWS * P_ROW <= 2 * COLS * K_ROW, ("p_tile in the k tiles' place", D, WARPS, COLS)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def mma3(c0, c1, c2, c3, a_hi, a_lo, b_hi0, b_hi1, b_lo0, b_lo1):
         # (c0..c3) + A B in three mma's, the small parts first: A = a_hi + a_lo (4 fragment
         # floats each), B = b_hi + b_lo (2 each)
@@ -607,7 +607,7 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
                                   c0, c1, c2, c3)
         return mma_tf32(a_hi[0], a_hi[1], a_hi[2], a_hi[3], b_hi0, b_hi1, c0, c1, c2, c3)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def read_fragment(hi, lo, tile, row, col):
         # an A fragment at (row, col) of a shared tile, split: rows row, row+8, columns col,
         # col+4 (the lane's g and t already in row and col; uint64 indices, as in stage)
@@ -616,7 +616,7 @@ def make_tensor_forward_kernel(D, WARPS, COLS, blocks_per_sm=0, vector=True):
         hi[2], lo[2] = split_tf32(tile[row, col + FOUR])
         hi[3], lo[3] = split_tf32(tile[row + EIGHT, col + FOUR])
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def store_row(out, lse, o, b, h, row, half, m, total, t):
         # the lane's part of a finished row: out[b, h, row, columns 2t, 2t+1 of each 8] from
         # O's fragments (half 0: their rows g, c0 and c1; half 1: rows g+8, c2 and c3), scaled
@@ -829,7 +829,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
     DYNAMIC = 4 * floats > STATIC_SHARED_BYTES or (with_dq and RATIO > 1)
 
     if DYNAMIC:     # one flat array: k, v, q, dout, P G, dS, the row statistics; dS keys-major
-        @cuda.jit(device=True, inline="always")     # (dq's product) over q and dout
+        @inlined     # (dq's product) over q and dout
         def shared_tiles():
             buffer = dynamic_shared_floats()
             at = 0
@@ -845,7 +845,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
             stats = shared_tile(buffer, at + 2 * COLS * X_ROW, 2, COLS)
             return k_tile, v_tile, q_tile, dout_tile, pg_t, ds_t, stats, keys_t
     else:
-        @cuda.jit(device=True, inline="always")
+        @inlined
         def shared_tiles():
             k_tile = cuda.shared.array((ROWS, D_ROW), float32)
             v_tile = cuda.shared.array((ROWS, D_ROW), float32)
@@ -857,7 +857,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
             return k_tile, v_tile, q_tile, dout_tile, pg_t, ds_t, stats, pg_t
     assert 2 * COLS * D_ROW >= ROWS * K_ROW or not DYNAMIC
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def keys_major(tile, ds_t):
         # tile[r, c] = ds_t[c, r] at this thread's TM x TN places (r = row_of(ty, i) a key,
         # c = tx + j*THREADS_N a query): dS keys down, queries across, so that output_product
@@ -871,7 +871,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
                 for u in range(4):
                     tile[row_of(ty, 4 * a + u), c] = x[u]
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def store_dq_share(dq_shares, acc, b, h, row0, ty, tx):
         # dq_shares[b, h, row0 + q_row_of(ty, i), q_dim_of(tx, j)] = acc[i, j], 16 bytes at a
         # time (4 consecutive head dimensions; dq_shares is attention_backward's own, aligned;
@@ -882,7 +882,7 @@ def make_dkdv_kernel(D, ROWS, COLS, TM, TN, blocks_per_sm=0, score_steps=1, with
                 store4(dq_shares, (b, h, row, q_dim_of(tx, j)), acc[i, j], acc[i, j + 1],
                        acc[i, j + 2], acc[i, j + 3])
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def add_dq_share(dq, acc, b, h, i0, T, scale, ty, tx):
         # dq[b, h, i0 + q_row_of(ty, i), q_dim_of(tx, j)] += scale * acc[i, j], rows < T, 16
         # bytes at a time, atomically (dq aligned: attention_backward checks)
@@ -996,7 +996,7 @@ def share_pair(qt, kt, ratio):
     return qt + ratio * whole * (whole - 1) // 2 + whole * (qt - whole * ratio) + kt
 
 
-share_pair_device = cuda.jit(device=True, inline="always")(share_pair)
+share_pair_device = inlined(share_pair)
 
 
 @cuda.jit

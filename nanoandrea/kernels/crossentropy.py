@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import SIMULATOR, check, check_float32, check_shape, launch
+from .launch import SIMULATOR, check, check_float32, check_shape, launch, inlined
 from .reduce import MAX_THREADS, block_max, block_sum
 from .vector import aligned16, load4, store4
 
@@ -30,7 +30,7 @@ THREADS = 32 if SIMULATOR else 256
 NEG_INF = float32(-np.inf)
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def row_logsumexp(logits, n, V, scratch):
     # log sum_{v<V} exp(logits[n, v]) in ONE pass over the row: each thread keeps a running max m
     # and sum s of exp(x - m) over its elements (rescaling s when m grows), then the block
@@ -49,7 +49,7 @@ def row_logsumexp(logits, n, V, scratch):
     return row_max + math.log(block_sum(s, scratch))
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def class_gradient(logits, n, v, V, row_lse, target):
     # d loss_n / d logits[n, v] for a loss of weight 1: softmax - onehot for a class (v < V),
     # 0 for a padding column
@@ -92,13 +92,13 @@ def crossentropy_fused_kernel(losses, lse, dlogits, logits, targets, dloss, V):
         dlogits[n, v] = class_gradient(logits, n, v, V, row_lse, target) * scale
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def class_or_padding(x, v, V):
     # a logit of the softmax (v < V), or -inf for a padding column, outside it
     return x if v < V else NEG_INF
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def add_to_running_sum(m, s, x0, x1, x2, x3, x4, x5, x6, x7):
     # the online softmax's (max m, sum s of exp(x - m)) after eight more values (-inf: none)
     new_m = max(max(max(m, x0), max(x1, x2)), max(max(x3, x4), max(max(x5, x6), x7)))
@@ -110,7 +110,7 @@ def add_to_running_sum(m, s, x0, x1, x2, x3, x4, x5, x6, x7):
     return new_m, s
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def load_classes4(logits, n, v, V):
     # logits[n, v:v+4] by one 16-byte load, -inf past the classes (and past the row)
     if v >= logits.shape[1]:
@@ -120,7 +120,7 @@ def load_classes4(logits, n, v, V):
             class_or_padding(x2, v + 2, V), class_or_padding(x3, v + 3, V))
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def gradient4(x, v, V, row_lse, target, scale):
     # class_gradient of logit x at column v, times scale (x: -inf in the padding, whose exp is 0)
     grad = math.exp(x - row_lse)

@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .elementwise import flat, pick
-from .launch import check, check_float32, launch
+from .launch import check, check_float32, launch, inlined
 from .vector import load4, store4
 
 MASK32 = 0xFFFFFFFF
@@ -35,10 +35,10 @@ def mix32(x):
     return x
 
 
-mix32_device = cuda.jit(device=True, inline="always")(mix32)
+mix32_device = inlined(mix32)
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def keep_scale(seed, site, n, threshold, scale):
     # the multiplier of element n: 0 (dropped) or 1/(1-p) (kept)
     key = mix32_device(seed + mix32_device(site))

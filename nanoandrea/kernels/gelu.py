@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .elementwise import flat, pick
-from .launch import check_float32, launch
+from .launch import check_float32, launch, inlined
 from .vector import load4, store4
 
 SQRT_2_OVER_PI = float32(math.sqrt(2.0 / math.pi))
@@ -34,7 +34,7 @@ CUBIC = float32(0.044715)
 EXP_LIMIT = float32(88.0)
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def sigmoid_parts(x):
     # (s, e) for one x: e = exp(-2u), s = 1 / (1 + e) = 0.5 (1 + tanh(u))
     u = SQRT_2_OVER_PI * (x + CUBIC * x * x * x)
@@ -42,13 +42,13 @@ def sigmoid_parts(x):
     return float32(1.0) / (float32(1.0) + e), e
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def gelu_value(x):
     s, _ = sigmoid_parts(x)
     return x * s
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def gelu_derivative(x):
     # s + 2 x s (1 - s) du, with 1 - s = e s (no cancellation where s is close to 1)
     s, e = sigmoid_parts(x)

@@ -26,7 +26,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import (ELEMENTWISE_THREADS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     launch)
+                     launch, inlined)
 from .vector import aligned16, load4, store4
 
 ROWS_PER_THREAD = 2     # 4-wide kernels: the rows (16-byte loads) a thread has in flight
@@ -65,13 +65,13 @@ def merge_heads_kernel(out, x, accumulate):
         out[b, t, c] = value
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def load_head_row4(heads, fused, in_heads, b, h, t, d):
     # heads[b, h, t, d:d+4] if in_heads else fused[b, t, h, d:d+4]: one 16-byte load
     return load4(heads, (b, h, t, d)) if in_heads else load4(fused, (b, t, h, d))
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def move_heads4(heads, fused, split, accumulate):
     # The 4-wide kernels: heads[B,H,T,D] (+)= fused[B,T,H,D] if split, else fused (+)= heads;
     # fused is the [B,T,C] tensor viewed with C = H*D. D % 4 == 0, both 16-byte aligned.

@@ -34,6 +34,18 @@ _stream = 0          # the stream every launch goes to; 0 is the default stream
 STATIC_SHARED_BYTES = 48 * 1024    # a block's shared memory without the kernel opting in
 
 
+def inlined(function):
+    """A device function that NVVM inlines into every kernel that calls it (`forceinline`: the
+    LLVM `alwaysinline` attribute). Numba's own inline="always" copies the callee's Numba IR
+    into each call site instead, with Python's deepcopy: compiling the blocked matmul kernels
+    took 442 s against 52 s so, on this project's 2-core CI machine (2026-11-30), for the same
+    registers and inner loops (tools/kernel_report.py; docs/perf.md, v19). (The simulator's
+    cuda.jit takes neither option: there a device function is a Python call.)"""
+    if SIMULATOR:
+        return cuda.jit(device=True)(function)
+    return cuda.jit(device=True, forceinline=True)(function)
+
+
 def launch(kernel, grid, block, *args, shared_bytes=0):
     """Launch `kernel` on the current stream. grid and block are ints or tuples. shared_bytes:
     the size of the kernel's dynamic shared array (`cuda.shared.array(0, ...)`, cut into

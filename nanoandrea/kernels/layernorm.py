@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check_float32, check_shape,
-                     current_stream, elementwise_grid, launch)
+                     current_stream, elementwise_grid, launch, inlined)
 from .matmul import sum_rows
 from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, WARP, block_sum, chunk_rows,
                      column_partials_sum, finish_column_sums_kernel, row_chunks, warp_sum)
@@ -69,7 +69,7 @@ def _make_warp_kernels(V):
     bounds = ({} if SIMULATOR else
               dict(launch_bounds=(WARP * WARPS, backward_blocks_per_sm(V))))
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def load_row(values, x, row):
         # values[4 k + i] = x[row, 4 (lane + 32 k) + i]: this lane's groups of 4 columns
         lane = cuda.threadIdx.x
@@ -79,7 +79,7 @@ def _make_warp_kernels(V):
                 values[4 * k], values[4 * k + 1], values[4 * k + 2], values[4 * k + 3] = \
                     load4(x, (row, col))
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def normalize_warp_row(out, mean, rstd, values, weight, bias, eps, row):
         # The forward after a row is loaded into values (this lane's columns of row `row`):
         # writes out[row, :], mean[row], rstd[row]. Every lane of the warp calls it.
@@ -238,7 +238,7 @@ def warp_vectors(C, *arrays):
 # --- block kernels: one block per row (any C) ---------------------------------------------
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def normalize_row(out, mean, rstd, x, weight, bias, eps, total, row_cache, scratch):
     # The forward's last two passes over row blockIdx.x of x[N,C]: this thread's columns (c =
     # threadIdx.x + k * blockDim.x) add up to `total`; those below ROW_CACHE are also in the

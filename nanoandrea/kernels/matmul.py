@@ -43,7 +43,7 @@ from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_for
                    gelu_forward_numpy, gelu_value)
 from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     current_stream, elementwise_grid, is_contiguous, launch)
+                     current_stream, elementwise_grid, is_contiguous, launch, inlined)
 from .vector import aligned16, load1, load4, store1, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
@@ -175,7 +175,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     WAIT_FOR_OLDEST = wait_copies(stages - 2) if stages else None
     WAIT_FOR_ALL = wait_copies(0)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def read_chunk(x, rows, cols, r, c, vector, dr, dc):
         # x[dr + r, dc + c:dc + c+4], zeros where r, c are outside [:rows, :cols] (dr, dc: where
         # the operand starts in x; 0 but in class_matmul_kernel); 16 bytes at once when vector
@@ -192,7 +192,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         x3 = x[dr + r, dc + c + 3] if r < rows and c + 3 < cols else float32(0.0)
         return x0, x1, x2, x3
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def read_spread(x, rows, cols, r, c, apart, dr, dc):
         # x[dr + r, dc + c + apart * e] for e < 4, zeros outside [:rows, :cols]: 4-byte loads
         # whose warp reads 32 consecutive floats each, however x's rows are aligned
@@ -204,7 +204,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             x3 = load1(x, (dr + r, dc + c + 3 * apart)) if c + 3 * apart < cols else x3
         return x0, x1, x2, x3
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def load_slice(staged, x, chunks, total, along_k, width, vector, size, k_end, first, k0, tid,
                    dr, dc):
         # one operand's slice into registers, 4-float chunks: op(x)[first:first+width, k0:k0+BK]
@@ -226,7 +226,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             for e in range(4):                                  # then reads consecutive floats
                 staged[4 * r + e] = x4[e]
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def park(tiles, buffer, staged, chunks, total, along_k, width, vector, tid):
         # registers -> shared memory tiles[buffer, k, m]; chunks along k are transposed here
         for r in range(chunks):
@@ -246,7 +246,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 store4(tiles, (buffer, k, m), staged[4 * r], staged[4 * r + 1],
                        staged[4 * r + 2], staged[4 * r + 3])
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def load_fragments(a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
         # the thread's 8 values of op(a)[:, kk] and its TC of op(b)[kk, :]: 2 + TC/4 16-byte
         # shared-memory loads
@@ -259,26 +259,26 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             for i in range(4):
                 b_frag[run * 4 + i] = y[i]
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def multiply_fragments(acc, a_frag, b_frag):
         # acc[8,TC] += a_frag (outer) b_frag: 8*TC multiply-adds (64 at TC = 8)
         for i in range(8):
             for j in range(TC):
                 acc[i, j] += a_frag[i] * b_frag[j]
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
         # one step of k: acc[8,TC] += op(a)[thread's rows, kk] (outer) op(b)[kk, thread's cols]
         load_fragments(a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx)
         multiply_fragments(acc, a_frag, b_frag)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def step_ahead(acc, a_now, b_now, a_next, b_next, a_tiles, b_tiles, buffer, kk_next, ty, tx):
         # step kk_next's fragments read while the step before (in a_now, b_now) is multiplied
         load_fragments(a_next, b_next, a_tiles, b_tiles, buffer, kk_next, ty, tx)
         multiply_fragments(acc, a_now, b_now)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def slice_product_ahead(acc, a0, b0, a1, b1, a_tiles, b_tiles, buffer, ty, tx):
         # steps 0-6 of a slice of 8 whose step 0 is in (a0, b0); leaves step 7 in (a1, b1)
         step_ahead(acc, a0, b0, a1, b1, a_tiles, b_tiles, buffer, 1, ty, tx)
@@ -289,7 +289,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         step_ahead(acc, a1, b1, a0, b0, a_tiles, b_tiles, buffer, 6, ty, tx)
         step_ahead(acc, a0, b0, a1, b1, a_tiles, b_tiles, buffer, 7, ty, tx)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk, ty, tx):
         # eight steps of k, kk .. kk+7, written out: as a rolled loop, its counter and address
         # arithmetic cost 6% of the k loop's instructions (SASS), and the shared-memory
@@ -303,7 +303,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk + 6, ty, tx)
         outer_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, kk + 7, ty, tx)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def gather_rows(values, x, i0, m0, n0, ty, tx, M, N, dc):
         # values[TC * r + j] = x[row of the thread's (i0 + r)-th, dc + its j-th column] for r <
         # 4, j < TC (zero outside x[:M, dc:dc + N]): its loads issued together, before any is
@@ -324,7 +324,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                         if row < M and col + e < N:
                             values[TC * r + 4 * run + e] = x[row, dc + col + e]
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def fold_rows(acc, values, x, b_frag, i0, m0, n0, ty, tx, M, N, dc, with_gelu_grad):
         # acc[i0 .. i0+3, :] = (acc + bias) * gelu'(x) if with_gelu_grad, else (acc + bias) + x
         # (x's columns from dc on)
@@ -336,7 +336,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                 else:
                     acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) + values[TC * r + j]
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def store_row(out, hidden, acc, b_frag, i, z, m0, n0, ty, tx, M, N, dc, accumulate):
         # out[z, the thread's i-th row, dc + its TC columns] = acc[i, :], plus its bias (b_frag)
         # and (accumulate) what out holds when the epilogue did not gather those in already;
@@ -376,7 +376,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                     if gelu:
                         hidden[row, col] = gelu_value(value)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def block_start(acc):
         # zeroes the accumulators; returns where this block and thread work: the thread's index
         # tid and its place (ty, tx) on the THREADS_M x THREADS_N grid, the output tile's first
@@ -392,7 +392,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
             tx = (warp % WARPS_N) * WARP_COLS + lane % WARP_COLS
         return tid, ty, tx, cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def epilogue(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty, tx, M, N,
                  dc):
         # the bias of this thread's columns (or zeros) into b_frag, then its 8 rows of out
@@ -440,6 +440,8 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
         store_row(out, hidden, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, dc, accumulate)
         store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, dc, accumulate)
 
+    # (inlined by Numba, not NVVM: so the row classes' NN kernel fits 128 registers; inlined by
+    # NVVM, it took 143, ptxas sm_90)
     @cuda.jit(device=True, inline="always")
     def outside_step(acc, a_frag, b_frag, a, b, k, m0, n0, ty, tx, M, N, a_dc, b_dr, b_dc):
         # one step of k read from global memory, not from the staged slices: the thread's 8
@@ -461,7 +463,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
     capped = blocks_per_sm > 1 or THREADS > 256
     bounds = dict(launch_bounds=(THREADS, blocks_per_sm)) if capped and not SIMULATOR else {}
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def staged_product(out, a, b, bias, has_bias, accumulate, hidden, z, k_start, k_end, M, N,
                        a_dc, b_dr, b_dc, o_dc, before, after):
         # out[z, this block's tile] (+)= op(a)[tile's rows, k_start:k_end] . op(b)[k_start:k_end,
@@ -564,7 +566,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
                        a_dc[0] + z * a_dc[1], b_row, b_dc[0] + z * b_dc[1], o_dc[0] + z * o_dc[1],
                        b_row, b.shape[0] - b_row - K)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def copy_slice(tiles, stage, x, chunks, total, along_k, width, vector, size, k_end, first,
                    k0, tid):
         # one operand's slice into tiles[stage, k, i] with cp.async, zeros outside x[:size,
@@ -994,7 +996,7 @@ def rows_grid(R, C):
     return (across, max(1, min(R, (4 if SIMULATOR else 4096) // across))), ROWS_THREADS
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def row_columns():
     # (first row, row step, first column, column step) of this thread's grid-stride loops
     return (cuda.blockIdx.y, cuda.gridDim.y, cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x,

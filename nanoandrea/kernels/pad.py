@@ -21,7 +21,7 @@ at a time, all 8 loads in flight before the stores; the rows are walked grid-str
 from numba import cuda, float32
 
 from .launch import (ELEMENTWISE_MAX_BLOCKS, ELEMENTWISE_THREADS as THREADS, blocks, check,
-                     check_float32, launch)
+                     check_float32, launch, inlined)
 from .vector import aligned16
 
 
@@ -35,7 +35,7 @@ MAX_BLOCKS = ELEMENTWISE_MAX_BLOCKS     # a grid of about as many blocks as stay
 RUN = 4 * THREADS                       # the columns a block takes of a row
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def put(out_row, c, value, accumulate):
     if accumulate:
         out_row[c] += value
@@ -43,7 +43,7 @@ def put(out_row, c, value, accumulate):
         out_row[c] = value
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def read_run(x, r, c):
     # x[r, c + {0, 1, 2, 3} * THREADS], zeros past x's rows and columns
     RX, CX = x.shape
@@ -56,7 +56,7 @@ def read_run(x, r, c):
     return x0, x1, x2, x3
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def write_run(out, r, c, values, accumulate):
     # out[r, c + {0, 1, 2, 3} * THREADS] (+)= values, those inside out's columns
     # (written out: a loop indexing the tuple made the old unpad's loop 427 instructions)

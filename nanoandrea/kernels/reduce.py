@@ -9,12 +9,12 @@ import threading
 
 from numba import cuda, float32
 
-from .launch import MULTIPROCESSORS, SIMULATOR
+from .launch import MULTIPROCESSORS, SIMULATOR, inlined
 
 MAX_THREADS = 1024
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def block_reduce(value, scratch, take_max):
     # scratch: shared float32[MAX_THREADS]. Returns the sum (or, take_max, the max) of `value`
     # over the block, to every thread: the partials halve in a fixed tree.
@@ -33,12 +33,12 @@ def block_reduce(value, scratch, take_max):
     return result
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def block_sum(value, scratch):
     return block_reduce(value, scratch, False)
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def block_max(value, scratch):
     return block_reduce(value, scratch, True)
 
@@ -98,14 +98,14 @@ if SIMULATOR:
         cuda.syncthreads()
 
 else:
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def warp_barrier():
         # the 32 lanes of this warp wait for each other, and their shared-memory writes before
         # it are seen by all of them after it (bar.warp.sync): threads that exchange values only
         # within their warp need no block-wide syncthreads
         cuda.syncwarp(0xFFFFFFFF)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def warp_sum(value):
         # the sum of `value` over the 32 lanes of this warp, to every lane: a butterfly of
         # shuffles (all 32 lanes must call it), so every lane adds the same numbers in one order
@@ -115,7 +115,7 @@ else:
             offset //= 2
         return value
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def quad_sum(value):
         # the sum of `value` over the 4 lanes of this lane's quad (lanes 4g .. 4g+3: the lanes
         # that hold one row of an mma fragment, kernels/mma.py), to each of them; all 32 lanes
@@ -123,7 +123,7 @@ else:
         value += cuda.shfl_xor_sync(0xFFFFFFFF, value, 1)
         return value + cuda.shfl_xor_sync(0xFFFFFFFF, value, 2)
 
-    @cuda.jit(device=True, inline="always")
+    @inlined
     def quad_max(value):
         # the max of `value` over the 4 lanes of this lane's quad, as quad_sum
         value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
@@ -151,7 +151,7 @@ def row_chunks(rows, columns):
     return max(1, min(wanted, rows // MIN_CHUNK_ROWS))
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def chunk_rows(rows):
     # (first, end) rows of this block's chunk: blockIdx.y of gridDim.y chunks
     size = (rows + cuda.gridDim.y - 1) // cuda.gridDim.y
@@ -171,7 +171,7 @@ def finish_column_sums_kernel(out, partials, accumulate):
         out[col] = total
 
 
-@cuda.jit(device=True, inline="always")
+@inlined
 def column_partials_sum(total, partial):
     # partial: shared float32[ROW_GROUPS, COLUMNS]. Returns the sum of `total` over threadIdx.y
     # (valid in the threads with threadIdx.y == 0).

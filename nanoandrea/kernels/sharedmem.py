@@ -43,6 +43,8 @@ else:
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
+    # (inlined by Numba: a device function compiled on its own may only return arrays
+    # it was given)
     @cuda.jit(device=True, inline="always")
     def dynamic_shared_floats():
         return cuda.shared.array(0, float32, alignment=16)
