@@ -37,9 +37,9 @@ STATIC_SHARED_BYTES = 48 * 1024    # a block's shared memory without the kernel 
 def inlined(function):
     """A device function that NVVM inlines into every kernel that calls it (`forceinline`: the
     LLVM `alwaysinline` attribute). Numba's own inline="always" copies the callee's Numba IR
-    into each call site instead, with Python's deepcopy: compiling the blocked matmul kernels
-    took 442 s against 52 s so, on this project's 2-core CI machine (2026-11-30), for the same
-    registers and inner loops (tools/kernel_report.py; docs/perf.md, v19). (The simulator's
+    into each call site instead, with Python's deepcopy: tools/kernel_report.py's 76 kernels
+    took 1,072 s to compile that way and 192 s this way, on a 2-core machine, with the same
+    registers and inner loops for every matmul kernel (docs/perf.md, v19). (The simulator's
     cuda.jit takes neither option: there a device function is a Python call.)"""
     if SIMULATOR:
         return cuda.jit(device=True)(function)
