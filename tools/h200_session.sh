@@ -26,8 +26,12 @@ for step in ${steps[@]}; do
       workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
       # (-v: each test's outcome on its own line as it ends, so that a run cut by its time
       # limit still names what failed; pytest's summary comes only at the end)
-      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -v -rf -p no:warnings $workers ${TESTS:-tests} 2>&1 \
-          | tee $OUT/pytest.log | grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" | tail -15 ;;
+      # (--durations: the slowest tests, kernels compiling among them; a test still running
+      # after 300 s prints where it is, as the graph test did in session 17 inside Numba's
+      # inliner)
+      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -v -rf -p no:warnings --durations=15 \
+          -o faulthandler_timeout=300 $workers ${TESTS:-tests} 2>&1 \
+          | tee $OUT/pytest.log | grep -E "FAILED|ERROR|[0-9]+ (passed|failed)|^[0-9.]+s call" | tail -30 ;;
     profile)    # each kernel's GPU time in a training step, ours and PyTorch's (torch.profiler)
       timeout ${PROFILE_TIMEOUT:-200} python3 tools/bench.py --only profile --top 30 \
           ${MODELS:+--models $MODELS} 2>&1 | grep -v "Warn\|warn(" | tee $OUT/profile.log ;;
