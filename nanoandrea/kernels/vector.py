@@ -85,13 +85,17 @@ else:
 
     FLOAT4 = ir.VectorType(ir.FloatType(), 4)
 
-    def _element_pointer(context, builder, array_type, array, index_type, index):
-        """LLVM pointer to array[index] (index: a tuple of integers), as <4 x float>*."""
+    def _float_pointer(context, builder, array_type, array, index_type, index):
+        """LLVM float* to array[index] (index: a tuple of integers), without wraparound."""
         array = context.make_array(array_type)(context, builder, array)
         indices = [context.cast(builder, value, kind, types.intp) for value, kind in
                    zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]
-        pointer = cgutils.get_item_pointer(context, builder, array_type, array, indices,
-                                           wraparound=False)
+        return cgutils.get_item_pointer(context, builder, array_type, array, indices,
+                                        wraparound=False)
+
+    def _element_pointer(context, builder, array_type, array, index_type, index):
+        """LLVM pointer to array[index] (index: a tuple of integers), as <4 x float>*."""
+        pointer = _float_pointer(context, builder, array_type, array, index_type, index)
         return builder.bitcast(pointer, ir.PointerType(FLOAT4))
 
     def _pointer_and_values(context, builder, signature, args):
@@ -104,10 +108,11 @@ else:
 
     def _check(array, index):
         if not (isinstance(array, types.Array) and array.dtype == types.float32):
-            raise TypeError(f"load4, store4, add4 need a float32 array, got {array}")
+            raise TypeError(f"load1, store1, load4, store4, add4 need a float32 array, "
+                            f"got {array}")
         if not (isinstance(index, types.BaseTuple) and len(index) == array.ndim):
-            raise TypeError(f"load4, store4, add4 need a tuple of {array.ndim} indices, "
-                            f"got {index}")
+            raise TypeError(f"load1, store1, load4, store4, add4 need a tuple of {array.ndim} "
+                            f"indices, got {index}")
 
     @intrinsic
     def load4(typingctx, array, index):
@@ -129,12 +134,8 @@ else:
         _check(array, index)
 
         def codegen(context, builder, signature, args):
-            array_type, index_type = signature.args
-            structure = context.make_array(array_type)(context, builder, args[0])
-            indices = [context.cast(builder, value, kind, types.intp) for value, kind in
-                       zip(cgutils.unpack_tuple(builder, args[1], len(index_type)), index_type)]
-            return builder.load(cgutils.get_item_pointer(context, builder, array_type, structure,
-                                                         indices, wraparound=False))
+            return builder.load(_float_pointer(context, builder, signature.args[0], args[0],
+                                               signature.args[1], args[1]))
 
         return types.float32(array, index), codegen
 
@@ -143,13 +144,9 @@ else:
         _check(array, index)
 
         def codegen(context, builder, signature, args):
-            array_type, index_type, value_type = signature.args
-            structure = context.make_array(array_type)(context, builder, args[0])
-            indices = [context.cast(builder, value, kind, types.intp) for value, kind in
-                       zip(cgutils.unpack_tuple(builder, args[1], len(index_type)), index_type)]
-            builder.store(context.cast(builder, args[2], value_type, types.float32),
-                          cgutils.get_item_pointer(context, builder, array_type, structure,
-                                                   indices, wraparound=False))
+            builder.store(context.cast(builder, args[2], signature.args[2], types.float32),
+                          _float_pointer(context, builder, signature.args[0], args[0],
+                                         signature.args[1], args[1]))
 
         return types.void(array, index, x), codegen
 
