@@ -38,7 +38,7 @@ def inlined(function):
     """A device function that NVVM inlines into every kernel that calls it (`forceinline`: the
     LLVM `alwaysinline` attribute). Numba's own inline="always" copies the callee's Numba IR
     into each call site instead, with Python's deepcopy: tools/kernel_report.py's 76 kernels
-    took 1,072 s to compile that way and 192 s this way, on a 2-core machine, with the same
+    took 1,072 s to compile that way and 223 s this way, on a 2-core machine, with the same
     registers and inner loops for every matmul kernel (docs/perf.md, v19). (The simulator's
     cuda.jit takes neither option: there a device function is a Python call.)"""
     if SIMULATOR:
