@@ -34,6 +34,11 @@ _stream = 0          # the stream every launch goes to; 0 is the default stream
 STATIC_SHARED_BYTES = 48 * 1024    # a block's shared memory without the kernel opting in
 
 
+INLINER = os.environ.get("NANOANDREA_INLINER", "nvvm")
+if INLINER not in ("nvvm", "numba"):
+    raise ValueError(f"NANOANDREA_INLINER={INLINER!r}: nvvm or numba")
+
+
 def inlined(function):
     """A device function that NVVM inlines into every kernel that calls it (`forceinline`: the
     LLVM `alwaysinline` attribute). Numba's own inline="always" copies the callee's Numba IR
@@ -43,6 +48,8 @@ def inlined(function):
     cuda.jit takes neither option: there a device function is a Python call.)"""
     if SIMULATOR:
         return cuda.jit(device=True)(function)
+    if INLINER == "numba":      # (NANOANDREA_INLINER=numba: the old way, to compare the two)
+        return cuda.jit(device=True, inline="always")(function)
     return cuda.jit(device=True, forceinline=True)(function)
 
 
