@@ -29,6 +29,9 @@ for step in ${steps[@]}; do
       # (--durations: the slowest tests, kernels compiling among them; a test still running
       # after 300 s prints where it is, as the graph test did in session 17 inside Numba's
       # inliner)
+      # (NVVM inlines the device functions here unless NANOANDREA_INLINER says otherwise: the
+      # same kernels compiled ~5x faster, so that the suite fits one call; docs/perf.md, v20)
+      NANOANDREA_INLINER=${NANOANDREA_INLINER:-nvvm} \
       timeout ${TEST_TIMEOUT:-300} python3 -m pytest -v -rf -p no:warnings --durations=15 \
           -o faulthandler_timeout=300 $workers ${TESTS:-tests} 2>&1 \
           | tee $OUT/pytest.log | grep -E "FAILED|ERROR|[0-9]+ (passed|failed)|^[0-9.]+s call" | tail -30 ;;

@@ -34,21 +34,29 @@ _stream = 0          # the stream every launch goes to; 0 is the default stream
 STATIC_SHARED_BYTES = 48 * 1024    # a block's shared memory without the kernel opting in
 
 
-INLINER = os.environ.get("NANOANDREA_INLINER", "nvvm")
+# Who inlines the device functions (`inlined`): "numba" (the default) or "nvvm"
+# (NANOANDREA_INLINER=nvvm). The kernels are the same Python either way; only the compile
+# differs, in time and in the machine code the GPU's driver makes of it (docs/perf.md, v20).
+INLINER = os.environ.get("NANOANDREA_INLINER", "numba")
 if INLINER not in ("nvvm", "numba"):
     raise ValueError(f"NANOANDREA_INLINER={INLINER!r}: nvvm or numba")
 
 
 def inlined(function):
-    """A device function that NVVM inlines into every kernel that calls it (`forceinline`: the
-    LLVM `alwaysinline` attribute). Numba's own inline="always" copies the callee's Numba IR
-    into each call site instead, with Python's deepcopy: tools/kernel_report.py's 76 kernels
-    took 1,072 s to compile that way and 223 s this way, on a 2-core machine, with the same
-    registers and inner loops for every matmul kernel (docs/perf.md, v19). (The simulator's
-    cuda.jit takes neither option: there a device function is a Python call.)"""
+    """A device function inlined into every kernel that calls it.
+      - "numba" (the default): Numba's inline="always" copies the callee's Numba IR into each
+        call site, with Python's deepcopy. Slow to compile: tools/kernel_report.py's 76 kernels
+        took 1,072 s on a 2-core machine, the NN matmul kernel ~40 s on the H200 machine.
+      - "nvvm": `forceinline`, the LLVM `alwaysinline` attribute, and NVVM inlines. 223 s for
+        the 76 kernels, ~5 s for the NN kernel. Offline ptxas makes the same SASS of both for
+        every matmul kernel; the H200's driver does not (1,520 instructions against 1,512 for
+        NN), and there the 120m products ran 3-5% slower than cuBLAS's and the 120m step 3%
+        (docs/perf.md, v20). So "nvvm" is for compiling quickly (the GPU test suite in one
+        call), not for speed.
+    (The simulator's cuda.jit takes neither option: there a device function is a Python call.)"""
     if SIMULATOR:
         return cuda.jit(device=True)(function)
-    if INLINER == "numba":      # (NANOANDREA_INLINER=numba: the old way, to compare the two)
+    if INLINER == "numba":
         return cuda.jit(device=True, inline="always")(function)
     return cuda.jit(device=True, forceinline=True)(function)
 
