@@ -5,6 +5,7 @@ a GPU the same tests run at andrea-12m shapes. Outputs are poisoned with NaN bef
 writes them (every element must be written), and each gradient kernel is checked in both modes:
 overwrite (=) and accumulate (+=) onto a random prior value.
 """
+import os
 import re
 
 import numba
@@ -1274,3 +1275,23 @@ def test_shared_tiles_stay_in_shared_memory():
     assert "st.shared.v4.f32" in ptx and "ld.shared.f32" in ptx
     assert "call" not in ptx and ".local" not in ptx
     assert ".shared .align 16" in ptx           # (dynamic_shared_floats: 16-byte aligned)
+
+
+@pytest.mark.parametrize("inliner", ["numba", "nvvm"])
+def test_inliner_is_chosen_by_its_environment_variable(monkeypatch, inliner):
+    # NANOANDREA_INLINER picks who inlines the device functions (launch.inlined): Numba, copying
+    # their IR (the default, the faster code on the H200), or NVVM (forceinline: quicker to
+    # compile); any other name is refused when the module is imported
+    import subprocess
+    import sys
+    from nanoandrea.kernels import launch as launch_module
+    env = dict(os.environ, NANOANDREA_INLINER="llvm")
+    refused = subprocess.run([sys.executable, "-c", "import nanoandrea.kernels.launch"], env=env,
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "NANOANDREA_INLINER='llvm'" in refused.stderr
+    if not GPU:
+        return                              # (the simulator's device functions: Python calls)
+    monkeypatch.setattr(launch_module, "INLINER", inliner)
+    options = launch_module.inlined(lambda x: x + 1).targetoptions
+    assert (options["inline"], options["forceinline"]) == (
+        ("always", False) if inliner == "numba" else ("never", True))
