@@ -3,6 +3,9 @@ registers, spills, stack frame (local memory) and shared memory.
 
     CUDA_HOME=/usr/local/cuda python tools/kernel_report.py [--sass] [--only matmul]
 
+(NANOANDREA_INLINER=nvvm compiles the 76 kernels ~5x faster. ptxas here makes the same SASS of
+both inliners' matmul kernels, but the H200's driver does not: docs/perf.md, v20.)
+
 Needs NVVM from a CUDA toolkit (CUDA_HOME), ptxas and NVRTC (a toolkit's, or the pip wheels of
 the `tools` extra), but no GPU. A register-blocked kernel whose accumulators land in local
 memory shows a stack frame here long before it shows up as a slow timing on the device.
@@ -199,8 +202,8 @@ def loops(code):
 
 
 def compile_for_sm90_offline():
-    """Device functions compiled on their own (kernels/launch.py `inlined`: NVVM inlines them)
-    ask numba-cuda for the current device's compute capability, which needs a driver: without
+    """Device functions compiled on their own (kernels/launch.py `inlined` with
+    NANOANDREA_INLINER=nvvm: NVVM inlines them) ask numba-cuda for the current device's compute capability, which needs a driver: without
     a GPU, answer sm_90 (what compile_ptx is given below)."""
     import types as python_types
 

@@ -50,8 +50,8 @@ def inlined(function):
       - "nvvm": `forceinline`, the LLVM `alwaysinline` attribute, and NVVM inlines. 223 s for
         the 76 kernels, ~5 s for the NN kernel. Offline ptxas makes the same SASS of both for
         every matmul kernel; the H200's driver does not (1,520 instructions against 1,512 for
-        NN), and there the 120m products ran 3-5% slower than cuBLAS's and the 120m step 3%
-        (docs/perf.md, v20). So "nvvm" is for compiling quickly (the GPU test suite in one
+        NN), and there the 120m products ran 3-5% slower and the 120m step 4% (docs/perf.md,
+        v20). So "nvvm" is for compiling quickly (the GPU test suite in one
         call), not for speed.
     (The simulator's cuda.jit takes neither option: there a device function is a Python call.)"""
     if SIMULATOR:
