@@ -7,6 +7,8 @@ overwrite (=) and accumulate (+=) onto a random prior value.
 """
 import os
 import re
+import subprocess
+import sys
 
 import numba
 import numpy as np
@@ -1277,21 +1279,24 @@ def test_shared_tiles_stay_in_shared_memory():
     assert ".shared .align 16" in ptx           # (dynamic_shared_floats: 16-byte aligned)
 
 
-@pytest.mark.parametrize("inliner", ["numba", "nvvm"])
-def test_inliner_is_chosen_by_its_environment_variable(monkeypatch, inliner):
-    # NANOANDREA_INLINER picks who inlines the device functions (launch.inlined): Numba, copying
-    # their IR (the default, the faster code on the H200), or NVVM (forceinline: quicker to
-    # compile); any other name is refused when the module is imported
-    import subprocess
-    import sys
-    from nanoandrea.kernels import launch as launch_module
+def test_inliner_refuses_an_unknown_name():
+    # NANOANDREA_INLINER names who inlines the device functions (launch.inlined): "numba" or
+    # "nvvm"; any other name is refused when the module is imported
     env = dict(os.environ, NANOANDREA_INLINER="llvm")
     refused = subprocess.run([sys.executable, "-c", "import nanoandrea.kernels.launch"], env=env,
                              capture_output=True, text=True)
     assert refused.returncode != 0 and "NANOANDREA_INLINER='llvm'" in refused.stderr
-    if not GPU:
-        return                              # (the simulator's device functions: Python calls)
+
+
+@pytest.mark.skipif(not GPU, reason="the simulator's device functions are Python calls")
+@pytest.mark.parametrize("inliner", ["numba", "nvvm"])
+def test_inliner_is_chosen_by_its_environment_variable(monkeypatch, inliner):
+    # Numba copying their IR (the default, the faster code on the H200) or NVVM (forceinline:
+    # quicker to compile); inlined_by_numba is Numba's whatever the variable says
+    from nanoandrea.kernels import launch as launch_module
     monkeypatch.setattr(launch_module, "INLINER", inliner)
     options = launch_module.inlined(lambda x: x + 1).targetoptions
     assert (options["inline"], options["forceinline"]) == (
         ("always", False) if inliner == "numba" else ("never", True))
+    options = launch_module.inlined_by_numba(lambda x: x + 1).targetoptions
+    assert (options["inline"], options["forceinline"]) == ("always", False)

@@ -60,7 +60,7 @@ from numba import cuda, float32, int64, uint64
 
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, check, check_float32,
-                     check_float32_rows, check_shape, elementwise_grid, launch, scratch, inlined)
+                     check_float32_rows, check_shape, elementwise_grid, inlined, launch, scratch)
 from .mma import mma_tf32, split_tf32
 from .reduce import WARP, quad_max, quad_sum, warp_barrier, warp_sum
 from .sharedmem import dynamic_shared_floats, shared_tile

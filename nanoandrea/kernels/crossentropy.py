@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import SIMULATOR, check, check_float32, check_shape, launch, inlined
+from .launch import SIMULATOR, check, check_float32, check_shape, inlined, launch
 from .reduce import MAX_THREADS, block_max, block_sum
 from .vector import aligned16, load4, store4
 

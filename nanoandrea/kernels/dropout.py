@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .elementwise import flat, pick
-from .launch import check, check_float32, launch, inlined
+from .launch import check, check_float32, inlined, launch
 from .vector import load4, store4
 
 MASK32 = 0xFFFFFFFF

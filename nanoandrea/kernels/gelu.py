@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .elementwise import flat, pick
-from .launch import check_float32, launch, inlined
+from .launch import check_float32, inlined, launch
 from .vector import load4, store4
 
 SQRT_2_OVER_PI = float32(math.sqrt(2.0 / math.pi))

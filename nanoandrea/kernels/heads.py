@@ -26,7 +26,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import (ELEMENTWISE_THREADS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     launch, inlined)
+                     inlined, launch)
 from .vector import aligned16, load4, store4
 
 ROWS_PER_THREAD = 2     # 4-wide kernels: the rows (16-byte loads) a thread has in flight

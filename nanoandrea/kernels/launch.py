@@ -54,11 +54,18 @@ def inlined(function):
         v20). So "nvvm" is for compiling quickly (the GPU test suite in one
         call), not for speed.
     (The simulator's cuda.jit takes neither option: there a device function is a Python call.)"""
+    if SIMULATOR or INLINER == "numba":
+        return inlined_by_numba(function)
+    return cuda.jit(device=True, forceinline=True)(function)
+
+
+def inlined_by_numba(function):
+    """`inlined`, by Numba's inliner whatever NANOANDREA_INLINER says: for the few functions
+    that NVVM inlining makes worse (matmul's outside_step: 143 registers against 128) or
+    cannot compile (sharedmem.dynamic_shared_floats returns a shared array)."""
     if SIMULATOR:
         return cuda.jit(device=True)(function)
-    if INLINER == "numba":
-        return cuda.jit(device=True, inline="always")(function)
-    return cuda.jit(device=True, forceinline=True)(function)
+    return cuda.jit(device=True, inline="always")(function)
 
 
 def launch(kernel, grid, block, *args, shared_bytes=0):

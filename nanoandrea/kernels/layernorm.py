@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check_float32, check_shape,
-                     current_stream, elementwise_grid, launch, inlined)
+                     current_stream, elementwise_grid, inlined, launch)
 from .matmul import sum_rows
 from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, WARP, block_sum, chunk_rows,
                      column_partials_sum, finish_column_sums_kernel, row_chunks, warp_sum)

@@ -43,7 +43,8 @@ from .gelu import (gelu_backward, gelu_backward_numpy, gelu_derivative, gelu_for
                    gelu_forward_numpy, gelu_value)
 from .pad import pad, padded_length, unpad
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     current_stream, elementwise_grid, is_contiguous, launch, inlined)
+                     current_stream, elementwise_grid, inlined, inlined_by_numba,
+                     is_contiguous, launch)
 from .vector import aligned16, load1, load4, store1, store4
 from .reduce import (COLUMNS, ROW_GROUPS, chunk_rows, column_partials_sum,
                      finish_column_sums_kernel, row_chunks)
@@ -442,7 +443,7 @@ def make_blocked_matmul_kernel(transpose_a, transpose_b, vector_a=True, vector_b
 
     # (inlined by Numba, not NVVM: so the row classes' NN kernel fits 128 registers; inlined by
     # NVVM, it took 143, ptxas sm_90)
-    @cuda.jit(device=True, inline="always")
+    @inlined_by_numba
     def outside_step(acc, a_frag, b_frag, a, b, k, m0, n0, ty, tx, M, N, a_dc, b_dr, b_dc):
         # one step of k read from global memory, not from the staged slices: the thread's 8
         # values of a[:, a_dc + k] and TC of b[b_dr + k, b_dc:] (neither transposed), zeros

@@ -21,7 +21,7 @@ at a time, all 8 loads in flight before the stores; the rows are walked grid-str
 from numba import cuda, float32
 
 from .launch import (ELEMENTWISE_MAX_BLOCKS, ELEMENTWISE_THREADS as THREADS, blocks, check,
-                     check_float32, launch, inlined)
+                     check_float32, inlined, launch)
 from .vector import aligned16
 
 

@@ -28,7 +28,7 @@ Under the simulator shared_tile is that slice and reshape (a view of the same me
 """
 from numba import cuda, float32
 
-from .launch import SIMULATOR
+from .launch import SIMULATOR, inlined_by_numba
 
 if SIMULATOR:
     @cuda.jit(device=True)
@@ -45,7 +45,7 @@ else:
 
     # (inlined by Numba: a device function compiled on its own may only return arrays
     # it was given)
-    @cuda.jit(device=True, inline="always")
+    @inlined_by_numba
     def dynamic_shared_floats():
         return cuda.shared.array(0, float32, alignment=16)
 
