@@ -30,7 +30,7 @@ for step in ${steps[@]}; do
       # after 300 s prints where it is, as the graph test did in session 17 inside Numba's
       # inliner)
       # (NVVM inlines the device functions here unless NANOANDREA_INLINER says otherwise: the
-      # same kernels compiled ~5x faster, so that the suite fits one call; docs/perf.md, v20)
+      # same kernels compiled 4-5x faster, so that the suite fits one call; docs/perf.md, v20)
       NANOANDREA_INLINER=${NANOANDREA_INLINER:-nvvm} \
       timeout ${TEST_TIMEOUT:-300} python3 -m pytest -v -rf -p no:warnings --durations=15 \
           -o faulthandler_timeout=300 $workers ${TESTS:-tests} 2>&1 \

@@ -3,8 +3,8 @@ registers, spills, stack frame (local memory) and shared memory.
 
     CUDA_HOME=/usr/local/cuda python tools/kernel_report.py [--sass] [--only matmul]
 
-(NANOANDREA_INLINER=nvvm compiles the 76 kernels ~5x faster. ptxas here makes the same SASS of
-both inliners' matmul kernels, but the H200's driver does not: docs/perf.md, v20.)
+(NANOANDREA_INLINER=nvvm compiles the 76 kernels 4.8x faster. ptxas here makes the same SASS of
+both inliners' matmul kernels, but the H200 machine's build of the PTX does not: docs/perf.md, v20.)
 
 Needs NVVM from a CUDA toolkit (CUDA_HOME), ptxas and NVRTC (a toolkit's, or the pip wheels of
 the `tools` extra), but no GPU. A register-blocked kernel whose accumulators land in local

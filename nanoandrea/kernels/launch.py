@@ -46,13 +46,14 @@ def inlined(function):
     """A device function inlined into every kernel that calls it.
       - "numba" (the default): Numba's inline="always" copies the callee's Numba IR into each
         call site, with Python's deepcopy. Slow to compile: tools/kernel_report.py's 76 kernels
-        took 1,072 s on a 2-core machine, the NN matmul kernel ~40 s on the H200 machine.
+        took 1,072 s on a 2-core machine; on the H200 machine, a process that compiles the NN
+        matmul kernel and times it ran 44-47 s.
       - "nvvm": `forceinline`, the LLVM `alwaysinline` attribute, and NVVM inlines. 223 s for
-        the 76 kernels, ~5 s for the NN kernel. Offline ptxas makes the same SASS of both for
-        every matmul kernel; the H200's driver does not (1,520 instructions against 1,512 for
-        NN), and there the 120m products ran 3-5% slower and the 120m step 4% (docs/perf.md,
-        v20). So "nvvm" is for compiling quickly (the GPU test suite in one
-        call), not for speed.
+        the 76 kernels, 10-13 s for that process (docs/runs/2026-11-30-issue4-v20/dump_nn.py).
+        Offline ptxas makes the same SASS of both for every matmul kernel; the H200 machine
+        does not (1,520 instructions against 1,512 for NN), and there the 120m products ran
+        3-5% slower and the 120m step 4% (docs/perf.md, v20). So "nvvm" is for compiling
+        quickly (the GPU test suite in one call), not for speed.
     (The simulator's cuda.jit takes neither option: there a device function is a Python call.)"""
     if SIMULATOR or INLINER == "numba":
         return inlined_by_numba(function)
