@@ -7,29 +7,28 @@ writes its inputs' gradients. `loss.backward()` walks the tape in reverse.
 
 Gradients are written by the backward kernels themselves, in one of two modes: the first
 gradient to reach a tensor is written (=), later ones are added (+=) - that is how the residual
-stream, used by two branches, sums its gradients. Parameters' gradients are views into the
-flat gradient buffer, zeroed once per step, so they are always added to (which also makes
-gradient accumulation over micro-batches free).
-
-An op may write some gradients `beside(...)` the rest: on a second stream, when the captured step
-has one (kernels/launch.py); the next use of those gradients, and the end of backward, wait.
+stream, used by two branches, sums its gradients (`grad_slot` says which). Parameters'
+gradients are views into the flat gradient buffer, zeroed once per step, so they are always
+added to (`summed_grad`; which also makes gradient accumulation over micro-batches free).
 
 An op may hand its output's gradient on as an input's without a copy (`share_grad`: the residual
-add passes it to both its inputs). A shared buffer is then never added to in place, since a
-weight gradient beside may still be reading it: a later gradient of that tensor goes to a new
-buffer, the old one added in (`grad_apart`: by the kernel that makes it, as layer norm's
-backward does; `grad_slot`: a copy first).
+add passes it to both its inputs). A shared buffer is then never added to in place (that would
+change the other tensor's gradient too): a later gradient of that tensor goes to a new buffer,
+the old one added in (`grad_apart`: by the kernel that makes it, as layer norm's backward
+does; `grad_slot`: a copy first).
+
+A gradient may still be in the making when the tape moves on (written on another stream:
+nanoandrea/schedule.py); its tensor's `grad_ready` is then a function that waits for it, called
+before the gradient is touched again.
 """
 from contextlib import contextmanager
-
-from .kernels import launch
 
 _tape = []                      # (output, backward closure), in forward order
 _grad_enabled = True
 
 
 class Tensor:
-    __slots__ = ("data", "backend", "grad", "requires_grad", "name")
+    __slots__ = ("data", "backend", "grad", "requires_grad", "name", "grad_ready", "shared")
 
     def __init__(self, data, backend, requires_grad=False, grad=None, name=None):
         self.data = data
@@ -37,6 +36,8 @@ class Tensor:
         self.requires_grad = requires_grad
         self.grad = grad
         self.name = name
+        self.grad_ready = None      # a function to call before using grad, while it is written
+        self.shared = False         # grad is another tensor's gradient too (share_grad)
 
     @property
     def shape(self):
@@ -55,13 +56,10 @@ class Tensor:
             grad = self.backend.empty(self.shape)
             self.backend.fill(grad, 1.0)
         self.grad = grad
-        _join()                 # (what the forward left on the second stream: W^T copies)
         for output, backward in reversed(_tape):
             if output.grad is not None:
                 backward()
         _tape.clear()
-        _shared.clear()
-        _join()
 
     def __repr__(self):
         return f"Tensor({self.name or ''}{list(self.shape)}, {self.backend.name})"
@@ -75,44 +73,25 @@ def record(output, inputs, backward):
     return output
 
 
-_written_beside = set()         # ids of tensors whose gradients the second stream is writing
-
-
-@contextmanager
-def beside(*tensors):
-    """The block writes the gradients of `tensors` and may run beside what follows it."""
-    with launch.beside():
-        yield
-    _written_beside.update(id(t) for t in tensors if t is not None)
-
-
-def _join():
-    if launch.join():
-        _written_beside.clear()
-
-
-def _wait_for(tensor):
-    """Before tensor's gradient is used again: wait if the second stream is writing it."""
-    if id(tensor) in _written_beside:
-        _join()
-
-
-_shared = set()                 # ids of tensors whose gradient buffer is another's too
+def _ready(tensor):
+    if tensor.grad_ready is not None:
+        tensor.grad_ready()
+        tensor.grad_ready = None
 
 
 def share_grad(tensor, buffer):
     """tensor's gradient is `buffer`, another tensor's (final) gradient: no copy."""
     tensor.grad = buffer
-    _shared.add(id(tensor))
+    tensor.shared = True
 
 
 def grad_apart(tensor):
     """(buffer, prior) for a kernel that writes buffer = prior + its gradient of tensor: prior
     None for the first gradient to reach it; buffer is prior itself unless prior is shared."""
-    _wait_for(tensor)
+    _ready(tensor)
     prior = tensor.grad
-    if prior is None or id(tensor) in _shared:
-        _shared.discard(id(tensor))
+    if prior is None or tensor.shared:
+        tensor.shared = False
         tensor.grad = tensor.backend.empty(tensor.shape)
     return tensor.grad, prior
 
@@ -127,7 +106,7 @@ def grad_slot(tensor):
 
 def summed_grad(tensor):
     """tensor's gradient buffer for kernels that always add to it (parameter gradients)."""
-    _wait_for(tensor)
+    _ready(tensor)
     if tensor.grad is None:
         tensor.grad = tensor.backend.zeros(tensor.shape)
     return tensor.grad

@@ -9,11 +9,12 @@ The model and the autograd only ever call `backend.<op>(...)`, `backend.empty(..
 import numpy as np
 
 from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding, gelu,
-                      heads, layernorm, matmul)
+                      heads, layernorm, matmul, reduce)
 from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
-    matmul: ["matmul", "sum_rows", "transpose"],
+    matmul: ["matmul", "transpose"],
+    reduce: ["sum_rows"],
     heads: ["split_heads", "merge_heads", "heads_view"],
     attention: ["attention_forward", "attention_backward"],
     layernorm: ["layernorm_forward", "layernorm_backward", "residual_layernorm_forward"],

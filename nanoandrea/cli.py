@@ -65,9 +65,6 @@ def _train_options(f):
         click.option("--cuda-graph/--no-cuda-graph", default=None,
                      help="GPU: capture the training step as a CUDA graph after the first "
                      "step and replay it [on]"),
-        click.option("--deterministic/--no-deterministic", default=None,
-                     help="GPU: sum attention's dq in a fixed order, so that a step is "
-                     "reproducible to the bit (attention's backward ~3% slower at T=1024) [off]"),
         click.option("--stop-at", type=int, help="stop after this step, with a checkpoint "
                      "(continue later with --resume)"),
         click.option("--resume", is_flag=True, help="continue from OUT/ckpt"),

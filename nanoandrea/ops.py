@@ -3,15 +3,16 @@
 Every function here has the same shape: allocate the output, call the backend's forward,
 then `record(output, inputs, backward)` with a closure that calls the backend's backward
 kernels. `grad_slot(t)` says where t's gradient goes and whether to add to it.
+`schedule.beside` marks work that may run on a second stream in a captured step (the weight
+gradients; a layer's K and V products): without one it runs where it stands.
 Shapes: B batch, T time, C width, H heads, D = C/H head size, V vocabulary, N = B*T.
 """
 import numpy as np
 
-from .autograd import (Tensor, beside, grad_apart, grad_enabled, grad_slot, record, share_grad,
+from . import schedule
+from .autograd import (Tensor, grad_apart, grad_enabled, grad_slot, record, share_grad,
                        summed_grad)
 from .batch import TokenBatch
-from .kernels import launch
-from .kernels.matmul import copies_b_transposed
 
 
 def _new(like, shape, dtype=None):
@@ -33,20 +34,15 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
     backend.matmul(y.data.reshape(-1, N), rows, weight.data, None if bias is None else bias.data,
                    transpose_b=transpose_weight,
                    gelu_out=None if g is None else g.data.reshape(-1, N))
-    # dX = dY . W^T reads W^T. Where the product would copy it first (kernels/matmul.py), the
-    # copy is made now, beside the forward (on the second stream, where there is one: W does
-    # not change before the update), and backward starts dX's product at once.
-    weight_t = None
-    if (backend.name == "cuda" and grad_enabled() and x.requires_grad and not transpose_weight
-            and copies_b_transposed(rows.shape[0], K, False, True)):
-        with launch.beside(forward=True):
-            weight_t = backend.empty((N, K))                        # [N, K] = W^T
-            backend.transpose(weight_t, weight.data)
+    # dX = dY . W^T reads W^T: where the product would copy it, the copy is made now, beside
+    # the forward (schedule.transposed_weight), so that backward starts dX's product at once
+    needs_dx = grad_enabled() and x.requires_grad and not transpose_weight
+    weight_t = schedule.transposed_weight(backend, weight.data, rows.shape[0]) if needs_dx else None
 
     def backward():
         dy = y.grad.reshape(-1, N)
-        with beside(weight, bias):          # nothing below needs dW and db: a second stream's
-            if weight.requires_grad:                                # work, where there is one
+        with schedule.beside(weight, bias):     # nothing below needs dW and db
+            if weight.requires_grad:
                 dw, accumulate = grad_slot(weight)
                 if transpose_weight:                                # dW[N,K] = dY^T . X
                     backend.matmul(dw, dy, rows, transpose_a=True, accumulate=accumulate)
@@ -61,10 +57,8 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
                 pre = x.pre.data.reshape(-1, K)                     # GELU's backward fused
             else:
                 (dx, accumulate), pre = grad_slot(x), None
-            w, transposed = ((weight.data, not transpose_weight) if weight_t is None else
-                             (weight_t, False))                     # (W^T made in the forward)
-            backend.matmul(dx.reshape(-1, K), dy, w, transpose_b=transposed,
-                           accumulate=accumulate, gelu_input=pre)
+            backend.matmul(dx.reshape(-1, K), dy, weight.data, transpose_b=not transpose_weight,
+                           accumulate=accumulate, gelu_input=pre, b_transposed=weight_t)
 
     inputs = [x, weight] + ([bias] if bias is not None else [])
     y = record(y, inputs, backward)
@@ -74,18 +68,18 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
 def linears(x, *weights_and_biases, heads=None):
     """[linear(x, w, b) for each (w, b)]: products of one input, independent of each other;
     heads=H: each then split into H heads (split_heads). In a captured step all but the first
-    run beside it on the second stream, joined before this returns (kernels/launch.py): the
-    grids' last waves overlap, and their splits (memory-bound copies) the first product
+    run beside it on the second stream, joined before this returns (schedule.py): the grids'
+    last waves overlap, and their splits (memory-bound copies) the first product
     (compute-bound). (Recorded last to first.)"""
     def product(w, b):
         y = linear(x, w, b)
         return y if heads is None else split_heads(y, heads)
 
     (w, b), rest = weights_and_biases[0], weights_and_biases[1:]
-    with launch.beside(forward=True):
+    with schedule.beside():
         others = [product(*pair) for pair in rest]
     first = product(w, b)
-    launch.join()
+    schedule.join()
     return [first, *others]
 
 
@@ -245,8 +239,8 @@ def add(a, b):
 
 def _add_backward(out, a, b):
     # d(a + b) passes out.grad on to both unchanged: an input with no gradient yet takes
-    # out.grad's buffer itself (final here; shared, so never added to in place: a weight
-    # gradient beside may still read it, see autograd.share_grad), the others add it in.
+    # out.grad's buffer itself (final here; shared, so never added to in place: see
+    # autograd.share_grad), the others add it in.
     def backward():
         for t in (a, b):
             if not t.requires_grad:

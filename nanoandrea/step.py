@@ -4,10 +4,10 @@
                                   then AdamW. Returns the loss summed over the micro-batches,
                                   a device array [1] (read it later: reading waits for the GPU).
 
-Eagerly, a step is ~450 kernel launches from Python, each ~30 us of interpreter time (see
-../shared/GPU-FACTS.md): for a small model the GPU waits on Python. So on the GPU the step is
-run eagerly once (compiling every kernel and counting the bytes it allocates), then captured
-once as a CUDA graph and from then on replayed with one call:
+Eagerly, a step is ~450 kernel launches from Python, each ~30 us of interpreter time: for a
+small model the GPU waits on Python. So on the GPU the step is run eagerly once (compiling
+every kernel and counting the bytes it allocates), then captured once as a CUDA graph and from
+then on replayed with one call:
 
     capture   a CuPy stream is put in capture mode; Numba launches onto it (as an external
               stream) are recorded, not run. Every allocation inside the step comes from one
@@ -16,19 +16,18 @@ once as a CUDA graph and from then on replayed with one call:
     replay    what changes between steps is copied into fixed device buffers first: the token
               ids (TokenBatch.load), the dropout seeds, the learning rate and Adam's bias
               corrections (AdamW.prepare). Nothing in the step waits for the host.
-    streams   the capture has a second stream (`second_stream=True`): the weight gradients
-              run on it, beside the rest of the backward pass (autograd.beside), and in the
-              forward a layer's K and V products and their splits into heads beside its Q
-              (ops.linears) and the W^T copies the input gradients read (ops.linear;
-              second_stream="backward" keeps the forward on one stream); the graph holds
-              both, joined before the update. The same kernels on the same data: the same
-              bits as one stream.
+    streams   the capture has a second stream (`second_stream=True`, nanoandrea/schedule.py):
+              the weight gradients run on it beside the rest of the backward pass, and in the
+              forward a layer's K and V products beside its Q and the W^T copies the input
+              gradients read; the graph holds both, joined before the update. The same
+              kernels on the same data: the same bits as one stream.
 
 `cuda_graph=False` (train --no-cuda-graph) runs every step eagerly; the results are the same
 bit for bit, which tests/test_cli.py checks on the GPU.
 """
 import numpy as np
 
+from . import schedule
 from .batch import TokenBatch
 from .kernels import launch
 
@@ -60,7 +59,7 @@ class TrainStep:
             # (the caller's copies and events) stays ordered with it
             self.stream = cupy.cuda.Stream(non_blocking=False)
             self.launch_stream = cuda.external_stream(self.stream.ptr)
-            if second_stream:               # True, or "backward": the weight gradients only
+            if second_stream:
                 self.side = cupy.cuda.Stream(non_blocking=True)
                 self.side_stream = cuda.external_stream(self.side.ptr)
 
@@ -92,7 +91,9 @@ class TrainStep:
         for micro, batch in enumerate(self.batches):
             self.model.dropout_seed = self.seeds[micro:micro + 1]
             _, loss = self.model.forward(batch, train=self.train, loss_grad=self.loss_grad)
+            schedule.join()             # (the W^T copies the backward reads)
             loss.backward(self.loss_grad)
+            schedule.join()             # (the weight gradients)
             self.backend.add_into(self.loss, loss.data, accumulate=micro > 0)
         self.optimizer.update()
 
@@ -105,8 +106,7 @@ class TrainStep:
                 if self.side_stream is None:
                     self._body()
                 else:
-                    with launch.second_stream(self.side_stream,
-                                              forward=self.second_stream != "backward"):
+                    with schedule.second_stream(self.side_stream):
                         self._body()
             finally:
                 self.graph = self.stream.end_capture()

@@ -29,7 +29,6 @@ from .backend import get_backend
 from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from .config import ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
-from .kernels import attention as attention_kernels
 from .kernels.dropout import mix32
 from .kernels.launch import gpu_available
 from .model import GPT
@@ -72,11 +71,10 @@ class TrainOptions:
     stop_at: int = None              # stop after this step (a checkpoint is written), as if killed
     sample_tokens: int = 200         # length of the sample written at each evaluation
     cuda_graph: bool = True          # GPU: capture the step once as a CUDA graph, then replay it
-    deterministic: bool = False      # GPU: attention's dq summed in a fixed order (bit-reproducible)
 
 
 # What `train` uses on the CPU when the user did not choose: a run that finishes in minutes
-# (about 0.4 s a step on 2 cores, measured 2026-11-29).
+# (about 0.4 s a step on 2 cores).
 CPU_DEFAULTS = dict(preset="andrea-mini", batch_size=16, block_size=64, max_steps=1000,
                     eval_interval=100, eval_iters=20, warmup_steps=50)
 # Options that define the model and its data: a resumed run must keep them.
@@ -168,7 +166,6 @@ class Trainer:
         self.report = report
         self.out = Path(o.out)
         self.backend = get_backend("cuda" if o.device == "cuda" else "numpy")
-        attention_kernels.use_deterministic(o.deterministic)
         self.dataset = Dataset(resolve_data(o.data, o.tokenizer, o.vocab_size, report=report))
         self.config = model_config(o, self.dataset.vocab_size)
         self.dataset.check_block_size(self.config.block_size)
@@ -183,8 +180,7 @@ class Trainer:
         self.best_step = None
         self.window = self.backend.zeros((o.log_interval,))    # each step's loss, on the device
         self.stepper = TrainStep(self.model, self.optimizer, o.batch_size,
-                                          self.config.block_size, o.grad_accum,
-                                          cuda_graph=o.cuda_graph)
+                                 self.config.block_size, o.grad_accum, cuda_graph=o.cuda_graph)
         self.history = {"step": [], "loss": [], "val_step": [], "val": []}
         self.tokens_per_step = o.batch_size * self.config.block_size * o.grad_accum
         self.peak = self._peak_flops()

@@ -9,7 +9,8 @@ import pytest
 from conftest import GPU
 from nanoandrea.backend import get_backend
 from nanoandrea.config import get_preset
-from nanoandrea.kernels import attention, launch
+from nanoandrea import schedule
+from nanoandrea.kernels import launch
 from nanoandrea.model import GPT
 from nanoandrea.optim import AdamW
 from nanoandrea.step import TrainStep
@@ -61,10 +62,8 @@ def test_step_equals_the_loop_it_replaces(rng):
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU (and CuPy)")
 @pytest.mark.parametrize("n_head", [4, 2])
-def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, monkeypatch, n_head):
-    """n_head 4: heads of 32; 2: heads of 64, whose attention adds dq atomically by default
-    (its last bits vary from run to run), so deterministic there, as `train --deterministic`."""
-    monkeypatch.setattr(attention, "DETERMINISTIC", True)
+def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, n_head):
+    """n_head 4: heads of 32; 2: heads of 64 (the two fast attention tiles)."""
     config = get_preset("andrea-mini", vocab_size=65, dropout=0.1, n_head=n_head)
     B, T, grad_accum = 8, 64, 2
     backend = get_backend("cuda")
@@ -82,13 +81,12 @@ def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, monkeypatc
 
 @pytest.mark.skipif(GPU, reason="eagerly, memory the second stream reads could be reused by the "
                     "first (CuPy's pool); on the GPU the captured step above runs it")
-@pytest.mark.parametrize("forward", [True, False])
-def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatch, forward):
-    """The weight gradients launched on a second stream (autograd.beside): every linear layer's
-    dW and db go there; in the forward (forward=True) each layer's K and V products and their
-    splits into heads (ops.linears) and the W^T copies of its six weights that backward's dX
-    products read (made at any size here); nothing else does; the backward ends joined; the
-    gradients are the one-stream gradients bit for bit."""
+def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatch):
+    """Work launched on a second stream (schedule.beside): every linear layer's dW and db; in
+    the forward each layer's K and V products and their splits into heads (ops.linears) and
+    the W^T copies of its six weights that backward's dX products read (made at any size
+    here); nothing else; the backward ends joined; the gradients are the one-stream gradients
+    bit for bit."""
     from numba import cuda
 
     from nanoandrea.kernels import matmul
@@ -104,7 +102,9 @@ def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatc
         model.params.zero_grads()
         _, loss = model.forward(idx, targets, loss_grad=one)
         forward_launches = len(streams)
+        schedule.join()
         loss.backward(one)
+        schedule.join()
         return model.backend.to_host(model.params.grads)
 
     want = grads()
@@ -117,21 +117,20 @@ def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatc
     for module in list(sys.modules.values()):       # every launcher's `launch`
         if module.__name__.startswith("nanoandrea.") and getattr(module, "launch", None) is real_launch:
             monkeypatch.setattr(module, "launch", spy)
-    with launch.second_stream(side, forward=forward):
+    with schedule.second_stream(side):
         got = grads()
-        assert not launch._forked                       # backward ended joined
+        assert not schedule._forked and not schedule._pending       # backward ended joined
     assert np.array_equal(got, want)
     split = "split_heads4_kernel" if config.head_size % 4 == 0 else "split_heads_kernel"
     beside = {name for name, on_side in streams if on_side}
-    assert beside == ({"matmul_tiled_kernel", "sum_rows_kernel", "finish_column_sums_kernel"}
-                      | ({"transpose_kernel", split} if forward else set()))
+    assert beside == {"matmul_tiled_kernel", "sum_rows_kernel", "finish_column_sums_kernel",
+                      "transpose_kernel", split}
     products = [on_side for name, on_side in streams[forward_launches:] if "matmul" in name]
     assert sum(products) == len(products) / 2          # of each layer's two products, dW beside
     assert "transpose_kernel" not in {name for name, _ in streams[forward_launches:]}
     in_forward = Counter(name for name, on_side in streams[:forward_launches] if on_side)
-    assert in_forward == (Counter({"matmul_tiled_kernel": 2 * config.n_layer, split:
-                                   2 * config.n_layer, "transpose_kernel": 6 * config.n_layer})
-                          if forward else Counter())
+    assert in_forward == Counter({"matmul_tiled_kernel": 2 * config.n_layer, split:
+                                  2 * config.n_layer, "transpose_kernel": 6 * config.n_layer})
 
 
 def kernel_name(kernel):

@@ -134,10 +134,8 @@ def crossentropy_fused4_kernel(losses, lse, dlogits, logits, targets, dloss, V):
     # crossentropy_fused_kernel for rows of 4k floats, 16-byte aligned: a thread reads 4
     # columns at a time, two 16-byte loads in flight (8 logits folded into its running max and
     # sum at once), and writes the gradient 16 bytes at a time; one block per row, of
-    # THREADS threads. (Blocks of 1024, one a multiprocessor, were meant to keep each row
-    # in L2 for its second read; on the H200 at [16384 x 50304] they took 3.065 ms against
-    # 2.586 ms for 512 and 2.518 ms for 256: more rows in flight beat the L2 hits. docs/perf.md
-    # v14.)
+    # THREADS threads (more rows in flight beat larger blocks that keep a row in L2 for its
+    # second read: docs/perf.md).
     scratch = cuda.shared.array(MAX_THREADS, float32)
     n = cuda.blockIdx.x
     Vp = logits.shape[1]
@@ -215,23 +213,22 @@ def crossentropy_forward(loss, losses, lse, logits, targets, vocab=None):
 
 
 def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, dloss,
-                                  vocab=None, vector=None, threads=None):
+                                  vocab=None, kernel="auto"):
     """crossentropy_forward and crossentropy_backward (=) in one pass over the logits, for a
-    loss whose gradient dloss[1] is known before backward. vector: 16-byte loads and stores
-    (crossentropy_fused4_kernel); None: when the rows allow them. threads: the block (a row's),
-    by default THREADS."""
+    loss whose gradient dloss[1] is known before backward. kernel: "fast" (16-byte loads and
+    stores, crossentropy_fused4_kernel: rows of 4k floats, aligned), "reference"
+    (crossentropy_fused_kernel, any rows) or "auto" (fast where the rows allow it)."""
     check_float32(loss=loss, losses=losses, lse=lse, dlogits=dlogits, logits=logits, dloss=dloss)
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
     V = _check(logits, targets, vocab, losses=losses, lse=lse, dlogits=dlogits)
+    check(kernel in ("auto", "fast", "reference"), f"cross-entropy: unknown kernel {kernel!r}")
     aligned = aligned16(logits) and aligned16(dlogits)
-    vector = aligned if vector is None else vector
-    check(aligned or not vector,
-          "cross-entropy: vector=True needs logits and dlogits in rows of 4k floats, aligned")
-    kernel = crossentropy_fused4_kernel if vector else crossentropy_fused_kernel
-    threads = threads or THREADS
-    check(threads & (threads - 1) == 0 and 32 <= threads <= MAX_THREADS,
-          f"cross-entropy: threads must be a power of two in 32..{MAX_THREADS}, got {threads}")
-    launch(kernel, logits.shape[0], threads, losses, lse, dlogits, logits, targets, dloss, V)
+    if kernel == "auto":
+        kernel = "fast" if aligned else "reference"
+    check(aligned or kernel == "reference",
+          "cross-entropy: the fast kernel needs logits and dlogits in rows of 4k floats, aligned")
+    fused = crossentropy_fused4_kernel if kernel == "fast" else crossentropy_fused_kernel
+    launch(fused, logits.shape[0], THREADS, losses, lse, dlogits, logits, targets, dloss, V)
     launch(mean_kernel, 1, THREADS, loss, losses)
 
 
@@ -265,6 +262,6 @@ def crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, accumulate
 
 
 def crossentropy_forward_backward_numpy(loss, losses, lse, dlogits, logits, targets, dloss,
-                                        vocab=None):
+                                        vocab=None, kernel="auto"):
     crossentropy_forward_numpy(loss, losses, lse, logits, targets, vocab)
     crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, vocab=vocab)

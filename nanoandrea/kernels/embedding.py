@@ -19,7 +19,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
-from .matmul import sum_rows
+from .reduce import sum_rows
 
 THREADS = 32 if SIMULATOR else 128
 

@@ -1,32 +1,39 @@
 """The one place that launches kernels.
 
 Every launcher in nanoandrea.kernels ends in `launch(kernel, grid, block, *args)`. Keeping that
-call in one function gives us one place to:
+call in one function gives one place to:
   - pick the CUDA stream (`using_stream`: the training step puts its launches on a CuPy stream
-    of its own, which it captures as a CUDA graph; see nanoandrea/step.py),
-  - size grids (`blocks(n, per_block)`), and check shapes and dtypes (`check_*`) with one-line errors.
+    of its own, which it captures as a CUDA graph; see nanoandrea/step.py and schedule.py),
+  - size grids (`blocks(n, per_block)`), and check shapes and dtypes (`check_*`) with one-line
+    errors.
 
 It also wires CuPy's memory pool under Numba (Numba's external-memory-manager plugin), which
-turns a device allocation from ~160 us into ~11 us (measured on the H200, ../shared/GPU-FACTS.md)
-and lets freed activations be reused; and, for a captured step, `count_allocations` (how much
-a step allocates) and `allocate_from(arena)` (one block, carved up, owned by the graph).
+makes a device allocation about 15 times cheaper and lets freed activations be reused; and,
+for a captured step, `count_allocations` (how much a step allocates) and
+`allocate_from(arena)` (one block, carved up, owned by the graph).
+
+Kernels made by a factory from a few compile-time parameters (a tile, a transpose, an
+epilogue) come from `kernel_factory`, which makes each once and names it by its parameters.
 
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) kernels run as Python threads on the CPU;
 `SIMULATOR` lets launchers choose small blocks there.
 """
+import functools
+import inspect
 import os
-import warnings
 from contextlib import contextmanager
 
 import numpy as np
 from numba import config, cuda
-from numba.core.errors import NumbaPerformanceWarning
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
-# Numba warns of every grid smaller than the GPU; ours are small on purpose (sampling one
-# sequence, the last reduction stage) and the warning buried the training log in noise.
-warnings.filterwarnings("ignore", category=NumbaPerformanceWarning)
+if not SIMULATOR:
+    # numba-cuda warns of every grid of fewer than 128 blocks; ours are small on purpose
+    # (sampling one sequence, the last stage of a reduction), and the warning buried the
+    # training log in noise. Every other warning still shows.
+    from numba.cuda.core import config as cuda_config
+    cuda_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
 
 _stream = 0          # the stream every launch goes to; 0 is the default stream
 
@@ -36,7 +43,7 @@ STATIC_SHARED_BYTES = 48 * 1024    # a block's shared memory without the kernel 
 
 # Who inlines the device functions (`inlined`): "numba" (the default) or "nvvm"
 # (NANOANDREA_INLINER=nvvm). The kernels are the same Python either way; only the compile
-# differs, in time and in the machine code the GPU's driver makes of it (docs/perf.md, v20).
+# differs, in time and in the machine code the GPU's driver makes of it (docs/perf.md).
 INLINER = os.environ.get("NANOANDREA_INLINER", "numba")
 if INLINER not in ("nvvm", "numba"):
     raise ValueError(f"NANOANDREA_INLINER={INLINER!r}: nvvm or numba")
@@ -45,15 +52,10 @@ if INLINER not in ("nvvm", "numba"):
 def inlined(function):
     """A device function inlined into every kernel that calls it.
       - "numba" (the default): Numba's inline="always" copies the callee's Numba IR into each
-        call site, with Python's deepcopy. Slow to compile: tools/kernel_report.py's 76 kernels
-        took 1,072 s on a 2-core machine; on the H200 machine, a process that compiles the NN
-        matmul kernel and times it ran 44-47 s.
-      - "nvvm": `forceinline`, the LLVM `alwaysinline` attribute, and NVVM inlines. 223 s for
-        the 76 kernels, 10-13 s for that process (docs/runs/2026-11-30-issue4-v20/dump_nn.py).
-        Offline ptxas makes the same SASS of both for every matmul kernel; the H200 machine
-        does not (1,520 instructions against 1,512 for NN), and there the 120m products ran
-        3-5% slower and the 120m step 4% (docs/perf.md, v20). So "nvvm" is for compiling
-        quickly (the GPU test suite in one call), not for speed.
+        call site. Slow to compile, and the fastest code on the H200.
+      - "nvvm": `forceinline`, the LLVM `alwaysinline` attribute, and NVVM inlines: the same
+        kernels compile 4-5 times faster, and the H200 driver's machine code of them runs a
+        few percent slower (docs/perf.md). For compiling quickly: the GPU test suite.
     (The simulator's cuda.jit takes neither option: there a device function is a Python call.)"""
     if SIMULATOR or INLINER == "numba":
         return inlined_by_numba(function)
@@ -61,12 +63,33 @@ def inlined(function):
 
 
 def inlined_by_numba(function):
-    """`inlined`, by Numba's inliner whatever NANOANDREA_INLINER says: for the few functions
-    that NVVM inlining makes worse (matmul's outside_step: 143 registers against 128) or
-    cannot compile (sharedmem.dynamic_shared_floats returns a shared array)."""
+    """`inlined`, by Numba's inliner whatever NANOANDREA_INLINER says: for a function NVVM
+    inlining cannot compile (sharedmem.dynamic_shared_floats returns a shared array)."""
     if SIMULATOR:
         return cuda.jit(device=True)(function)
     return cuda.jit(device=True, inline="always")(function)
+
+
+def kernel_factory(make):
+    """A function that makes a kernel from a few compile-time parameters (hashable values, a
+    tile or a flag): called again with the same parameters it returns the same kernel, so each
+    is compiled once, and the kernel keeps `made_by` = (module, factory, parameters), which
+    names it (and lets another process make it again)."""
+    signature = inspect.signature(make)
+    made = {}
+
+    @functools.wraps(make)
+    def factory(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        parameters = tuple(bound.arguments.values())
+        if parameters not in made:
+            kernel = make(*parameters)
+            kernel.made_by = (make.__module__, make.__qualname__, parameters)
+            made[parameters] = kernel
+        return made[parameters]
+
+    return factory
 
 
 def launch(kernel, grid, block, *args, shared_bytes=0):
@@ -87,7 +110,7 @@ _allowed_shared = {}        # compiled kernel -> the dynamic shared bytes it may
 
 def _allow_dynamic_shared(compiled, configuration):
     # (numba-cuda's pre-launch hook, given the kernel compiled for these arguments.) The
-    # driver's attribute, set the way numba-cuda 0.30 sets a kernel's shared-memory carveout
+    # driver's attribute, set the way numba-cuda sets a kernel's shared-memory carveout
     # (CudaPythonFunction.set_shared_memory_carveout), once per kernel and size
     bytes_wanted = configuration.sharedmem
     if _allowed_shared.get(id(compiled), 0) >= bytes_wanted:
@@ -119,66 +142,6 @@ def using_stream(stream):
         yield
     finally:
         set_stream(previous)
-
-
-# --- a second stream, beside the current one ---------------------------------------------
-# Inside a captured step (nanoandrea/step.py) the weight gradients run on a second stream: each
-# starts when its dY is ready and runs beside the input gradients and the rest of the backward
-# pass, filling the multiprocessors that a product's last wave and the small kernels leave idle.
-# In the forward, products of the same input (a layer's K and V beside its Q: ops.linears) may
-# run there too. Only inside a capture: there every allocation comes from the arena, never
-# reused, so memory the second stream still reads is never handed to the first (eagerly,
-# CuPy's pool would).
-
-_second = None          # (the second stream, its fork event, its join event, whether forward
-                        # work may go there), while there is one
-_forked = False         # work launched on the second stream since the last join
-
-
-@contextmanager
-def second_stream(stream, forward=True):
-    """Inside the block, `beside()` puts launches on `stream` (a Numba stream); forward=False:
-    only the backward's (`beside(forward=True)` then runs in place)."""
-    global _second, _forked
-    events = [cuda.event() if SIMULATOR else cuda.event(timing=False) for _ in range(2)]
-    previous, _second = _second, (stream, *events, forward)     # (the simulator's events take
-    try:                                                         # no arguments)
-        yield
-    finally:
-        join()
-        _second, _forked = previous, False
-
-
-@contextmanager
-def beside(forward=False):
-    """Launches inside the block go to the second stream, if there is one, after everything
-    launched so far on the current stream; they run beside what is launched after the block,
-    until `join()`. Without a second stream (or for forward work, without its leave), the
-    block runs where it is."""
-    global _forked
-    if _second is None or _stream is _second[0] or (forward and not _second[3]):
-        yield
-        return
-    side, fork, _, _ = _second
-    fork.record(_stream)
-    fork.wait(side)
-    with using_stream(side):
-        yield
-    _forked = True
-
-
-def join():
-    """The current stream waits for what was launched `beside()` it. False (and no wait) when
-    called from inside a `beside()` block."""
-    global _forked
-    if _second is not None and _stream is _second[0]:
-        return False
-    if _forked:
-        side, _, done, _ = _second
-        done.record(side)
-        done.wait(_stream)
-        _forked = False
-    return True
 
 
 def blocks(n, per_block):
@@ -362,10 +325,10 @@ def scratch(name, shape):
     """A float32 device array kept for the life of the process, one per (name, shape, device):
     a launcher's temporary too large to allocate at every call (the attention backward's dq
     shares: 830 MB at andrea-120m, B=16, shared by its 12 layers). Its users launch on the
-    first stream only (what runs `beside()`, the weight gradients, takes none), so calls run
-    one after another and may share it; it is allocated
-    outside count_allocations and allocate_from, so a captured graph's arena does not hold a
-    copy of it, and the graph may keep using it."""
+    first stream only (what runs beside it, on the second stream, takes none), so calls run
+    one after another and may share it; it is allocated outside count_allocations and
+    allocate_from, so a captured graph's arena does not hold a copy of it, and the graph may
+    keep using it."""
     global _tally, _arena
     key = (name, tuple(shape), 0 if SIMULATOR else cuda.get_current_device().id)
     if key not in _scratch:

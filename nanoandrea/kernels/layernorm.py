@@ -12,7 +12,7 @@ Fused with the residual add before it (llm.c's fused_residual_forward), for a, b
     resid = a + b,   out = layernorm(resid) * weight + bias      (a and b read once)
 
 Two families of kernels compute this:
-  - warp kernels (warp_kernels(V), for C <= 128 V, C % 4 == 0, 16-byte aligned rows): one warp
+  - warp kernels (warp_kernel(V, ...), for C <= 128 V, C % 4 == 0, 16-byte aligned rows): one warp
     per row; lane l keeps columns 4 (l + 32 k) .. 4 (l + 32 k) + 3, k < V, in registers (C = 768:
     24 floats, six 16-byte loads), so each row is read from global memory exactly once, and the
     row's sums meet in warp shuffles (warp_sum). The backward also adds each lane's dout * xhat
@@ -21,16 +21,15 @@ Two families of kernels compute this:
     are the readable reference, and the fallback.
 """
 import math
-from collections import namedtuple
 
 import numpy as np
 from numba import cuda, float32
 
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check_float32, check_shape,
-                     current_stream, elementwise_grid, inlined, launch)
-from .matmul import sum_rows
+                     current_stream, elementwise_grid, inlined, kernel_factory, launch)
 from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, WARP, block_sum, chunk_rows,
-                     column_partials_sum, finish_column_sums_kernel, row_chunks, warp_sum)
+                     column_partials_sum, finish_column_sums_kernel, row_chunks, sum_rows,
+                     warp_sum)
 from .vector import aligned16, load4, store4
 
 EPS = 1e-5
@@ -42,27 +41,18 @@ MAX_VECTORS = 8                          # warp kernels take C <= 4 * WARP * MAX
 
 def backward_blocks_per_sm(V):
     """Blocks of the warp backward that fit on one multiprocessor: it keeps 16 V floats per lane
-    (xhat, g and the dweight, dbias sums), 128 registers in all up to V = 6 (offline ptxas,
-    sm_90, no spills; 4 blocks of 128 threads), 168 at V = 8 (3 blocks; at 128 it spills)."""
+    (xhat, g and the dweight, dbias sums), 128 registers in all up to V = 6 (no spills; 4 blocks
+    of 128 threads), 168 at V = 8 (3 blocks; at 128 it spills)."""
     return 4 if V <= 6 else 3
 
 
 # --- warp kernels ---------------------------------------------------------------------------
 
-_warp_kernels = {}
-WarpKernels = namedtuple("WarpKernels", "forward residual_forward backward")
-
-
-def warp_kernels(V):
-    """The warp kernels for rows of C <= 128 V columns (C % 4 == 0), compiled once per V: an
-    object with .forward, .residual_forward and .backward. V fixes the size of each lane's
-    register arrays (4 V floats), which must be known when the kernel is compiled."""
-    if V not in _warp_kernels:
-        _warp_kernels[V] = _make_warp_kernels(V)
-    return _warp_kernels[V]
-
-
-def _make_warp_kernels(V):
+@kernel_factory
+def warp_kernel(V, which):
+    """The warp kernel `which` ("forward", "residual_forward" or "backward") for rows of
+    C <= 128 V columns (C % 4 == 0). V fixes the size of each lane's register arrays (4 V
+    floats), which must be known when the kernel is compiled."""
     SIZE = 4 * V       # floats per lane: values[4 k + i] is column 4 (lane + 32 k) + i
     MAX_C = WARP * SIZE
     # (the simulator's cuda.jit takes no launch_bounds)
@@ -223,7 +213,7 @@ def _make_warp_kernels(V):
             dbias_partials[cuda.blockIdx.x, col] = block_dbias[col]
 
     backward.launch_bounds = bounds.get("launch_bounds")
-    return WarpKernels(forward, residual_forward, backward)
+    return dict(forward=forward, residual_forward=residual_forward, backward=backward)[which]
 
 
 def warp_vectors(C, *arrays):
@@ -348,7 +338,7 @@ def layernorm_forward(out, mean, rstd, x, weight, bias):
     N, C = x.shape
     V = warp_vectors(C, out, x, weight, bias)
     if V:
-        launch(warp_kernels(V).forward, blocks(N, WARPS), (WARP, WARPS), out, mean, rstd, x,
+        launch(warp_kernel(V, "forward"), blocks(N, WARPS), (WARP, WARPS), out, mean, rstd, x,
                weight, bias, np.float32(EPS))
     else:
         launch(layernorm_forward_kernel, N, THREADS, out, mean, rstd, x, weight, bias,
@@ -363,7 +353,7 @@ def residual_layernorm_forward(resid, out, mean, rstd, a, b, weight, bias):
     N, C = a.shape
     V = warp_vectors(C, resid, out, a, b, weight, bias)
     if V:
-        launch(warp_kernels(V).residual_forward, blocks(N, WARPS), (WARP, WARPS), resid, out,
+        launch(warp_kernel(V, "residual_forward"), blocks(N, WARPS), (WARP, WARPS), resid, out,
                mean, rstd, a, b, weight, bias, np.float32(EPS))
     else:
         launch(residual_layernorm_forward_kernel, N, THREADS, resid, out, mean, rstd, a, b,
@@ -383,7 +373,7 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
     if V:
         R = min(blocks(N, WARPS), 2 if SIMULATOR else MULTIPROCESSORS * backward_blocks_per_sm(V))
         partials = cuda.device_array((2, R, C), np.float32, stream=current_stream())
-        launch(warp_kernels(V).backward, R, (WARP, WARPS), dx, prior, partials[0], partials[1],
+        launch(warp_kernel(V, "backward"), R, (WARP, WARPS), dx, prior, partials[0], partials[1],
                dout, x, weight, mean, rstd, accumulate)
         sum_rows(dweight, partials[0], accumulate=True)
         sum_rows(dbias, partials[1], accumulate=True)

@@ -1,4 +1,4 @@
-"""Reductions shared by the kernels that reduce along a row (or down columns).
+"""Reductions shared by the kernels that reduce along a row (or down columns), and sum_rows.
 
 A block of threads (a power of two, at most MAX_THREADS) each holds one partial value; the
 partials meet in shared memory and halve in a fixed tree (block_sum, block_max). A warp's 32
@@ -7,9 +7,11 @@ bit-for-bit reproducible: no atomics anywhere in nanoandrea's training step.
 """
 import threading
 
+import numpy as np
 from numba import cuda, float32
 
-from .launch import MULTIPROCESSORS, SIMULATOR, inlined
+from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
+                     current_stream, elementwise_grid, inlined, launch)
 
 MAX_THREADS = 1024
 
@@ -82,16 +84,6 @@ if SIMULATOR:
         return _butterfly(values, lane, WARP // 2, lambda x, y: x + y)
 
     @cuda.jit(device=True)
-    def quad_sum(value):
-        values, lane = warp_values(value)
-        return _butterfly(values, lane, 2, lambda x, y: x + y)
-
-    @cuda.jit(device=True)
-    def quad_max(value):
-        values, lane = warp_values(value)
-        return _butterfly(values, lane, 2, max)
-
-    @cuda.jit(device=True)
     def warp_barrier():
         # no syncwarp in the simulator: the block's barrier, which is stronger (callers reach
         # warp_barrier with all the block's threads, as syncthreads asks)
@@ -114,20 +106,6 @@ else:
             value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
             offset //= 2
         return value
-
-    @inlined
-    def quad_sum(value):
-        # the sum of `value` over the 4 lanes of this lane's quad (lanes 4g .. 4g+3: the lanes
-        # that hold one row of an mma fragment, kernels/mma.py), to each of them; all 32 lanes
-        # must call it
-        value += cuda.shfl_xor_sync(0xFFFFFFFF, value, 1)
-        return value + cuda.shfl_xor_sync(0xFFFFFFFF, value, 2)
-
-    @inlined
-    def quad_max(value):
-        # the max of `value` over the 4 lanes of this lane's quad, as quad_sum
-        value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
-        return max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 2))
 
 
 # Column sums of a [rows, columns] matrix, in two deterministic stages:
@@ -186,3 +164,42 @@ def column_partials_sum(total, partial):
         cuda.syncthreads()
         stride //= 2
     return partial[0, tx]
+
+
+# --- sum over rows: the bias gradient (and the position-embedding gradient) ----------------
+
+@cuda.jit
+def sum_rows_kernel(partials, x):
+    # partials[R, N]: partials[r] = sum of the r-th chunk of x[M, N]'s rows; grid (N/32, R),
+    # block (32, ROW_GROUPS). Stage 1 of two (above); no atomics, so the sum is reproducible.
+    partial = cuda.shared.array((ROW_GROUPS, COLUMNS), float32)
+    M, N = x.shape
+    first, end = chunk_rows(M)
+    col = cuda.blockIdx.x * COLUMNS + cuda.threadIdx.x
+    total = float32(0.0)
+    if col < N:
+        for row in range(first + cuda.threadIdx.y, end, ROW_GROUPS):
+            total += x[row, col]
+    total = column_partials_sum(total, partial)
+    if cuda.threadIdx.y == 0 and col < N:
+        partials[cuda.blockIdx.y, col] = total
+
+
+def sum_rows(out, x, accumulate=False):
+    """out[N] (+)= x[M,N] summed over its M rows."""
+    check_float32(out=out, x=x)
+    check(len(x.shape) == 2, f"sum_rows: x must be 2-D, got {x.shape}")
+    check_shape("sum_rows out", out, (x.shape[1],))
+    M, N = x.shape
+    partials = cuda.device_array((row_chunks(M, N), N), np.float32, stream=current_stream())
+    launch(sum_rows_kernel, (blocks(N, COLUMNS), partials.shape[0]), (COLUMNS, ROW_GROUPS),
+           partials, x)
+    launch(finish_column_sums_kernel, *elementwise_grid(N), out, partials, accumulate)
+
+
+def sum_rows_numpy(out, x, accumulate=False):
+    check_shape("sum_rows out", out, (x.shape[1],))
+    if accumulate:
+        out += x.sum(axis=0)
+    else:
+        out[...] = x.sum(axis=0)

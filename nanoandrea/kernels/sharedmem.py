@@ -18,7 +18,7 @@ on, so that a kernel's tiles keep their 2-D indexing and load4 / store4 (the off
 whose rows are 16-byte aligned must be a multiple of 4 floats). It is an intrinsic that fills
 in the array's pointer, shape and strides: NumPy's way, `buffer[a:b].reshape(rows, cols)`,
 compiles in Numba to a call into its runtime through local memory, after which the loads go
-through generic addresses instead of shared ones (PTX, numba-cuda 0.30, 2026-11-29).
+through generic addresses instead of shared ones.
 
 `dynamic_shared_floats()` is the dynamic array as float32, declared 16-byte aligned (Numba's
 default is the element's 4 bytes, too little for load4 / store4; the simulator takes no

@@ -2,23 +2,12 @@
 
     x0, x1, x2, x3 = load4(array, (i, j))      array[i, j], array[i, j+1], array[i, j+2], array[i, j+3]
     store4(array, (i, j), x0, x1, x2, x3)
-    add4(array, (i, j), x0, x1, x2, x3)        array[i, j:j+4] += (x0, .., x3), atomically
-    x = load1(array, (i, j)); store1(array, (i, j), x)   one float, 4 bytes
-
-load1 and store1 are array[i, j] without Numba's negative-index wraparound: the indices are
-taken as they are (non-negative, the caller's promise), so the address is one multiply-add
-from the array's start and loads a few floats apart share it (the blocked matmul's 4-byte
-loads of rows that are not 16-byte runs, four columns 32 apart).
 
 One 16-byte instruction (ld.global.v4.f32, ld.shared.v4.f32, st.shared.v4.f32, ...) instead of
 four 4-byte ones: a quarter of the load/store instructions, which is what a register-blocked
 matmul is short of. Numba has no float4 type, so these are Numba intrinsics that emit LLVM IR
 directly: a pointer to the first element, bitcast to <4 x float>*, one aligned load or store.
 NVVM then picks the address space (global or shared) from where the array lives.
-
-add4 is one `red.global.add.v4.f32` (sm_90, inline PTX): a reduction into global memory that
-other threads' adds to the same elements cannot tear, in whatever order they land (so a sum
-made of such adds is not reproducible to the bit). The array must be in global memory.
 
 The caller guarantees what the hardware needs: the last index is the contiguous axis, the four
 elements are in bounds, and the first one's address is a multiple of 16 bytes (row lengths a
@@ -48,19 +37,11 @@ def aligned16(array):
 
 
 if SIMULATOR:
-    from numba import cuda
-
     def load4(array, index):
         *outer, j = index
         outer = tuple(outer)
         return (array[outer + (j,)], array[outer + (j + 1,)], array[outer + (j + 2,)],
                 array[outer + (j + 3,)])
-
-    def load1(array, index):
-        return array[index]
-
-    def store1(array, index, x):
-        array[index] = x
 
     def store4(array, index, x0, x1, x2, x3):
         *outer, j = index
@@ -70,13 +51,6 @@ if SIMULATOR:
         array[outer + (j + 2,)] = x2
         array[outer + (j + 3,)] = x3
 
-    @cuda.jit(device=True)              # (a device function: the simulator gives those, not
-    def add4(array, index, x0, x1, x2, x3):     # plain functions, its cuda.atomic)
-        *outer, j = index
-        outer = tuple(outer)
-        for e, x in enumerate((x0, x1, x2, x3)):
-            cuda.atomic.add(array, outer + (j + e,), x)
-
 else:
     from llvmlite import ir
     from numba import types
@@ -85,34 +59,22 @@ else:
 
     FLOAT4 = ir.VectorType(ir.FloatType(), 4)
 
-    def _float_pointer(context, builder, array_type, array, index_type, index):
-        """LLVM float* to array[index] (index: a tuple of integers), without wraparound."""
+    def _element_pointer(context, builder, array_type, array, index_type, index):
+        """LLVM <4 x float>* to array[index] (index: a tuple of integers), without Numba's
+        negative-index wraparound (the indices are the caller's, non-negative)."""
         array = context.make_array(array_type)(context, builder, array)
         indices = [context.cast(builder, value, kind, types.intp) for value, kind in
                    zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]
-        return cgutils.get_item_pointer(context, builder, array_type, array, indices,
-                                        wraparound=False)
-
-    def _element_pointer(context, builder, array_type, array, index_type, index):
-        """LLVM pointer to array[index] (index: a tuple of integers), as <4 x float>*."""
-        pointer = _float_pointer(context, builder, array_type, array, index_type, index)
+        pointer = cgutils.get_item_pointer(context, builder, array_type, array, indices,
+                                           wraparound=False)
         return builder.bitcast(pointer, ir.PointerType(FLOAT4))
-
-    def _pointer_and_values(context, builder, signature, args):
-        """For (array, index, x0, x1, x2, x3): the <4 x float>* to array[index] and the four
-        values as float32s."""
-        pointer = _element_pointer(context, builder, signature.args[0], args[0],
-                                   signature.args[1], args[1])
-        return pointer, [context.cast(builder, value, kind, types.float32)
-                         for value, kind in zip(args[2:], signature.args[2:])]
 
     def _check(array, index):
         if not (isinstance(array, types.Array) and array.dtype == types.float32):
-            raise TypeError(f"load1, store1, load4, store4, add4 need a float32 array, "
-                            f"got {array}")
+            raise TypeError(f"load4 and store4 need a float32 array, got {array}")
         if not (isinstance(index, types.BaseTuple) and len(index) == array.ndim):
-            raise TypeError(f"load1, store1, load4, store4, add4 need a tuple of {array.ndim} "
-                            f"indices, got {index}")
+            raise TypeError(f"load4 and store4 need a tuple of {array.ndim} indices, "
+                            f"got {index}")
 
     @intrinsic
     def load4(typingctx, array, index):
@@ -130,59 +92,17 @@ else:
         return result(array, index), codegen
 
     @intrinsic
-    def load1(typingctx, array, index):
-        _check(array, index)
-
-        def codegen(context, builder, signature, args):
-            return builder.load(_float_pointer(context, builder, signature.args[0], args[0],
-                                               signature.args[1], args[1]))
-
-        return types.float32(array, index), codegen
-
-    @intrinsic
-    def store1(typingctx, array, index, x):
-        _check(array, index)
-
-        def codegen(context, builder, signature, args):
-            builder.store(context.cast(builder, args[2], signature.args[2], types.float32),
-                          _float_pointer(context, builder, signature.args[0], args[0],
-                                         signature.args[1], args[1]))
-
-        return types.void(array, index, x), codegen
-
-    @intrinsic
     def store4(typingctx, array, index, x0, x1, x2, x3):
         _check(array, index)
 
         def codegen(context, builder, signature, args):
-            pointer, values = _pointer_and_values(context, builder, signature, args)
+            pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                       signature.args[1], args[1])
+            values = [context.cast(builder, value, kind, types.float32)
+                      for value, kind in zip(args[2:], signature.args[2:])]
             vector = ir.Constant(FLOAT4, ir.Undefined)
             for i, value in enumerate(values):
                 vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
             builder.store(vector, pointer, align=16)
-
-        return types.void(array, index, x0, x1, x2, x3), codegen
-
-    def _asm(builder, text, constraints, arguments, kinds):
-        """Inline PTX with side effects (kept where it stands), returning nothing."""
-        function = ir.InlineAsm(ir.FunctionType(ir.VoidType(), kinds), text, constraints,
-                                side_effect=True)
-        builder.call(function, arguments)
-
-    ADD4 = """{
-    .reg .u64 global_address;
-    cvta.to.global.u64 global_address, $0;
-    red.global.add.v4.f32 [global_address], {$1, $2, $3, $4};
-}"""
-
-    @intrinsic
-    def add4(typingctx, array, index, x0, x1, x2, x3):
-        _check(array, index)
-
-        def codegen(context, builder, signature, args):
-            pointer, values = _pointer_and_values(context, builder, signature, args)
-            _asm(builder, ADD4, "l,f,f,f,f,~{memory}",
-                 [builder.ptrtoint(pointer, ir.IntType(64)), *values],
-                 [ir.IntType(64)] + [ir.FloatType()] * 4)
 
         return types.void(array, index, x0, x1, x2, x3), codegen
