@@ -57,9 +57,7 @@ def event_time_ms(fn, warmup=3, repeat=10, calls=1):
     comparison are timed the same way.
     A call over 20 ms is timed alone (calls = 1), still behind the ~6 ms of other work: its
     launches too then queue while the GPU is busy, so the timing starts with its first kernel,
-    not with the host's work before it (the row classes of the LM head at V = 50257 spend
-    ~1.3 ms of Python before their 27 ms product: timed with nothing queued, 2% of their ratio
-    to cuBLAS, docs/perf.md v18)."""
+    not with the host's work before it."""
     if warm_up_and_time_one(fn, warmup) > 0.02:
         calls = 1           # a slow kernel (the LM head, the reference ones): one a timing
     return median_ms_per_call(fn, calls, repeat, lambda: keep_gpu_busy(6))
@@ -147,13 +145,12 @@ def require(error, limit, what):
 
 def bench_matmul(args):
     import cupy
-    print("matmul: andrea-120m products at B=16, T=1024 (float32; cuBLAS with TF32 off)")
+    print("matmul: the products of a training step (float32; cuBLAS with TF32 off)")
     M = 16 * 1024
-    shapes = [("qkv/W_O  [16384x768]x[768x768]", M, 768, 768),
+    shapes = [("qkv/W_O  [16384x768]x[768x768]", M, 768, 768),        # andrea-120m, B=16 T=1024
               ("mlp up   [16384x768]x[768x3072]", M, 3072, 768),
               ("mlp down [16384x3072]x[3072x768]", M, 768, 3072),
-              ("lm head  [16384x768]x[768x50257]", M, 50257, 768),
-              ("lmVp     [16384x768]x[768x50304]", M, 50304, 768),  # the model's padded vocab
+              ("lm head  [16384x768]x[768x50304]", M, 50304, 768),    # (the padded vocabulary)
               ("12m proj [16384x384]x[384x384]", M, 384, 384),         # andrea-12m, B=64 T=256
               ("12m down [16384x1536]x[1536x384]", M, 384, 1536)]
     rng = cupy.random.default_rng(0)
@@ -164,82 +161,17 @@ def bench_matmul(args):
         x = rng.standard_normal((m, k), dtype=cupy.float32)
         w = rng.standard_normal((k, n), dtype=cupy.float32)
         dy = rng.standard_normal((m, n), dtype=cupy.float32)
-        # (name, our call, cupy call, flops); operands as Numba views of CuPy's memory
-        X, W, DY = (cuda.as_cuda_array(a) for a in (x, w, dy))
+        X, W, DY = (cuda.as_cuda_array(a) for a in (x, w, dy))   # Numba views of CuPy's memory
         out_y = cuda.device_array((m, n), np.float32)
         out_dx = cuda.device_array((m, k), np.float32)
         out_dw = cuda.device_array((k, n), np.float32)
-        products = [        # (name, transpose_a, transpose_b, our out, a, b, cupy's product,
-            ("fwd  Y=X.W", False, False, out_y, X, W, lambda: x @ w, None, None),
-            ("bwd dX=dY.W^T", False, True, out_dx, DY, W, lambda: dy @ w.T, None, None),
-            ("bwd dX [W^T in kernel]", False, True, out_dx, DY, W, lambda: dy @ w.T, False, None),
-            ("bwd dW=X^T.dY", True, False, out_dw, X, DY, lambda: x.T @ dy, None, None),
-        ]                   # (... copy W^T?, pad_unaligned: see matmul)
-        variants = {"": None}               # (the LM heads: too long to time every tile)
-        variants.update({name: tiles for name, tiles in
-                         (MATMUL_VARIANTS if n < 50257 else LM_VARIANTS).items()
-                         if wanted(args, name)})
-        pipelined = []
-        if n % 4:                           # rows of V floats: the row classes (the default),
-                                            # padded copies, or 4 bytes at a time
-            plain = [(name, ta, tb, out, a, b, theirs)
-                     for name, ta, tb, out, a, b, theirs, copy, _ in products if copy is None]
-            if wanted(args, "cp.async 4-byte"):     # (the cp.async pipeline's 4-byte copies)
-                pipelined = [(f"{name} [cp.async 4-byte]", *rest) for name, *rest in plain]
-            # (the default: in place in four classes of rows, matmul.row_class_matmul) ... or
-            products += [(f"{name} [padded copies]", *rest, None, True)    # on padded copies
-                         for name, *rest in plain]
-            if wanted(args, "4-byte kernels"):      # (timed in sessions 6-11: 0.70-0.75x)
-                products += [(f"{name} [4-byte kernels]", *rest, None, False)
-                             for name, *rest in plain]
-            # ... or the operands padded and the output (rows of V) stored 4 bytes at a time
-            if wanted(args, "padded operands"):     # (session 11: 0.72-0.80x)
-                products += [(f"{name} [padded operands]", *rest, None, "operands")
-                             for name, *rest in plain if rest[2].shape[1] % 4]
-        cases = [(f"{name} [{variant}]" if variant else name,
-                  lambda out=out, a=a, b=b, ta=ta, tb=tb, tiles=tiles, copy=copy, pads=pads:
-                  matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb, tiles=tiles,
-                                        copy_b_transposed=copy, pad_unaligned=pads), theirs, out)
-                 for name, ta, tb, out, a, b, theirs, copy, pads in products
-                 for variant, tiles in variants.items()
-                 if (copy is None and pads is None) or not variant]
-        cases += [(name, lambda out=out, a=a, b=b, ta=ta, tb=tb: matmul_kernels.matmul(
-                       out, a, b, transpose_a=ta, transpose_b=tb, tiles=dict(stages=3),
-                       copy_b_transposed=False, pad_unaligned=False), theirs, out)
-                  for name, ta, tb, out, a, b, theirs in pipelined]
-        if n % 4 and wanted(args, "bounded"):       # the row classes' products bounded to
-            cases += [  # 2 blocks a multiprocessor (their default: unbounded, 128 registers)
-                (f"{name} [row classes, bounded]", lambda out=out, a=a, b=b, ta=ta, tb=tb:
-                 matmul_kernels.matmul(out, a, b, transpose_a=ta, transpose_b=tb,
-                                       tiles=dict(blocks_per_sm=2), pad_unaligned="row classes"),
-                 theirs, out) for name, ta, tb, out, a, b, theirs in plain]
-        if n >= 50257 and wanted(args, "dX k_splits"):  # the input gradient's K is the vocabulary:
-            for splits in (2, 3):                       # 768 output tiles, 2.9 waves, in slices
-                cases.append((f"bwd dX=dY.W^T [dX k_splits={splits}]",
-                              lambda splits=splits: matmul_kernels.matmul(   # (padded:
-                                  out_dx, DY, W, transpose_b=True, k_splits=splits,  # the row
-                                  pad_unaligned=n % 4 != 0 or None),   # classes do not split K)
-                              lambda: dy @ w.T, out_dx))
-        # the weight gradient in slices of 16 (one barrier a 1024 FFMA, not 512; ptxas: 128
-        # registers, no spills, the k loop 1191 instructions for 1024 FFMA against the
-        # default's 578 for 512; Nsight Compute found the weight gradient the most
-        # barrier-stalled of the three products, session 9)
-        dw_variants = [("BK16, cp.async 2 stages", None, dict(BK=16, stages=2))]
-        if n < 50257:                       # with half and twice the slices of K split_count
-            chosen = matmul_kernels.split_count(k, n, m, (128, 128, 8))             # picks
-            dw_variants += [(f"k_splits={splits}", splits, None) for splits in
-                            sorted({max(1, chosen // 2), 2 * chosen} - {chosen})]
-            dw_variants += [(f"cp.async, {stages} stages", None, dict(stages=stages))
-                            for stages in (3, 4)]     # ... and with its slices copied by cp.async
-            dw_variants += [("8x16 128 threads, cp.async 3 stages", None,       # (cuBLAS's)
-                             dict(thread_cols=16, blocks_per_sm=2, stages=3))]
-        for variant, splits, tiles in [v for v in dw_variants if wanted(args, v[0])]:
-            cases.append((f"bwd dW=X^T.dY [{variant}]",
-                          lambda splits=splits, tiles=tiles: matmul_kernels.matmul(
-                              out_dw, X, DY, transpose_a=True, k_splits=splits, tiles=tiles),
-                          lambda: x.T @ dy, out_dw))
-        if "down" in label:
-            gelu_backward_pair(args, label, m, n, k, DY, W, out_dx)
+        cases = [           # (name, our product, cuBLAS's, our output)
+            ("fwd  Y=X.W", lambda: matmul_kernels.matmul(out_y, X, W), lambda: x @ w, out_y),
+            ("bwd dX=dY.W^T", lambda: matmul_kernels.matmul(out_dx, DY, W, transpose_b=True),
+             lambda: dy @ w.T, out_dx),
+            ("bwd dW=X^T.dY", lambda: matmul_kernels.matmul(out_dw, X, DY, transpose_a=True),
+             lambda: x.T @ dy, out_dw)]
+        short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
         for name, ours, theirs, out in cases:
             cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails
             ours()
@@ -250,87 +182,36 @@ def bench_matmul(args):
             flops = 2.0 * m * n * k
             theirs_ms = kernel_ms(theirs, args)
             ours_ms = kernel_ms(ours, args)
-            short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
             row("matmul", f"{short:8s} {name}", ours_ms, flops, "TFLOP/s", theirs_ms,
                 "cuBLAS", f"(cuBLAS {flops / theirs_ms / 1e9:.1f} TFLOP/s, err {error:.1e})")
+        if "down" in label:
+            gelu_backward_pair(args, short, m, n, k, DY, W, out_dx)
 
 
-def gelu_backward_pair(args, label, m, n, k, DY, W, out_dx):
+def gelu_backward_pair(args, short, m, n, k, DY, W, out_dx):
     """The MLP's input gradient through GELU, d(pre) = (dY . W^T) * gelu'(pre), as one product
     with GELU's backward in its epilogue (what the model runs) against the product followed by
-    the gelu_backward kernel: the same arithmetic, so the two must agree to the bit-ish."""
+    the gelu_backward kernel: the same arithmetic, so the two agree to float32 rounding."""
     import cupy
     from nanoandrea.kernels.gelu import gelu_backward
     pre = cuda.as_cuda_array(cupy.random.default_rng(1).standard_normal((m, k), dtype=cupy.float32))
     product = cuda.device_array((m, k), np.float32)
     fused_out = cuda.device_array((m, k), np.float32)
 
-    def fused(tiles=None, copy=None):
-        matmul_kernels.matmul(fused_out, DY, W, transpose_b=True, gelu_input=pre, tiles=tiles,
-                              copy_b_transposed=copy)
+    def fused():
+        matmul_kernels.matmul(fused_out, DY, W, transpose_b=True, gelu_input=pre)
 
     def unfused():
         matmul_kernels.matmul(product, DY, W, transpose_b=True)
         gelu_backward(out_dx, product, pre)
     unfused()
-    unfused_ms = kernel_ms(unfused, args)
-    short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
-    variants = [("", None, None), (" [1 block/SM]", dict(blocks_per_sm=1), None),
-                (" [W^T in kernel]", None, False)]
-    variants += [(f" [{name}]", tiles, None) for name, tiles in MATMUL_VARIANTS.items()
-                 if "SM" not in name and wanted(args, name)]   # (the blocks/SM: listed above,
-                                                            # or this kernel's default)
-    for variant, tiles, copy in variants:
-        fused_out.copy_to_device(np.full((m, k), np.nan, np.float32))
-        fused(tiles, copy)
-        cuda.synchronize()
-        error = relative_error(fused_out.copy_to_host(), out_dx.copy_to_host())
-        require(error, 1e-6, f"matmul {label} dX with gelu' fused{variant}")
-        row("matmul", f"{short:8s} bwd dX*gelu' fused{variant}",
-            kernel_ms(lambda: fused(tiles, copy), args), 2.0 * m * n * k, "TFLOP/s", unfused_ms,
-            "unfused", f"(err {error:.1e})")
-
-
-# tile variants of the blocked kernel timed with --variants (make_blocked_matmul_kernel's options).
-# The 512-thread tiles 128x256 and 256x128 (dict(BN=256, blocks_per_sm=1), dict(BM=256, ...))
-# were 3-30% slower than 128x128 on every product (H200, 2026-11-29, session 5, run 1): no
-# longer timed by default. Nor is an L2-aware block order (tiles taken 8 or 16 rows of tiles at a
-# time, column by column within a group): 2-7% slower on every 16-byte product, 1-3% faster only
-# on the LM head's 4-byte ones (session 6, run 1; it was removed from the kernel).
-# "8x16 a thread": 128 x 256 block tiles of 256 threads, each 8 x 16 (thread_cols=16), as
-# CUTLASS's SIMT SGEMM that cuBLAS runs for the largest float32 products here; ptxas: 254
-# registers, 8 bytes spilled, the k loop 1024 FFMA of 1151 instructions (89%, the 8 x 8
-# kernel's 85%). Timed in session 7 (run 1): 0.74-0.81x cuBLAS on the 120m products where
-# the 8 x 8 kernel runs 0.89-0.96x (one block of 8 warps a multiprocessor hides too little).
-# "warps 4x8": a warp covers 4 x 8 threads of the grid, not 2 x 16 (4 shared-memory wavefronts
-# a warp a step of k, not 6; ptxas the same registers): 3-6% slower on every product of qkv,
-# mlp and lmVp (session 8, run 2; 8 x 4 the same), so the wavefronts were not what held it.
-# "128x256 cp.async": CUTLASS's SIMT tile again, through the cp.async pipeline (no staging
-# registers; ptxas: 255 registers, no spills, the k loop 1202 instructions for 1024 FFMA):
-# 0.77-0.87x cuBLAS where the default ran 0.89-0.97x (session 10, run 4).
-# "fragments ahead": each step's shared-memory fragments read while the step before is
-# multiplied, and the next slice's first right after the barrier, under the last step's 64
-# FFMA (ptxas: the same 124-128 registers, no spills, the k loops 597-631 instructions against
-# 578-617). Timed (session 11, run 1): 6-8% slower on every plain product of qkv, mlp and
-# 12m, 2% on the two with GELU's backward fused.
-# "8x16 128 threads": 128 x 128 block tiles of 128 threads, each 8 x 16, 2 blocks (8 warps) a
-# multiprocessor: the tile, threads and occupancy of the cuBLAS kernel that beats ours at
-# 16384 x 3072 x 768 (Nsight Compute, session 9: sm80_xmma_gemm_f32f32..._tilesize128x128x8_
-# stage3, 128 threads, 255 registers, 91% of cycles issuing against our 84%, with ~2.2x fewer
-# barrier and ~4x fewer dispatch stalls an instruction). ptxas: NN 255 registers and 20 bytes
-# spilled, NT 243 and none, TN 254 and 8 bytes; the k loop 1024 FFMA of ~1180 instructions
-# (87%; the 8 x 8 kernel's 512 of 600) and 48 shared loads for them (the 8 x 8: 32 for 512).
-# Timed (session 9, run 2): 5-15% slower on every product (0.79-0.87x cuBLAS where the default
-# runs 0.89-0.97x; the LM head at 50257 0.73-0.78x), and with cp.async on the weight gradient
-# 2-4% slower: cuBLAS's tile without its way of loading A (its registers went to staging).
-MATMUL_VARIANTS = {"1 block/SM": dict(blocks_per_sm=1), "2 blocks/SM": dict(blocks_per_sm=2),
-                   "8x16 a thread": dict(BN=256, thread_cols=16, blocks_per_sm=1),
-                   "warps 4x8": dict(warp_rows=4),
-                   "8x16 128 threads": dict(thread_cols=16, blocks_per_sm=2),
-                   "128x256 cp.async": dict(BN=256, thread_cols=16, blocks_per_sm=1, stages=3),
-                   "fragments ahead": dict(fragments_ahead=True)}
-LM_VARIANTS = {name: MATMUL_VARIANTS[name] for name in ("8x16 a thread", "warps 4x8",
-                                                        "fragments ahead")}
+    fused_out.copy_to_device(np.full((m, k), np.nan, np.float32))
+    fused()
+    cuda.synchronize()
+    error = relative_error(fused_out.copy_to_host(), out_dx.copy_to_host())
+    require(error, 1e-6, f"matmul {short} dX with gelu' fused")
+    row("matmul", f"{short:8s} bwd dX*gelu' fused", kernel_ms(fused, args), 2.0 * m * n * k,
+        "TFLOP/s", kernel_ms(unfused, args), "unfused", f"(err {error:.1e})")
 
 
 # --- attention ------------------------------------------------------------------------------
@@ -351,20 +232,17 @@ def bench_attention(args):
                            ((B, H, T, D), (B, H, T), (B, H, T)))
         dq, dk, dv = (cuda.device_array((B, H, T, D), np.float32) for _ in range(3))
         label = f"[{B},{H},{T},{D}]"
-        for kernel, rows, tiles, variant in attention_variants(D, T, args):
-            if "4-byte" in variant:     # heads one float off 16 bytes: staged 4 bytes at a time
-                Q, K, V, DOUT = (unaligned_copy(t) for t in (q, k, v, dout))
-            else:
-                Q, K, V, DOUT = (cuda.as_cuda_array(t) for t in (q, k, v, dout))
+        Q, K, V, DOUT = (cuda.as_cuda_array(t) for t in (q, k, v, dout))
+        kernels = ["fast"] if D in attention_kernels.FAST_HEAD_SIZES else []
+        if D not in attention_kernels.FAST_HEAD_SIZES or T <= 256:
+            kernels.append("reference")         # (where it is not too slow to wait for)
+        for kernel in kernels:
+            def forward(kernel=kernel):
+                attention_kernels.attention_forward(out, lse, Q, K, V, kernel=kernel)
 
-            def forward():
-                attention_kernels.attention_forward(out, lse, Q, K, V, kernel=kernel,
-                                                    rows_per_block=rows, tiles=tiles)
-
-            def backward():
+            def backward(kernel=kernel):
                 attention_kernels.attention_backward(dq, dk, dv, delta, DOUT, Q, K, V, out, lse,
-                                                     kernel=kernel, rows_per_block=rows,
-                                                     tiles=tiles)
+                                                     kernel=kernel)
             for array in (out, dq, dk, dv):         # poisoned: an element left unwritten fails
                 torch.as_tensor(array, device="cuda").fill_(float("nan"))
             forward()
@@ -390,20 +268,14 @@ def bench_attention(args):
                     print(f"  note: {label} {name}: ours and SDPA differ by {error:.1e} "
                           f"(both match float64 NumPy, checked above)")
 
-            if kernel == "tensor":                  # registers, and bytes spilled
-                compiled = attention_kernels._tensor_forward(D, tiles and tiles[0], (Q, K, V))
-                print(f"  note: {label} tensor{variant}: "
-                      f"{max(compiled.get_regs_per_thread().values())} registers, "
-                      f"{max(compiled.get_local_mem_per_thread().values())} bytes of local "
-                      f"memory")
-            if kernel == "fast" and rows is None:   # same inputs again: the same bits?
+            if kernel == "fast":                    # same inputs again: the same bits?
                 first = torch.as_tensor(dq, device="cuda").clone()
                 backward()
                 again = torch.autograd.grad(F.scaled_dot_product_attention(
                     qs, ks, vs, is_causal=True), (qs, ks, vs), dout)[0]
                 same = [torch.equal(first, torch.as_tensor(dq, device="cuda")),
                         torch.equal(ref_grads[0], again)]
-                print(f"  note: {label}{variant}: dq the same to the bit in a second backward: "
+                print(f"  note: {label}: dq the same to the bit in a second backward: "
                       f"ours {'yes' if same[0] else 'no'}, SDPA {'yes' if same[1] else 'no'}")
 
             def torch_forward():
@@ -415,20 +287,11 @@ def bench_attention(args):
                 torch.autograd.grad(y, (qs, ks, vs), dout)
 
             flops_fwd = 4.0 * B * H * T * T * D / 2           # causal: half the score matrix
-            name = f"{label} {kernel}{'' if rows is None else f' rows={rows}'}{variant}"
+            name = f"{label} {kernel}"
             row("attention", name + " fwd", kernel_ms(forward, args), flops_fwd, "TFLOP/s",
                 kernel_ms(torch_forward, args), "SDPA")
             row("attention", name + " fwd+bwd", kernel_ms(lambda: (forward(), backward()), args),
                 flops_fwd * 3.5, "TFLOP/s", kernel_ms(torch_both, args), "SDPA")
-
-
-def unaligned_copy(tensor):
-    """A Numba view of a copy of `tensor` that starts one float past a 16-byte boundary."""
-    import torch
-    flat = torch.empty(tensor.numel() + 1, device=tensor.device, dtype=tensor.dtype)
-    copy = flat[1:].view(tensor.shape)
-    copy.copy_(tensor)
-    return cuda.as_cuda_array(copy)
 
 
 def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):
@@ -444,32 +307,6 @@ def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):
             else np.asarray(a.copy_to_host())[b:b + 1, h:h + 1] for a in (out, dq, dk, dv)]
     return {name: relative_error(got, want)
             for name, got, want in zip(("out", "dq", "dk", "dv"), ours, [want_out, *grads])}
-
-
-def attention_variants(D, T, args):
-    """(kernel, rows_per_block, tiles, label): the reference where it is not too slow to wait
-    for, the fast kernels with their default query tile and with one block per (batch, head),
-    the tensor-core forward; with --variants, the other tiles asked for too
-    (attention.TILE_VARIANTS, TENSOR_TILE_VARIANTS)."""
-    variants = [("reference", None, None, "")] if D == 72 or T <= 256 else []
-    if D in attention_kernels.FAST_HEAD_SIZES:
-        variants += [("fast", None, None, ""), ("fast", T, None, ""), ("tensor", None, None, "")]
-        variants += [("tensor", None, (tile, None, None), f" [{name}]")
-                     for name, tile in attention_kernels.TENSOR_TILE_VARIANTS.items()
-                     if wanted(args, name)]
-        variants += [("fast", None, tiles, f" [{name}]")
-                     for name, tiles in attention_kernels.TILE_VARIANTS.get(D, {}).items()
-                     if wanted(args, name)]
-        if wanted(args, "4-byte staging"):
-            variants.append(("fast", None, None, " [4-byte staging]"))
-    return variants
-
-
-def wanted(args, variant):
-    """Whether --variants asks for this variant: all of them (the flag alone), or those whose
-    names contain one of its comma-separated words."""
-    return args.variants is not None and (args.variants == "" or any(
-        word in variant for word in args.variants.split(",")))
 
 
 # --- end to end -------------------------------------------------------------------------------
@@ -537,16 +374,13 @@ def bench_e2e(args):
     print("end to end: training steps (forward, backward, AdamW), float32, steady state")
     for preset, B, T, config, ours, theirs in e2e_cases(args):
         tokens = B * T
-        # ours: the step eagerly (every launch from Python), then captured as a CUDA graph: on
-        # one stream; with its weight gradients on a second; and with the forward's K and V
-        # products there too (the default)
+        # ours: the step eagerly (every launch from Python), then captured as a CUDA graph on
+        # one stream, and with a second stream (the default: nanoandrea/schedule.py)
         modes = {"eager": dict(graph=False),
                  "graph, one stream": dict(graph=True, second_stream=False),
-                 "graph, second stream in backward": dict(graph=True, second_stream="backward"),
                  "graph": dict(graph=True)}
-        # (each of the first three alone, then the default and PyTorch's step in turns: the
-        # ratio the issue asks for from timings that alternate; session 17 and before timed
-        # PyTorch's step after all of ours, andrea-120m at 0.998-1.006x over four runs)
+        # (each of the first two alone, then the default and PyTorch's step in turns: the
+        # ratio from timings that alternate, so that a drift of the clocks falls on both)
         ours_ms = {mode: steps_time_ms({mode: ours(**kw)}, args.e2e_repeat)[mode]
                    for mode, kw in modes.items() if mode != "graph"}
         both = steps_time_ms({"graph": ours(**modes["graph"]), "PyTorch": theirs},
@@ -726,37 +560,18 @@ def bench_small(args):
     same("cross-entropy: dlogits", dlogits, want_dlogits, 1e-4)
     compare(f"cross-entropy fwd+bwd [{N}x{V}]", ours_ce, theirs_ce, 4 * (2 * N * V + N))
     # the model's case: rows of the padded vocabulary Vp (4k floats, aligned), the classes
-    # their first V columns: the 16-byte kernel and the 4-byte one (PyTorch's at V the baseline)
+    # their first V columns: the 16-byte kernel (PyTorch's at V the baseline)
     Vp = -(-V // 64) * 64
     logits_p = cuda.to_device(np.pad(tlogits.detach().cpu().numpy(), ((0, 0), (0, Vp - V))))
     dlogits_p = cuda.device_array((N, Vp), np.float32)
-    for vector, threads in ((True, None), (True, 1024), (True, 512), (False, None)):
-        def ours_ce_p(vector=vector, threads=threads):
-            crossentropy.crossentropy_forward_backward(loss, losses, lse, dlogits_p, logits_p,
-                                                       targets, dloss, V, vector, threads)
-        name = f"{'16' if vector else '4'}-byte{f', {threads} threads' if threads else ''}"
-        ours_ce_p()
-        same(f"cross-entropy at Vp ({name}): loss", loss, want_loss.reshape(1))
-        same(f"cross-entropy at Vp ({name}): dlogits", dlogits_p.copy_to_host()[:, :V],
-             want_dlogits, 1e-4)
-        compare(f"cross-entropy fwd+bwd [{N}x{Vp}] {name}", ours_ce_p, theirs_ce,
-                4 * (2 * N * Vp + N))
 
-    # pad and unpad (kernels/pad.py): the logits' rows of V floats to rows of 4k and back, the
-    # copies matmul makes for the LM head at an unaligned vocabulary, against torch's F.pad and
-    # slice-and-copy (each moves ~8 bytes a float)
-    from nanoandrea.kernels import pad
-    V4 = pad.padded_length(V)
-    wide, twide = cuda.device_array((N, V4), np.float32), F.pad(tlogits.detach(), (0, V4 - V))
-    back = cuda.device_array((N, V), np.float32)
-    pad.pad(wide, logits)
-    pad.unpad(back, wide)
-    same("pad", wide, twide, 1e-30)         # (a copy: bit for bit)
-    same("unpad", back, tlogits, 1e-30)
-    compare(f"pad [{N}x{V}] -> [{N}x{V4}]", lambda: pad.pad(wide, logits),
-            lambda: F.pad(tlogits.detach(), (0, V4 - V)), 4 * N * (V + V4))
-    compare(f"unpad [{N}x{V4}] -> [{N}x{V}]", lambda: pad.unpad(back, wide),
-            lambda: twide[:, :V].contiguous(), 4 * N * (V + V4))
+    def ours_ce_p():
+        crossentropy.crossentropy_forward_backward(loss, losses, lse, dlogits_p, logits_p,
+                                                   targets, dloss, V)
+    ours_ce_p()
+    same("cross-entropy at Vp: loss", loss, want_loss.reshape(1))
+    same("cross-entropy at Vp: dlogits", dlogits_p.copy_to_host()[:, :V], want_dlogits, 1e-4)
+    compare(f"cross-entropy fwd+bwd [{N}x{Vp}]", ours_ce_p, theirs_ce, 4 * (2 * N * Vp + N))
 
     # one AdamW step (global-norm clipping included) over all P parameters in one flat buffer,
     # against clip_grad_norm_ + torch's fused AdamW
@@ -800,11 +615,7 @@ def main():
     parser.add_argument("--models", default=None, help="e2e: only these presets (comma list)")
     parser.add_argument("--shapes", default=None,
                         help="only these shapes (comma list): matmul labels' starts (qkv, "
-                             "mlp, lm (both LM heads), lmVp, 12m), attention's T x D "
-                             "(1024x64, 256x32, 1024x72)")
-    parser.add_argument("--variants", nargs="?", const="", default=None,
-                        help="time tile variants too: all, or those whose names contain one "
-                        "of these comma-separated words")
+                             "mlp, lm, 12m), attention's T x D (1024x64, 256x32, 1024x72)")
     parser.add_argument("--cache", default=None, help="folder for prepared data")
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args()
