@@ -1,0 +1,205 @@
+"""Not kept: the forward on the tensor cores, 3xTF32 mma.sync.
+H200: not measured yet (python tools/dev/run.py attention)
+
+v3's tiles and online softmax, with every product on the tensor cores (instructions.py: one
+warp's 16 x 8 x 8 mma.sync on TF32 inputs). TF32 keeps 10 mantissa bits; splitting each float
+into two TF32 parts, x = hi + lo, and taking Ahi Bhi + Ahi Blo + Alo Bhi (three mma's,
+mma3_tf32) gives float32's accuracy: PyTorch's float32 attention (CUTLASS's
+OpMultiplyAddFastF32) computes the same way. A block of WARPS warps takes 16 query rows a
+warp (one mma's rows) and walks key tiles of COLS:
+  S = Q K^T   a warp's [16, COLS] as COLS/8 mma fragments in registers, accumulated over D/8
+              steps of d: COLS/8 independent mma chains, which keeps the tensor cores fed.
+              k (and v) are split into TF32 parts once a block, as they are staged; q is
+              staged times log2(e)/sqrt(D), so that exp2 gives the softmax's exponentials.
+  softmax     a row's COLS values sit in the 4 lanes of a quad: its max meets in two shuffles
+              (quad_max); each lane keeps its part of the row sum until the end (quad_sum).
+  O += P V    P goes through the warp's rows of a shared tile (in the k tiles' place once
+              every warp is done with them) to come back as A fragments; O [16, D] a warp,
+              D/8 fragments in registers.
+Faster than v3's FFMA even at three mma's a product, but bound by its shared loads and the
+integer work around the mma's, not by the tensor cores. It takes no dropout; the package keeps
+one forward, v3's, which does (v5's backward takes this one's out and lse as they are).
+Shared tiles in dynamic shared memory, rows padded so that the 32 lanes of a fragment's read
+hit 32 banks.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32, int64, uint64
+
+from flash_tiles import LN2, LOG2E, NEG_INF, block_tile, make_stage
+from instructions import mma3_tf32, quad_max, quad_sum, split_tf32
+from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, launch
+from nanoandrea.kernels.reduce import WARP, warp_barrier
+from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
+from nanoandrea.kernels.vector import store4
+
+HEAD_SIZES = (32, 64)
+# (WARPS, COLS): 16 WARPS query rows a block, COLS keys a tile; in the simulator (whose mma
+# is slow) one warp and 16 keys, so T=40 crosses three query tiles and three key tiles
+WARPS, COLS = (1, 16) if SIMULATOR else (4, 32)
+
+
+@inlined
+def store_split4(tiles, index, x0, x1, x2, x3):
+    # tiles = (hi, lo): four floats split into TF32 parts, one 16-byte store into each
+    hi, lo = tiles
+    h0, l0 = split_tf32(x0)
+    h1, l1 = split_tf32(x1)
+    h2, l2 = split_tf32(x2)
+    h3, l3 = split_tf32(x3)
+    store4(hi, index, h0, h1, h2, h3)
+    store4(lo, index, l0, l1, l2, l3)
+
+
+def make_forward_kernel(D):
+    ROWS = 16 * WARPS
+    ONE, TWO, FOUR, EIGHT = uint64(1), uint64(2), uint64(4), uint64(8)
+    D_STEPS = D // 8            # k-steps of S = Q K^T along d, and O's fragments along d
+    KEY_STEPS = COLS // 8       # S's fragments along the keys, k-steps of O += P V
+    K_ROW, V_ROW, P_ROW = D + 4, D + 8, COLS + 4
+    K_LO, V_HI, V_LO, Q_AT = (COLS * K_ROW, 2 * COLS * K_ROW, COLS * (2 * K_ROW + V_ROW),
+                              2 * COLS * (K_ROW + V_ROW))          # (offsets, in floats)
+    stage, R_STEP = make_stage(D, WARP * WARPS)
+    stage_split, _ = make_stage(D, WARP * WARPS, store_split4)
+    assert D % 8 == 0 and COLS % 8 == 0 and (ROWS % R_STEP, COLS % R_STEP) == (0, 0)
+    assert ROWS * P_ROW <= 2 * COLS * K_ROW, ("p_tile in the k tiles' place", D, WARPS, COLS)
+
+    @inlined
+    def read_fragment(hi, lo, tile, row, col):
+        # an A fragment at (row, col) of a shared tile, split: rows row, row+8, columns col,
+        # col+4 (the lane's g and t already in row and col)
+        hi[0], lo[0] = split_tf32(tile[row, col])
+        hi[1], lo[1] = split_tf32(tile[row + EIGHT, col])
+        hi[2], lo[2] = split_tf32(tile[row, col + FOUR])
+        hi[3], lo[3] = split_tf32(tile[row + EIGHT, col + FOUR])
+
+    @inlined
+    def store_row(out, lse, o, b, h, row, half, m, total, t):
+        # the lane's part of a finished row: columns 2t, 2t+1 of each 8 from O's fragments (half
+        # 0: their rows g, c0 and c1; half 1: rows g+8, c2 and c3) over the row sum; lse from
+        # lane t = 0 (m in log2 units)
+        inv_l = float32(1.0) / total
+        for i in range(D_STEPS):
+            out[b, h, row, i * 8 + 2 * t] = o[i, 2 * half] * inv_l
+            out[b, h, row, i * 8 + 2 * t + 1] = o[i, 2 * half + 1] * inv_l
+        if t == 0:
+            lse[b, h, row] = m * LN2 + math.log(total)
+
+    @cuda.jit
+    def forward_kernel(out, lse, q, k, v, scale):
+        # out[B,H,T,D], lse[B,H,T] from q, k, v [B,H,T,D]; grid (B*H, T/ROWS), block WARPS warps;
+        # warp w owns rows 16w .. 16w+15 of the block's ROWS
+        buffer = dynamic_shared_floats()
+        k_hi = shared_tile(buffer, 0, COLS, K_ROW)          # k[j0 + c, d], split
+        k_lo = shared_tile(buffer, K_LO, COLS, K_ROW)
+        p_tile = shared_tile(buffer, 0, ROWS, P_ROW)        # P, in the k tiles' place
+        v_hi = shared_tile(buffer, V_HI, COLS, V_ROW)       # v[j0 + c, d], split
+        v_lo = shared_tile(buffer, V_LO, COLS, V_ROW)
+        q_tile = shared_tile(buffer, Q_AT, ROWS, K_ROW)     # q[row_base + r, d] log2(e)/sqrt(D)
+        a_hi = cuda.local.array(4, float32)                 # an A fragment, split
+        a_lo = cuda.local.array(4, float32)
+        s = cuda.local.array((KEY_STEPS, 4), float32)       # the lane's S values, then P's
+        o = cuda.local.array((D_STEPS, 4), float32)         # O's fragments
+        B, H, T, _ = q.shape
+        b, h, row_base = block_tile(H, ROWS, True)
+        lane = uint64(cuda.threadIdx.x % WARP)              # (shared tiles' indices uint64:
+        g = lane // FOUR                                    # no negative-index selects)
+        t = lane % FOUR
+        r = uint64(cuda.threadIdx.x // WARP * 16) + g       # this lane's rows: r, r + 8
+        stage(q_tile, q[b, h], row_base, ROWS, T, scale * LOG2E)
+        for i in range(D_STEPS):
+            for e in range(4):
+                o[i, e] = float32(0.0)
+        m0 = m1 = NEG_INF           # running max of rows r, r + 8 (log2 units)
+        l0 = l1 = float32(0.0)      # this lane's part of their running sums
+        row0 = row_base + int64(r)
+        row1 = row0 + 8
+        for j0 in range(0, min(T, row_base + ROWS), COLS):
+            stage_split((k_hi, k_lo), k[b, h], j0, COLS, T, float32(1.0))
+            stage_split((v_hi, v_lo), v[b, h], j0, COLS, T, float32(1.0))
+            cuda.syncthreads()
+            for n in range(KEY_STEPS):
+                for e in range(4):
+                    s[n, e] = float32(0.0)
+            for i in range(D_STEPS):                         # S = Q K^T, 8 d at a time
+                d = uint64(i * 8) + t
+                read_fragment(a_hi, a_lo, q_tile, r, d)
+                for n in range(KEY_STEPS):
+                    key = uint64(n * 8) + g
+                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma3_tf32(
+                        s[n, 0], s[n, 1], s[n, 2], s[n, 3], a_hi, a_lo, k_hi[key, d],
+                        k_hi[key, d + FOUR], k_lo[key, d], k_lo[key, d + FOUR])
+            max0 = max1 = NEG_INF                            # causal mask, rows' max
+            for n in range(KEY_STEPS):
+                key = j0 + n * 8 + 2 * int64(t)
+                if key > row0:
+                    s[n, 0] = NEG_INF
+                if key + 1 > row0:
+                    s[n, 1] = NEG_INF
+                if key > row1:
+                    s[n, 2] = NEG_INF
+                if key + 1 > row1:
+                    s[n, 3] = NEG_INF
+                max0 = max(max0, max(s[n, 0], s[n, 1]))
+                max1 = max(max1, max(s[n, 2], s[n, 3]))
+            new0 = max(m0, quad_max(max0))                   # finite: key 0 is in every row's
+            new1 = max(m1, quad_max(max1))                   # first tile
+            fix0 = math.exp2(m0 - new0)                      # 0 on the first tile
+            fix1 = math.exp2(m1 - new1)
+            m0, m1 = new0, new1
+            l0 *= fix0
+            l1 *= fix1
+            for i in range(D_STEPS):
+                o[i, 0] *= fix0
+                o[i, 1] *= fix0
+                o[i, 2] *= fix1
+                o[i, 3] *= fix1
+            cuda.syncthreads()                               # (every warp done with the k tiles)
+            for n in range(KEY_STEPS):                       # P = 2^(S - m): 0 where masked
+                col = uint64(n * 8) + TWO * t
+                p0 = math.exp2(s[n, 0] - m0)
+                p1 = math.exp2(s[n, 1] - m0)
+                p2 = math.exp2(s[n, 2] - m1)
+                p3 = math.exp2(s[n, 3] - m1)
+                l0 += p0 + p1
+                l1 += p2 + p3
+                p_tile[r, col] = p0
+                p_tile[r, col + ONE] = p1
+                p_tile[r + EIGHT, col] = p2
+                p_tile[r + EIGHT, col + ONE] = p3
+            warp_barrier()                                   # (the warp's own rows of P)
+            for n in range(KEY_STEPS):                       # O += P V, 8 keys at a time
+                key = uint64(n * 8) + t
+                read_fragment(a_hi, a_lo, p_tile, r, key)
+                for i in range(D_STEPS):
+                    d = uint64(i * 8) + g
+                    o[i, 0], o[i, 1], o[i, 2], o[i, 3] = mma3_tf32(
+                        o[i, 0], o[i, 1], o[i, 2], o[i, 3], a_hi, a_lo, v_hi[key, d],
+                        v_hi[key + FOUR, d], v_lo[key, d], v_lo[key + FOUR, d])
+            cuda.syncthreads()                               # before the next tiles are staged
+        l0 = quad_sum(l0)
+        l1 = quad_sum(l1)
+        if row0 < T:
+            store_row(out, lse, o, b, h, row0, 0, m0, l0, int64(t))
+        if row1 < T:
+            store_row(out, lse, o, b, h, row1, 1, m1, l1, int64(t))
+
+    forward_kernel.rows = ROWS
+    forward_kernel.shared_bytes = 4 * (Q_AT + ROWS * K_ROW)
+    return forward_kernel
+
+
+_kernels = {}
+
+
+def forward(out, lse, q, k, v):
+    B, H, T, D = q.shape
+    if D not in _kernels:
+        _kernels[D] = make_forward_kernel(D)
+    kernel = _kernels[D]
+    launch(kernel, (B * H, blocks(T, kernel.rows)), WARP * WARPS, out, lse, q, k, v,
+           np.float32(1 / math.sqrt(D)), shared_bytes=kernel.shared_bytes)
+
+
+backward = None     # (v5's backward takes this forward's out and lse)

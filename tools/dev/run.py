@@ -1,0 +1,472 @@
+"""Check and time the numbered teaching versions of an op: tools/dev/<op>/v<N>_<idea>.py.
+
+    python tools/dev/run.py matmul    [--shape M,N,K]   [--only v3,v4] [--json PATH]
+    python tools/dev/run.py attention [--shape B,H,T,D] [--only v1,v2] [--json PATH]
+
+Every version is imported in the order of its number and checked against float64 NumPy on
+fresh random inputs, its outputs poisoned with NaN first (so an element it never writes
+shows): the relative error ||out - ref|| / ||ref|| of every output must stay below the op's
+TOLERANCE. A version that fails (or does not import, or raises) is reported and not timed, the
+others go on, and the run exits with status 1. On a GPU each version that passed is then timed
+beside the library, in the same process on the same inputs, and one table is printed: the
+version, its idea (the first line of its docstring), milliseconds, TFLOP/s, and its speed as a
+ratio of the library's (library ms / version ms: 0.92x is 8% slower).
+
+What a version exposes:
+  matmul     matmul(out, a, b): out[M,N] = a[M,K] @ b[K,N], C-contiguous float32 Numba device
+             arrays, row-major. MULTIPLE_OF = (m, n, k), optional: M, N, K must be multiples
+             of these (default any).
+             Library: cuBLAS, cupy.matmul in float32 with TF32 off (CUPY_TF32=0).
+             Work: 2MNK flops. Default shape 16384,3072,768 (andrea-120m's MLP up: B*T = 16384
+             rows, C = 768 in, 4C = 3072 out).
+  attention  forward(out, lse, q, k, v): causal softmax(q k^T / sqrt(D)) v, no dropout; q, k,
+             v, out [B,H,T,D], lse [B,H,T] (lse_i = log sum_{j<=i} exp(q_i . k_j / sqrt(D)),
+             natural log), C-contiguous float32 Numba device arrays.
+             backward(dq, dk, dv, dout, q, k, v, out, lse), or backward = None: the gradients
+             of the inputs (written, not added), given out and lse from forward.
+             HEAD_SIZES = (32, 64), optional: the head sizes D it takes (None: any).
+             Library: torch's scaled_dot_product_attention(is_causal=True), float32 with TF32
+             off; forward alone, and forward + backward (autograd) where there is a backward.
+             Work: 4BHT^2D/2 flops forward (two products over the causal half of the scores),
+             3.5 times that forward + backward (the backward's 5 products), as tools/bench.py
+             counts. Default shape 16,12,1024,64 (andrea-120m); 64,12,256,32 is andrea-12m's.
+A version that does not take the shape asked for is checked at the nearest larger one it
+takes, and not timed.
+
+Timing: CUDA events (numba.cuda.event) on the default stream, after warm-up (the first call
+compiles) and two seconds of the library's op to bring the clocks up; the median of --repeat
+timings. Each timing covers 5 calls queued behind one untimed call, so that the GPU runs
+them back to back and the host's launch overhead is not counted (what a CUDA-graph replay
+pays); calls over 20 ms are timed one at a time. CuPy and torch are imported only to time.
+
+Without a GPU (no NVIDIA device, or NUMBA_ENABLE_CUDASIM=1) the kernels run in Numba's CUDA
+simulator: the driver then only checks, at tiny sizes (matmul 128,128,32; attention 1,2,40,32),
+and says that it did not time.
+"""
+import argparse
+import datetime
+import glob
+import importlib
+import json
+import os
+import re
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if "NUMBA_ENABLE_CUDASIM" not in os.environ:   # (as tests/conftest.py: no GPU, the simulator)
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if glob.glob("/dev/nvidia[0-9]*") else "1"
+os.environ.setdefault("CUPY_TF32", "0")         # (read when CuPy is imported)
+sys.path.insert(0, str(HERE.parents[1]))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from nanoandrea.kernels.launch import SIMULATOR  # noqa: E402
+
+
+# --- the versions --------------------------------------------------------------------------
+
+def versions(op):
+    """The paths of tools/dev/<op>/v<N>_*.py, in the order of N."""
+    found = [(int(m.group(1)), path) for path in (HERE / op).glob("v*.py")
+             if (m := re.fullmatch(r"v(\d+)_\w+\.py", path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def load(path):
+    """The version at `path`, imported as the module named by its file (v3_register_blocking).
+    Its folder goes on sys.path, so that a version may import the helpers beside it
+    (matmul/asynccopy.py), and so that precompile's worker processes import it too."""
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    return importlib.import_module(path.stem)
+
+
+def idea(module, width=64):
+    """The first line of the version's docstring, shortened to `width` characters."""
+    line = (module.__doc__ or "").strip().split("\n")[0]
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
+def selected(paths, only):
+    """The paths whose stem is, or starts with, one of the comma-separated names (v3 matches
+    v3_register_blocking, not v30_...)."""
+    if not only:
+        return paths
+    names = [name.strip() for name in only.split(",") if name.strip()]
+    return [p for p in paths if any(p.stem == n or p.stem.startswith(n + "_") for n in names)]
+
+
+# --- checks --------------------------------------------------------------------------------
+
+def poisoned(shape):
+    """A device array full of NaN: an element the version leaves unwritten fails the check."""
+    return cuda.to_device(np.full(shape, np.nan, dtype=np.float32))
+
+
+def relative_error(got, want):
+    """||got - want|| / ||want||, infinite where got has a NaN or an infinity."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def random_float32(rng, shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+class Matmul:
+    name, axes, library = "matmul", "M,N,K", "cuBLAS"
+    gpu_shape, simulator_shape = (16384, 3072, 768), (128, 128, 32)
+    TOLERANCE = 1e-4
+
+    @staticmethod
+    def nearest(module, shape):
+        """The smallest shape at least `shape` whose M, N, K are multiples of MULTIPLE_OF."""
+        multiple = getattr(module, "MULTIPLE_OF", (1, 1, 1))
+        return tuple(-(-n // m) * m for n, m in zip(shape, multiple))
+
+    @staticmethod
+    def check(module, shape, rng):
+        """{output: relative error} of module.matmul against float64 NumPy, fresh inputs."""
+        M, N, K = shape
+        a, b = random_float32(rng, (M, K)), random_float32(rng, (K, N))
+        out = poisoned((M, N))
+        module.matmul(out, cuda.to_device(a), cuda.to_device(b))
+        return {"out": relative_error(out.copy_to_host(), a.astype(np.float64) @ b)}
+
+    @staticmethod
+    def call(module, shape):
+        """module.matmul once, on arrays of `shape` (what it launches, for precompile_all)."""
+        M, N, K = shape
+        module.matmul(*(cuda.device_array(s, np.float32) for s in ((M, N), (M, K), (K, N))))
+
+    @staticmethod
+    def flops(shape):
+        M, N, K = shape
+        return 2.0 * M * N * K
+
+    @staticmethod
+    def timings(shape, modules):
+        """(library's name, [(pass, fn)] for the library, {version: [(pass, fn, flops)]}): one
+        set of inputs, shared by all, in CuPy's memory (Numba views of it for the versions)."""
+        import cupy
+        M, N, K = shape
+        rng = cupy.random.default_rng(0)
+        a, b = (rng.standard_normal(s, dtype=cupy.float32) for s in ((M, K), (K, N)))
+        c = cupy.empty((M, N), dtype=cupy.float32)
+        A, B, C = (cuda.as_cuda_array(x) for x in (a, b, c))
+        work = Matmul.flops(shape)
+        ours = {name: [("", lambda m=module: m.matmul(C, A, B), work)]
+                for name, module in modules.items()}
+        return ("cuBLAS (cupy.matmul, TF32 off)",
+                [("", lambda: cupy.matmul(a, b, out=c), work)], ours)
+
+
+class Attention:
+    name, axes, library = "attention", "B,H,T,D", "SDPA"
+    gpu_shape, simulator_shape = (16, 12, 1024, 64), (1, 2, 40, 32)
+    TOLERANCE = 1e-4
+
+    @staticmethod
+    def nearest(module, shape):
+        """`shape`, with D the nearest head size the version takes (the next larger, else
+        the largest)."""
+        sizes = getattr(module, "HEAD_SIZES", None)
+        B, H, T, D = shape
+        if sizes is None or D in sizes:
+            return shape
+        larger = [d for d in sizes if d >= D]
+        return (B, H, T, min(larger) if larger else max(sizes))
+
+    @staticmethod
+    def reference(q, k, v, dout):
+        """out, lse, dq, dk, dv of causal attention in float64: the math of
+        nanoandrea/kernels/attention.py's NumPy twins, copied (no dropout)."""
+        T, D = q.shape[-2:]
+        scale = 1.0 / np.sqrt(D)
+
+        def transposed(x):
+            return np.swapaxes(x, -1, -2)
+
+        scores = np.where(np.tril(np.ones((T, T), dtype=bool)), q @ transposed(k) * scale,
+                          -np.inf)
+        top = scores.max(axis=-1, keepdims=True)
+        lse = (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
+        p = np.exp(scores - lse[..., None])
+        out = p @ v
+        delta = (dout * out).sum(axis=-1)                       # = sum_j P_ij dP_ij
+        ds = p * (dout @ transposed(v) - delta[..., None]) * scale
+        return dict(out=out, lse=lse, dq=ds @ k, dk=transposed(ds) @ q, dv=transposed(p) @ dout)
+
+    @staticmethod
+    def check(module, shape, rng):
+        """{output: relative error} of forward (and backward) against float64 NumPy."""
+        B, H, T, D = shape
+        q, k, v, dout = (random_float32(rng, shape) for _ in range(4))
+        Q, K, V, DOUT = (cuda.to_device(x) for x in (q, k, v, dout))
+        got = dict(out=poisoned(shape), lse=poisoned((B, H, T)))
+        module.forward(got["out"], got["lse"], Q, K, V)
+        backward = getattr(module, "backward", None)
+        if backward is not None:
+            got.update(dq=poisoned(shape), dk=poisoned(shape), dv=poisoned(shape))
+            backward(got["dq"], got["dk"], got["dv"], DOUT, Q, K, V, got["out"], got["lse"])
+        got = {name: array.copy_to_host() for name, array in got.items()}
+        # one batch element at a time (its scores are H x T x T float64s): the squared norms
+        # of the differences and of the reference, summed over the batch
+        sums = {name: [0.0, 0.0] for name in got}
+        for b in range(B):
+            want = Attention.reference(*(x[b].astype(np.float64) for x in (q, k, v, dout)))
+            for name, value in got.items():
+                finite = np.all(np.isfinite(value[b]))
+                sums[name][0] += (float(np.sum((value[b] - want[name]) ** 2)) if finite
+                                  else float("inf"))
+                sums[name][1] += float(np.sum(want[name] ** 2))
+        return {name: float(np.sqrt(d / max(w, 1e-60))) for name, (d, w) in sums.items()}
+
+    @staticmethod
+    def call(module, shape):
+        """forward (and backward) once, on arrays of `shape` (what they launch)."""
+        B, H, T, D = shape
+        q, k, v, out, dout, dq, dk, dv = (cuda.device_array(shape, np.float32) for _ in range(8))
+        lse = cuda.device_array((B, H, T), np.float32)
+        module.forward(out, lse, q, k, v)
+        if getattr(module, "backward", None) is not None:
+            module.backward(dq, dk, dv, dout, q, k, v, out, lse)
+
+    @staticmethod
+    def flops(shape):
+        B, H, T, D = shape
+        return 4.0 * B * H * T * T * D / 2
+
+    @staticmethod
+    def timings(shape, modules):
+        import torch
+        import torch.nn.functional as F
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        B, H, T, D = shape
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, dout = (torch.randn(shape, device="cuda", generator=generator)
+                         for _ in range(4))
+        qs, ks, vs = (t.clone().requires_grad_(True) for t in (q, k, v))
+        Q, K, V, DOUT = (cuda.as_cuda_array(t) for t in (q, k, v, dout))
+        out, lse = cuda.device_array(shape, np.float32), cuda.device_array((B, H, T), np.float32)
+        dq, dk, dv = (cuda.device_array(shape, np.float32) for _ in range(3))
+        work = Attention.flops(shape)
+
+        def sdpa_forward():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def sdpa_both():                        # (autograd.grad: nothing accumulates)
+            y = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+            torch.autograd.grad(y, (qs, ks, vs), dout)
+
+        ours = {}
+        for name, module in modules.items():
+            def forward(m=module):
+                m.forward(out, lse, Q, K, V)
+
+            cases = [("fwd", forward, work)]
+            if getattr(module, "backward", None) is not None:
+                def both(m=module, forward=forward):
+                    forward()
+                    m.backward(dq, dk, dv, DOUT, Q, K, V, out, lse)
+                cases.append(("fwd+bwd", both, 3.5 * work))
+            ours[name] = cases
+        return ("SDPA (torch, float32, TF32 off)",
+                [("fwd", sdpa_forward, work), ("fwd+bwd", sdpa_both, 3.5 * work)], ours)
+
+
+OPS = {"matmul": Matmul, "attention": Attention}
+
+
+def precompile_all(op, paths, shape):
+    """Compile every version's kernels at once, in parallel processes (nanoandrea/precompile.py)
+    rather than one after another as each is first called: each version is run with every
+    launch recorded and none made, on inputs of the shape it is checked at."""
+    from nanoandrea.precompile import compile_kernels, kernels_of
+    needed = set()
+    for path in paths:
+        try:
+            module = load(path)
+            checked = op.nearest(module, shape)
+            needed |= kernels_of(lambda: op.call(module, checked))
+        except Exception:               # (check_all reports it)
+            continue
+    compile_kernels(needed)
+
+
+# --- timing --------------------------------------------------------------------------------
+
+def gpu_ms(fn, repeat=10, calls=5):
+    """Median milliseconds of one fn() on the GPU (see the module's doc)."""
+    fn()
+    cuda.synchronize()                  # (the first call compiles)
+    began = time.perf_counter()
+    fn()
+    cuda.synchronize()
+    if time.perf_counter() - began > 0.02:
+        calls = 1
+    times = []
+    for _ in range(repeat):
+        fn()                            # untimed: the GPU runs it while the timed calls queue
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end) / calls)
+    return statistics.median(times)
+
+
+def warm_up(fn, seconds=2.0):
+    """Keep the GPU busy for a moment: an idle GPU runs at low clocks and ramps up under load."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        for _ in range(5):
+            fn()
+        cuda.synchronize()
+
+
+# --- the run -------------------------------------------------------------------------------
+
+def parse_shape(text, op):
+    shape = tuple(int(n) for n in re.split(r"[,x]", text))
+    if len(shape) != len(op.axes.split(",")) or min(shape) < 1:
+        raise SystemExit(f"--shape: {op.axes} for {op.name}, got {text!r}")
+    return shape
+
+
+def device_name():
+    if SIMULATOR:
+        return "Numba's CUDA simulator"
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def check_all(op, paths, shape, rng):
+    """Import and check each version. Returns (rows, {stem: module} of those that passed and
+    take `shape` itself)."""
+    rows, timable = [], {}
+    for path in paths:
+        row = dict(version=path.stem, idea="", checked_shape=None, errors={}, ok=False, note="")
+        rows.append(row)
+        try:
+            module = load(path)
+            row["idea"] = idea(module)
+            checked = op.nearest(module, shape)
+            row["checked_shape"] = list(checked)
+            began = time.perf_counter()
+            row["errors"] = op.check(module, checked, rng)
+            row["first_call_s"] = round(time.perf_counter() - began, 1)
+        except Exception as error:
+            traceback.print_exc()
+            row["note"] = f"FAILED: {type(error).__name__}: {error}"
+            print(f"{path.stem}: {row['note']}", flush=True)
+            continue
+        worst = max(row["errors"].values())
+        row["ok"] = worst < op.TOLERANCE
+        errors = ", ".join(f"{name} {e:.1e}" for name, e in row["errors"].items())
+        at = "x".join(map(str, checked))
+        if not row["ok"]:
+            row["note"] = f"FAILED: relative error over {op.TOLERANCE:.0e} ({errors})"
+        elif tuple(checked) != tuple(shape):
+            row["note"] = f"checked at {at} (the shape it takes), not timed"
+        else:
+            timable[path.stem] = module
+        print(f"{path.stem}: {'ok' if row['ok'] else 'MISMATCH'} at {at} ({errors}; "
+              f"{row['first_call_s']} s with the compile)", flush=True)
+    return rows, timable
+
+
+def time_all(op, shape, modules, rows, repeat):
+    """Time the library and every version in `modules`; one table row per (version, pass),
+    the library's last. Returns the rows, the library's included."""
+    library_name, library_cases, ours = op.timings(shape, modules)
+    warm_up(library_cases[0][1])
+    library = {name: gpu_ms(fn, repeat) for name, fn, _ in library_cases}
+    timed = []
+    for row in rows:
+        for name, fn, work in ours.get(row["version"], []):
+            ms = gpu_ms(fn, repeat)
+            timed.append(dict(row, **{"pass": name, "ms": ms, "tflops": work / ms / 1e9,
+                                      "ratio": library[name] / ms}))
+            print(f"{row['version']} {name}: {ms:.3f} ms", flush=True)
+        if row["version"] not in ours:
+            timed.append(dict(row, **{"pass": "", "ms": None, "tflops": None, "ratio": None}))
+    again = gpu_ms(library_cases[0][1], repeat)         # did the clocks drift meanwhile?
+    drift = again / library[library_cases[0][0]] - 1
+    for name, fn, work in library_cases:
+        timed.append(dict(version=op.library, idea=library_name, errors={}, ok=True,
+                          note=f"{drift:+.1%} when timed again last" if name ==
+                          library_cases[0][0] and abs(drift) > 0.02 else "",
+                          **{"pass": name, "ms": library[name],
+                             "tflops": work / library[name] / 1e9, "ratio": 1.0}))
+    return timed
+
+
+def print_table(op, rows, title):
+    passes = any(row.get("pass") for row in rows)
+    print(f"\n{title}")
+    header = (f"{'version':26s} {'idea':64s} " + (f"{'pass':8s} " if passes else "")
+              + f"{'error':>8s} {'ms':>9s} {'TFLOP/s':>8s} {'vs ' + op.library:>10s}")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        error = f"{max(row['errors'].values()):.1e}" if row["errors"] else ""
+        ms = row.get("ms")
+        timing = (f"{ms:9.3f} {row['tflops']:8.2f} {row['ratio']:9.2f}x" if ms is not None
+                  else f"{'-':>9s} {'-':>8s} {'-':>10s}")
+        print(f"{row['version']:26s} {row['idea']:64s} "
+              + (f"{row.get('pass', ''):8s} " if passes else "") + f"{error:>8s} {timing}"
+              + (f"  {row['note']}" if row.get("note") else ""))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("op", choices=sorted(OPS))
+    parser.add_argument("--shape", help="matmul M,N,K; attention B,H,T,D (default: the op's "
+                        "GPU shape, or its tiny one in the simulator)")
+    parser.add_argument("--only", default="", help="comma-separated versions: v3,v4")
+    parser.add_argument("--repeat", type=int, default=10, help="timings a median is taken of")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    op = OPS[args.op]
+    shape = (parse_shape(args.shape, op) if args.shape else
+             op.simulator_shape if SIMULATOR else op.gpu_shape)
+    paths = selected(versions(op.name), args.only)
+    print(f"{op.name} at {'x'.join(map(str, shape))} ({op.axes}), float32, on {device_name()}: "
+          f"{len(paths)} version(s) in tools/dev/{op.name}/", flush=True)
+
+    if not SIMULATOR:
+        precompile_all(op, paths, shape)
+    rows, timable = check_all(op, paths, shape, np.random.default_rng(0))
+    if SIMULATOR:
+        title = "Checked in Numba's CUDA simulator, not timed (timings need a GPU)."
+    else:
+        rows = time_all(op, shape, timable, rows, args.repeat)
+        title = (f"{op.name} {'x'.join(map(str, shape))} on {device_name()}, "
+                 f"{datetime.date.today()}: ratio = {op.library} ms / version ms")
+    print_table(op, rows, title)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(
+            op=op.name, shape=list(shape), device=device_name(),
+            date=str(datetime.date.today()), timed=not SIMULATOR, rows=rows), indent=1) + "\n")
+    failed = [row["version"] for row in rows if not row["ok"]]
+    if failed:
+        print(f"\nFAILED: {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
+    if not paths:
+        print(f"(no versions found in tools/dev/{op.name}/)")
+
+
+if __name__ == "__main__":
+    main()
