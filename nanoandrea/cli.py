@@ -4,6 +4,7 @@ Errors a user can fix (bad data, an unknown preset, a missing checkpoint, a NaN 
 memory) end in one line and a non-zero exit, never a traceback.
 """
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -108,23 +109,70 @@ def train_command(resume, **given):
 def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature, top_k,
                    num_samples, seed, device):
     """Continue a prompt with a trained model."""
-    from .sample import encode_prompt, generate, load_model
+    from .precompile import compile_kernels, for_sampling
+    from .sample import TextStream, encode_prompt, generate, load_model
 
     def action():
         text = prompt
         if prompt_file:
             text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
         model, tokenizer = load_model(checkpoint, device)
+        compile_kernels(for_sampling(model), report=lambda m: click.echo(m, err=True))
         ids = encode_prompt(tokenizer, text, model.config.block_size,
                             report=lambda m: click.echo(m, err=True))
         batch = np.repeat(ids[None, :], num_samples, axis=0)
-        with click.progressbar(length=max_new_tokens, label="sampling", file=sys.stderr) as bar:
-            out = generate(model, batch, max_new_tokens, temperature, top_k,
-                           np.random.default_rng(seed), progress=bar.update)
-        for i, row in enumerate(out):
-            if num_samples > 1:
+        rng = np.random.default_rng(seed)
+        started = time.perf_counter()
+        if num_samples == 1:            # one sample: its text as it comes
+            stream = TextStream(tokenizer, lambda piece: click.echo(piece, nl=False))
+            stream.update(batch)
+            out = generate(model, batch, max_new_tokens, temperature, top_k, rng,
+                           progress=stream.update)
+            stream.update(out, final=True)
+            click.echo()
+        else:
+            with click.progressbar(length=max_new_tokens, label="sampling",
+                                   file=sys.stderr) as bar:
+                out = generate(model, batch, max_new_tokens, temperature, top_k, rng,
+                               progress=lambda ids: bar.update(1))
+            for i, row in enumerate(out):
                 click.echo(f"--- sample {i + 1} ---")
-            click.echo(tokenizer.decode(row))
+                click.echo(tokenizer.decode(row))
+        seconds = time.perf_counter() - started
+        click.echo(f"{num_samples * max_new_tokens} tokens in {seconds:.2f} s "
+                   f"({num_samples * max_new_tokens / max(seconds, 1e-9):,.0f} tokens/s)", err=True)
+    _run(action)
+
+
+@click.command("compile")
+@click.option("--preset", default="andrea-12m", show_default=True, help="model preset")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1),
+              help="sequences per micro-batch of the runs to come")
+@click.option("--block-size", type=click.IntRange(min=1), help="tokens per sequence [256, "
+              "or the preset's if shorter]")
+@click.option("--workers", type=click.IntRange(min=1), help="compiling processes [one a core]")
+def compile_command(preset, batch_size, block_size, workers):
+    """Compile the kernels a preset's training, evaluation and sampling launch, into the kernel
+    cache (ahead of the first run: a container build, a cluster's shared disk)."""
+    from .backend import get_backend
+    from .config import get_preset
+    from .kernels import cache
+    from .kernels.launch import gpu_available
+    from .model import GPT
+    from .precompile import compile_kernels, for_training
+    from .train import TrainingError
+
+    def action():
+        if not gpu_available():
+            raise TrainingError("compile: no usable CUDA GPU here (the kernels are compiled "
+                                "for the GPU they will run on)")
+        config = get_preset(preset)
+        config = config.replace(block_size=min(block_size or 256, config.block_size))
+        model = GPT(config, get_backend("cuda"), seed=None)
+        needed = for_training(model, batch_size, config.block_size)
+        compiled, seconds = compile_kernels(needed, workers, report=_echo)
+        if not compiled:
+            _echo(f"{preset}: all {len(needed)} kernels are compiled already ({cache.folder()})")
     _run(action)
 
 
@@ -168,5 +216,5 @@ def info_command(preset, checkpoint, vocab_size):
     _run(action)
 
 
-for command in (train_command, sample_command, prepare_command, info_command):
+for command in (train_command, sample_command, prepare_command, info_command, compile_command):
     main.add_command(command)

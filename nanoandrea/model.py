@@ -29,10 +29,13 @@ from .params import ParameterStore
 
 class GPT:
     def __init__(self, config: GPTConfig, backend=None, seed=1337):
+        """seed: GPT-2's initialisation from this seed; None: the parameters are zeros, for a
+        model whose weights are loaded next (a checkpoint)."""
         self.config = config.validate()
         self.backend = backend or get_backend()
         self.params = ParameterStore(self.config, self.backend)
-        self.params.initialize(seed)
+        if seed is not None:
+            self.params.initialize(seed)
         self.dropout_seed = self.backend.to_device(np.zeros(1, dtype=np.int64))
 
     def __getitem__(self, name):

@@ -17,7 +17,8 @@ from .model import GPT
 
 
 def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, progress=None):
-    """ids: int array [B, T0] -> [B, T0 + max_new_tokens]. temperature 0 means greedy."""
+    """ids: int array [B, T0] -> [B, T0 + max_new_tokens]. temperature 0 means greedy.
+    progress(ids): called with the ids so far after each new token."""
     rng = rng or np.random.default_rng()
     ids = np.array(ids, dtype=np.int64)
     block = model.config.block_size
@@ -40,7 +41,7 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
                 next_ids = np.array([rng.choice(len(p), p=p) for p in probs])
             ids = np.concatenate([ids, next_ids[:, None]], axis=1)
             if progress:
-                progress(1)
+                progress(ids)
     return ids
 
 
@@ -48,7 +49,7 @@ def load_model(checkpoint, device="auto"):
     """(model, tokenizer) from a checkpoint folder."""
     saved = read_checkpoint(Path(checkpoint))
     backend = get_backend("cuda" if device == "cuda" else "numpy" if device == "cpu" else "auto")
-    model = GPT(saved["config"], backend)
+    model = GPT(saved["config"], backend, seed=None)
     model.params.load_state_dict(saved["params"])
     return model, saved["tokenizer"]
 
@@ -65,6 +66,22 @@ def encode_prompt(tokenizer, text, block_size, report=print):
                f"keeping its last {block_size}")
         ids = ids[-block_size:]
     return ids
+
+
+class TextStream:
+    """Prints a sample's text as its tokens come: what decoding all of them adds to what is
+    printed (a byte-level BPE token may end inside a multi-byte character: that character waits
+    for the token that completes it)."""
+    def __init__(self, tokenizer, write):
+        self.tokenizer, self.write, self.printed = tokenizer, write, ""
+
+    def update(self, ids, final=False):
+        text = self.tokenizer.decode(ids[0])
+        if not final:
+            text = text.rstrip("\ufffd")
+        if text.startswith(self.printed) and len(text) > len(self.printed):
+            self.write(text[len(self.printed):])
+            self.printed = text
 
 
 def main():

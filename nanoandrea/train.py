@@ -30,9 +30,10 @@ from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from .config import ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
 from .kernels.dropout import mix32
-from .kernels.launch import gpu_available
+from .kernels.launch import SIMULATOR, gpu_available
 from .model import GPT
 from .optim import AdamW, learning_rate
+from .precompile import compile_kernels, for_training
 from .step import TrainStep
 from .tokenizer import TokenizerError
 
@@ -251,6 +252,9 @@ class Trainer:
         self.report(f"{self.tokens_per_step:,} tokens per step ({o.batch_size} x "
                     f"{self.config.block_size} x {o.grad_accum}), {o.max_steps} steps, out {self.out}")
         last_stop = o.max_steps if o.stop_at is None else min(o.max_steps, o.stop_at)
+        if self.backend.name == "cuda" and not SIMULATOR:   # (a first run compiles them all)
+            compile_kernels(for_training(self.model, o.batch_size, self.config.block_size,
+                                         o.grad_accum), report=self.report)
         if self.step == 0 and last_stop > 0:
             self.evaluate(save=False)                 # the untrained model's loss, for the plot
         clock, steps_since, paused = time.perf_counter(), 0, 0.0
@@ -260,7 +264,9 @@ class Trainer:
             except Exception as error:
                 raise _explain_memory_error(error, o) from error
             steps_since += 1
-            if self.step % o.log_interval == 0 or self.step == last_stop:
+            # (the first step is logged too: it says that training has started, and its time
+            # is the one-off cost of the first step: the graph's capture)
+            if self.step % o.log_interval == 0 or self.step == last_stop or self.step == 1:
                 losses = self.window_losses(steps_since)  # waits for the GPU to finish the
                 elapsed = time.perf_counter() - clock - paused    # steps: their real time
                 self.log(lr, losses, elapsed / steps_since, steps_since)

@@ -16,6 +16,11 @@ import numpy as np
 import pytest
 
 GPU = os.environ["NUMBA_ENABLE_CUDASIM"] != "1"
+# Compiled kernels: one cache for the whole session (its workers too), whatever folder a test
+# gives NANOANDREA_CACHE (the data cache); a run's compiling pool small beside pytest's workers
+os.environ.setdefault("NANOANDREA_KERNEL_CACHE",
+                      os.path.join(os.path.expanduser("~"), ".cache", "nanoandrea", "kernels"))
+os.environ.setdefault("NANOANDREA_COMPILE_WORKERS", "2")
 
 
 def _serialise_simulated_shared_arrays():

@@ -67,7 +67,7 @@ def test_train_writes_logs_plot_samples_and_checkpoints(corpus, tmp_path):
     records = metrics(out)
     logged = [r for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]
-    assert [r["step"] for r in logged] == [3, 6, 9, 12]
+    assert [r["step"] for r in logged] == [1, 3, 6, 9, 12]          # (the first step too)
     assert [r["step"] for r in evals] == [0, 6, 12]
     assert evals[-1]["val_loss"] < evals[0]["val_loss"]                   # it learned something
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

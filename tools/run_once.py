@@ -1,6 +1,5 @@
 """One call of nanoandrea's fast kernels and of their PyTorch / cuBLAS counterparts at one
-shape, for a profiler to look at (Nsight Compute: `bash tools/h200_session.sh ncu-attention`
-or `ncu-matmul`):
+shape, for a profiler to look at (Nsight Compute):
 
     ncu -k regex:'dkdv|fmha' --launch-skip 3 --launch-count 6 --section SpeedOfLight \\
         python tools/run_once.py attention --shape 16,12,1024,64

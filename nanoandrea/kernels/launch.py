@@ -26,6 +26,8 @@ from contextlib import contextmanager
 import numpy as np
 from numba import config, cuda
 
+from . import cache
+
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 if not SIMULATOR:
@@ -52,7 +54,8 @@ if INLINER not in ("nvvm", "numba"):
 def inlined(function):
     """A device function inlined into every kernel that calls it.
       - "numba" (the default): Numba's inline="always" copies the callee's Numba IR into each
-        call site. Slow to compile, and the fastest code on the H200.
+        call site. Slow to compile (the compiled kernels are kept on disk: kernels/cache.py),
+        and the fastest code on the H200.
       - "nvvm": `forceinline`, the LLVM `alwaysinline` attribute, and NVVM inlines: the same
         kernels compile 4-5 times faster, and the H200 driver's machine code of them runs a
         few percent slower (docs/perf.md). For compiling quickly: the GPU test suite.
@@ -74,7 +77,7 @@ def kernel_factory(make):
     """A function that makes a kernel from a few compile-time parameters (hashable values, a
     tile or a flag): called again with the same parameters it returns the same kernel, so each
     is compiled once, and the kernel keeps `made_by` = (module, factory, parameters), which
-    names it (and lets another process make it again)."""
+    names it in the compile cache (kernels/cache.py) and lets another process make it again."""
     signature = inspect.signature(make)
     made = {}
 
@@ -92,10 +95,19 @@ def kernel_factory(make):
     return factory
 
 
+_recording = None       # while a run's kernels are listed (`recording`): the set they go to
+
+
 def launch(kernel, grid, block, *args, shared_bytes=0):
     """Launch `kernel` on the current stream. grid and block are ints or tuples. shared_bytes:
     the size of the kernel's dynamic shared array (`cuda.shared.array(0, ...)`, cut into
-    tiles by kernels/sharedmem.py); over 48 KB, the kernel is let have that much first."""
+    tiles by kernels/sharedmem.py); over 48 KB, the kernel is let have that much first.
+    A kernel's first launch gives it the compile cache on disk (kernels/cache.py)."""
+    if _recording is not None:
+        _recording.add((kernel, argument_types(kernel, args)))
+        return
+    if not SIMULATOR and not isinstance(kernel._cache, cache.KernelCache):
+        cache.attach(kernel)
     configured = kernel[grid, block, _stream, shared_bytes]
     # (numba-cuda caches the configured launch per (grid, block, stream, bytes): the hook goes
     # on it once, not on every launch)
@@ -121,6 +133,28 @@ def _allow_dynamic_shared(compiled, configuration):
     attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     driver.cuKernelSetAttribute(attribute, bytes_wanted, function.handle, function.device.id)
     _allowed_shared[id(compiled)] = bytes_wanted
+
+
+def argument_types(kernel, args):
+    """The numba types a kernel is compiled for when launched with `args` (under the simulator,
+    which compiles nothing, the types of the arrays it wraps)."""
+    if SIMULATOR:
+        from numba import typeof
+        return tuple(typeof(getattr(arg, "_ary", arg)) for arg in args)
+    return tuple(kernel.typeof_pyval(arg) for arg in args)
+
+
+@contextmanager
+def recording():
+    """Inside the block no kernel is launched: each launch adds (kernel, its argument types) to
+    the set this yields, what the block would compile (nanoandrea/precompile.py). Nothing
+    runs on the GPU, so what the host reads back from it is whatever the memory held."""
+    global _recording
+    previous, _recording = _recording, set()
+    try:
+        yield _recording
+    finally:
+        _recording = previous
 
 
 def current_stream():

@@ -1,0 +1,4 @@
+"""`python -m nanoandrea ...`: the same as the `nanoandrea` command."""
+from .cli import main
+
+main(prog_name="nanoandrea")
