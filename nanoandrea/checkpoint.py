@@ -171,8 +171,9 @@ def _remove_unlinked(out_dir):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def read_checkpoint(folder):
-    """{config, train, tokenizer, params (nanoandrea names), m, v, step_count, state}."""
+def read_checkpoint(folder, optimizer=True):
+    """{config, train, tokenizer, params (nanoandrea names), m, v, step_count, state};
+    optimizer=False: without AdamW's state (m, v: twice the weights' bytes), for sampling."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"no checkpoint at {folder}")
@@ -189,7 +190,8 @@ def read_checkpoint(folder):
     except (ValueError, KeyError, TypeError, ConfigError, TokenizerError) as error:
         raise CheckpointError(f"the checkpoint {folder} is damaged: {error}") from None
     tensors, _ = load_safetensors(folder / "model.safetensors")
-    optimizer, metadata = load_safetensors(folder / "optimizer.safetensors")
+    moments, metadata = (load_safetensors(folder / "optimizer.safetensors") if optimizer else
+                         ({"m": None, "v": None}, {}))
     return {"config": config, "train": saved.get("train", {}), "tokenizer": tokenizer,
-            "params": from_gpt2_names(tensors, config), "m": optimizer["m"], "v": optimizer["v"],
+            "params": from_gpt2_names(tensors, config), "m": moments["m"], "v": moments["v"],
             "step_count": int(metadata.get("step_count", 0)), "state": state}

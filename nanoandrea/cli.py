@@ -202,7 +202,7 @@ def info_command(preset, checkpoint, vocab_size):
 
     def action():
         if checkpoint:
-            saved = read_checkpoint(checkpoint)
+            saved = read_checkpoint(checkpoint, optimizer=False)
             config = saved["config"]
             click.echo(f"checkpoint {checkpoint}: step {saved['state']['step']}, best val loss "
                        f"{saved['state']['best_val']:.4f}")

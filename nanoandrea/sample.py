@@ -47,7 +47,7 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
 
 def load_model(checkpoint, device="auto"):
     """(model, tokenizer) from a checkpoint folder."""
-    saved = read_checkpoint(Path(checkpoint))
+    saved = read_checkpoint(Path(checkpoint), optimizer=False)
     backend = get_backend("cuda" if device == "cuda" else "numpy" if device == "cpu" else "auto")
     model = GPT(saved["config"], backend, seed=None)
     model.params.load_state_dict(saved["params"])

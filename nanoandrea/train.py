@@ -9,7 +9,7 @@ steps, AdamW betas (0.9, 0.99), weight decay 0.1 on the weight matrices, dropout
 T=256) is nanoGPT's for this corpus.
 
 What a run leaves in OUT (default out/): metrics.jsonl (one JSON object per logged step and per
-evaluation), loss.png, samples.txt (a sample at every evaluation), ckpt and best (checkpoints,
+evaluation), loss.png, samples.txt (a sample at every evaluation but the first), ckpt and best (checkpoints,
 see nanoandrea.checkpoint). `--resume` continues from OUT/ckpt; the resumed run's losses equal,
 step by step, those of a run never interrupted: the batches, the dropout masks and the
 evaluation batches all come from random states saved in the checkpoint or derived from the step.
@@ -339,7 +339,8 @@ class Trainer:
         self.report(f"step {self.step:5d} | eval: train {train_loss:.4f} | val {val_loss:.4f}"
                     f"{' (best)' if improved else ''}")
         self._metrics(dict(step=self.step, train_loss=train_loss, val_loss=val_loss))
-        self.write_sample()
+        if self.step > 0:               # (the untrained model's text says nothing)
+            self.write_sample()
         if save:
             state = dict(step=self.step, best_val=self.best_val, best_step=self.best_step,
                          batches=self.batches.state(), history=self.history,
