@@ -9,8 +9,8 @@ steps, AdamW betas (0.9, 0.99), weight decay 0.1 on the weight matrices, dropout
 T=256) is nanoGPT's for this corpus.
 
 What a run leaves in OUT (default out/): metrics.jsonl (one JSON object per logged step and per
-evaluation), loss.png, samples.txt (a sample at every evaluation but the first), ckpt and best (checkpoints,
-see nanoandrea.checkpoint). `--resume` continues from OUT/ckpt; the resumed run's losses equal,
+evaluation), loss.png, samples.txt (a sample at every evaluation but the first), ckpt and best
+(checkpoints, see nanoandrea.checkpoint). `--resume` continues from OUT/ckpt; the resumed run's losses equal,
 step by step, those of a run never interrupted: the batches, the dropout masks and the
 evaluation batches all come from random states saved in the checkpoint or derived from the step.
 """
