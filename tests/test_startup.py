@@ -157,7 +157,8 @@ def test_two_processes_fill_one_empty_cache_at_once(tmp_path):
     """Two processes that compile the same kernels into one empty folder at the same time both
     finish, and a third loads what they left."""
     root, folder = package_copy(tmp_path), tmp_path / "kernels"
-    environment = dict(os.environ, PYTHONPATH=str(root), NANOANDREA_KERNEL_CACHE=str(folder))
+    environment = dict(os.environ, NANOANDREA_KERNEL_CACHE=str(folder),
+                       PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     both = [subprocess.Popen([sys.executable, "-c", GELU_PRODUCT], env=environment, cwd=root,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
