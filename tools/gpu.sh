@@ -42,7 +42,7 @@ for step in "${steps[@]}"; do
       limit python3 tools/bench.py --only e2e --json "$OUT/e2e.json" > "$OUT/e2e.log" 2>&1
       grep -A10 "^summary" "$OUT/e2e.log" ;;
     bench)
-      limit python3 tools/bench.py --only matmul,attention,small --json "$OUT/bench.json" \
+      limit python3 tools/bench.py --only ${BENCH:-matmul,attention,small} --json "$OUT/bench.json" \
           > "$OUT/bench.log" 2>&1
       grep -A60 "^summary" "$OUT/bench.log" ;;
     dev)

@@ -21,7 +21,7 @@ from numba import cuda, float32
 from flash_tiles import (Tile, block_tile, delta, fast_exp, launch_bounds,
                          tile_constants, tile_functions)
 from nanoandrea.kernels.attention import attention_forward
-from nanoandrea.kernels.launch import SIMULATOR, blocks, launch
+from nanoandrea.kernels.launch import SIMULATOR, blocks, kernel_factory, launch
 from nanoandrea.kernels.reduce import warp_barrier
 
 HEAD_SIZES = (32, 64)
@@ -32,6 +32,7 @@ TILES = ({D: (Tile(16, 8, 8, 2), Tile(8, 8, 4, 2)) for D in HEAD_SIZES} if SIMUL
          else GPU_TILES)
 
 
+@kernel_factory
 def make_dq_kernel(D, tile):
     (thread_position, row_of, dim_of, stage, _, exchange, output_product, store_rows,
      recompute) = tile_functions(D, *tile[:4], SCORE_STEPS=tile.score_steps)
@@ -87,6 +88,7 @@ def make_dq_kernel(D, tile):
     return dq_kernel
 
 
+@kernel_factory
 def make_dkdv_kernel(D, tile):
     (thread_position, row_of, dim_of, stage, _, exchange, output_product, store_rows,
      recompute) = tile_functions(D, *tile[:4], SCORE_STEPS=tile.score_steps)

@@ -21,7 +21,7 @@ from flash_tiles import (Tile, block_tile, delta, fast_exp, launch_bounds,
 from instructions import add4
 from nanoandrea.kernels.attention import attention_forward
 from nanoandrea.kernels.launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, inlined,
-                                      launch)
+                                      kernel_factory, launch)
 from nanoandrea.kernels.reduce import warp_barrier
 from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
 from nanoandrea.kernels.vector import load4
@@ -33,6 +33,7 @@ TILES = ({D: Tile(16, 8, 8, 2) for D in HEAD_SIZES} if SIMULATOR else
          {64: Tile(64, 32, 4, 4, 3, 2), 32: Tile(32, 32, 4, 4, 6)})
 
 
+@kernel_factory
 def make_dkdv_kernel(D, tile):
     (thread_position, row_of, dim_of, stage, _, exchange, output_product, store_rows,
      recompute) = tile_functions(D, *tile[:4], SCORE_STEPS=tile.score_steps)

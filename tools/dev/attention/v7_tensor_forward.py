@@ -29,7 +29,7 @@ from numba import cuda, float32, int64, uint64
 
 from flash_tiles import LN2, LOG2E, NEG_INF, block_tile, make_stage
 from instructions import mma3_tf32, quad_max, quad_sum, split_tf32
-from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, launch
+from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
 from nanoandrea.kernels.reduce import WARP, warp_barrier
 from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
 from nanoandrea.kernels.vector import store4
@@ -52,6 +52,7 @@ def store_split4(tiles, index, x0, x1, x2, x3):
     store4(lo, index, l0, l1, l2, l3)
 
 
+@kernel_factory
 def make_forward_kernel(D):
     ROWS = 16 * WARPS
     ONE, TWO, FOUR, EIGHT = uint64(1), uint64(2), uint64(4), uint64(8)
