@@ -1,5 +1,5 @@
 """One block per (batch, head), a thread per row, global memory.
-H200: not measured yet (python tools/dev/run.py attention)
+H200 2026-12-01: fwd 0.01x, fwd+bwd 0.00x SDPA float32 at [16,12,1024,64] (tools/dev/run.py)
 
 The starting point, and the package's reference kernels (any D) without dropout. A block
 takes one (batch, head) pair; its threads share out the rows. A thread walks the keys of its

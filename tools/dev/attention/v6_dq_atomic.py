@@ -1,12 +1,13 @@
 """Not kept: dq's shares added atomically (red.global.add.v4.f32).
-H200: not measured yet (python tools/dev/run.py attention)
+H200 2026-12-01: fwd 1.03x, fwd+bwd 0.97x SDPA float32 at [16,12,1024,64] (tools/dev/run.py)
 
 v5's dk/dv kernel with one change: each (query tile, key tile) pair's share of dq, dS K, is
 added into dq where v5 stores it for the sum kernel. dq is zeroed in the delta kernel's
 pass; then every block adds its shares, 4 floats an instruction (one red.global.add.v4.f32,
 a reduction the memory system performs: no value comes back, so the thread does not wait for
-it). No shares in memory, no second pass over them, no sum kernel: a few percent faster
-than v5 (the flash-attention-2 way). Not kept as the product's: the shares of a query row
+it). No shares in memory, no second pass over them, no sum kernel (the flash-attention-2
+way); yet in the run above it is not faster than v5 (0.97x against 0.99x; it was 1-3%
+faster in earlier runs, docs/perf.md). Not kept either way: the shares of a query row
 land in whatever order the blocks of its key tiles finish, and float addition is not
 associative, so dq's last bits (and a training step's) vary from run to run. The product
 keeps v5's fixed order, reproducible to the bit. The forward is v3's.

