@@ -28,7 +28,7 @@ def _serialise_simulated_shared_arrays():
     unlocked check-then-insert (FakeCUDAShared.array: get, and if missing, np.empty and insert,
     keyed by the declaring line). Two threads that reach a declaration together can each make
     an array; one then works on a private copy the rest of the block never sees (stale or NaN
-    values). Rare, and under load: seen twice in session 5 with 8-12 pytest workers on a busy
+    values). Rare, and under load: seen with 8-12 pytest workers on a busy
     machine (the layer norm's backward, the attention backward). Here the same lookup, locked.
     """
     import sys
