@@ -26,10 +26,11 @@ from nanoandrea.kernels.reduce import warp_barrier
 
 HEAD_SIZES = (32, 64)
 # (dq tile, dk/dv tile) per head size; in the simulator small and unequal (T=40 crosses them)
-GPU_TILES = {64: (Tile(32, 32, 4, 4), Tile(32, 32, 4, 4, 6)),
-             32: (Tile(64, 32, 4, 4), Tile(32, 32, 4, 4, 6))}
-TILES = ({D: (Tile(16, 8, 8, 2), Tile(8, 8, 4, 2)) for D in HEAD_SIZES} if SIMULATOR
-         else GPU_TILES)
+ONE_STEP = dict(score_steps=1)
+GPU_TILES = {64: (Tile(32, 32, 4, 4, **ONE_STEP), Tile(32, 32, 4, 4, 6, **ONE_STEP)),
+             32: (Tile(64, 32, 4, 4, **ONE_STEP), Tile(32, 32, 4, 4, 6, **ONE_STEP))}
+TILES = ({D: (Tile(16, 8, 8, 2, **ONE_STEP), Tile(8, 8, 4, 2, **ONE_STEP)) for D in HEAD_SIZES}
+         if SIMULATOR else GPU_TILES)
 
 
 @kernel_factory
@@ -82,7 +83,7 @@ def make_dq_kernel(D, tile):
             warp_barrier()                                      # (a thread reads its rows)
             output_product(acc, ds_t, k_tile)
             cuda.syncthreads()                                  # before the next tiles
-        store_rows(dq, acc, b, h, row_base, T, scale, ty, tx)
+        store_rows(dq, acc, b, h, row_base, T, scale, False, ty, tx)
 
     dq_kernel.threads, dq_kernel.rows = THREADS_M * THREADS_N, ROWS
     return dq_kernel
@@ -151,8 +152,8 @@ def make_dkdv_kernel(D, tile):
             output_product(dv_acc, p_t, dout_tile)
             output_product(dk_acc, ds_t, q_tile)
             cuda.syncthreads()                                  # before the next tiles
-        store_rows(dk, dk_acc, b, h, key_base, T, float32(1.0), ty, tx)
-        store_rows(dv, dv_acc, b, h, key_base, T, float32(1.0), ty, tx)
+        store_rows(dk, dk_acc, b, h, key_base, T, float32(1.0), False, ty, tx)
+        store_rows(dv, dv_acc, b, h, key_base, T, float32(1.0), False, ty, tx)
 
     dkdv_kernel.threads, dkdv_kernel.rows = THREADS, ROWS
     return dkdv_kernel

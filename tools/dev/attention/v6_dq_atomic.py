@@ -30,8 +30,8 @@ from nanoandrea.kernels.vector import load4
 HEAD_SIZES = (32, 64)
 # v5's tiles: at D=64 64 keys x 32 queries (dynamic shared memory), two score steps a trip;
 # in the simulator small, and two query tiles a key tile as at D=64
-TILES = ({D: Tile(16, 8, 8, 2) for D in HEAD_SIZES} if SIMULATOR else
-         {64: Tile(64, 32, 4, 4, 3, 2), 32: Tile(32, 32, 4, 4, 6)})
+TILES = ({D: Tile(16, 8, 8, 2, score_steps=1) for D in HEAD_SIZES} if SIMULATOR else
+         {64: Tile(64, 32, 4, 4, 3, 2), 32: Tile(32, 32, 4, 4, 6, score_steps=1)})
 
 
 @kernel_factory
@@ -165,8 +165,8 @@ def make_dkdv_kernel(D, tile):
             add_dq_share(dq, dq_acc, b, h, i0, T, scale, q_ty, q_tx)
             if DYNAMIC:                                         # keys_t lies over q and dout,
                 cuda.syncthreads()                              # staged next
-        store_rows(dk, dk_acc, b, h, key_base, T, float32(1.0), ty, tx)
-        store_rows(dv, dv_acc, b, h, key_base, T, float32(1.0), ty, tx)
+        store_rows(dk, dk_acc, b, h, key_base, T, float32(1.0), False, ty, tx)
+        store_rows(dv, dv_acc, b, h, key_base, T, float32(1.0), False, ty, tx)
 
     dkdv_kernel.threads, dkdv_kernel.rows = THREADS, ROWS
     dkdv_kernel.shared_bytes = 4 * floats if DYNAMIC else 0
