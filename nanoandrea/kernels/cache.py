@@ -129,11 +129,10 @@ def toolchain():
     from numba import cuda
     from numba.cuda.cudadrv import nvvm
     from numba.cuda.cudadrv.driver import driver
-
-    from .launch import INLINER
+    inliner = os.environ.get("NANOANDREA_INLINER", "numba")     # (what launch.py compiles by)
     return (numba.__version__, version("numba-cuda"), llvmlite.__version__, numpy.__version__,
             nvvm.NVVM().get_version(), driver.get_version(),
-            cuda.get_current_device().compute_capability, INLINER, sys.version_info[:2])
+            cuda.get_current_device().compute_capability, inliner, sys.version_info[:2])
 
 
 def key(kernel, signature):
