@@ -63,7 +63,7 @@ def compile_kernels(needed, workers=None, report=None):
     missing = sorted(((kernel, signature) for kernel, signature in needed
                       if "<locals>" not in cache.kernel_name(kernel)[1]
                       and not cache.cached(kernel, signature)), key=_slowest_first)
-    if not missing:
+    if not missing or not cache.writable():     # (unwritable: compiled where launched, once)
         return 0, 0.0
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
     workers = workers or int(os.environ.get("NANOANDREA_COMPILE_WORKERS", 0)) or os.cpu_count()

@@ -92,6 +92,7 @@ def test_an_unwritable_cache_folder_is_said_once(tmp_path, monkeypatch, capsys):
     kept = cache.KernelCache(matmul.transpose_kernel)
     kept.save_overload((), Compiled())
     kept.save_overload((), Compiled())
+    assert not cache.writable()             # (what precompile asks before it starts a pool)
     notices = [line for line in capsys.readouterr().err.splitlines() if "cannot keep" in line]
     assert len(notices) == 1 and "NANOANDREA_KERNEL_CACHE" in notices[0]
 

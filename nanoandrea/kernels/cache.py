@@ -199,14 +199,35 @@ class KernelCache:
                 f.write(payload)
             os.replace(temporary, self.path(_argument_types(signature)))
         except OSError as error:
-            _unwritable.append(where)
-            reason = error.strerror or type(error).__name__
-            print(f"nanoandrea: cannot keep compiled kernels in {where} ({reason}); set "
-                  f"NANOANDREA_KERNEL_CACHE to a writable folder. Compiling in memory for this "
-                  f"run.", file=sys.stderr)
+            _cannot_write(where, error)
 
     def flush(self):
         pass
+
+
+def _cannot_write(where, error):
+    """Say once that `where` cannot be written; from then on nothing is saved."""
+    if not _unwritable:
+        _unwritable.append(where)
+        reason = error.strerror or type(error).__name__
+        print(f"nanoandrea: cannot keep compiled kernels in {where} ({reason}); set "
+              f"NANOANDREA_KERNEL_CACHE to a writable folder. Compiling in memory for this run.",
+              file=sys.stderr)
+
+
+def writable():
+    """Whether compiled kernels can be kept in the folder (if not, said once)."""
+    if _unwritable:
+        return False
+    where = folder()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=where):
+            pass
+        return True
+    except OSError as error:
+        _cannot_write(where, error)
+        return False
 
 
 def _argument_types(signature):
