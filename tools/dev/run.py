@@ -132,19 +132,40 @@ class Matmul:
         return tuple(-(-n // m) * m for n, m in zip(shape, multiple))
 
     @staticmethod
+    def bf16(module):
+        """Whether the version multiplies bf16 operands (PRECISION = "bf16": a and b come as
+        uint32 arrays of bf16 pairs, tools/dev/matmul/tensorcores.py), else float32."""
+        return getattr(module, "PRECISION", "fp32") == "bf16"
+
+    @staticmethod
+    def operands(module, a, b):
+        """a, b as the version takes them (host arrays), and their float64 values."""
+        if Matmul.bf16(module):
+            from tensorcores import bf16_values, pack_bf16
+            return (pack_bf16(a), pack_bf16(b),
+                    bf16_values(a).astype(np.float64), bf16_values(b).astype(np.float64))
+        return a, b, a.astype(np.float64), b.astype(np.float64)
+
+    @staticmethod
     def check(module, shape, rng):
-        """{output: relative error} of module.matmul against float64 NumPy, fresh inputs."""
+        """{output: relative error} of module.matmul against float64 NumPy, fresh inputs (for
+        a bf16 version, the product of the bf16 values: the sums are float32 either way)."""
         M, N, K = shape
-        a, b = random_float32(rng, (M, K)), random_float32(rng, (K, N))
+        a, b, a64, b64 = Matmul.operands(module, random_float32(rng, (M, K)),
+                                         random_float32(rng, (K, N)))
         out = poisoned((M, N))
         module.matmul(out, cuda.to_device(a), cuda.to_device(b))
-        return {"out": relative_error(out.copy_to_host(), a.astype(np.float64) @ b)}
+        return {"out": relative_error(out.copy_to_host(), a64 @ b64)}
 
     @staticmethod
     def call(module, shape):
         """module.matmul once, on arrays of `shape` (what it launches, for precompile_all)."""
         M, N, K = shape
-        module.matmul(*(cuda.device_array(s, np.float32) for s in ((M, N), (M, K), (K, N))))
+        if Matmul.bf16(module):
+            a, b = (cuda.device_array(s, np.uint32) for s in ((M, K // 2), (K, N // 2)))
+        else:
+            a, b = (cuda.device_array(s, np.float32) for s in ((M, K), (K, N)))
+        module.matmul(cuda.device_array((M, N), np.float32), a, b)
 
     @staticmethod
     def flops(shape):
@@ -154,7 +175,8 @@ class Matmul:
     @staticmethod
     def timings(shape, modules):
         """(library's name, [(pass, fn)] for the library, {version: [(pass, fn, flops)]}): one
-        set of inputs, shared by all, in CuPy's memory (Numba views of it for the versions)."""
+        set of inputs, shared by all, in CuPy's memory (Numba views of it for the versions);
+        bf16 versions ("bf16" pass) beside cuBLAS in bf16 (torch.matmul, bf16 out)."""
         import cupy
         M, N, K = shape
         rng = cupy.random.default_rng(0)
@@ -162,10 +184,21 @@ class Matmul:
         c = cupy.empty((M, N), dtype=cupy.float32)
         A, B, C = (cuda.as_cuda_array(x) for x in (a, b, c))
         work = Matmul.flops(shape)
-        ours = {name: [("", lambda m=module: m.matmul(C, A, B), work)]
-                for name, module in modules.items()}
-        return ("cuBLAS (cupy.matmul, TF32 off)",
-                [("", lambda: cupy.matmul(a, b, out=c), work)], ours)
+        library = [("", lambda: cupy.matmul(a, b, out=c), work)]
+        ours = {}
+        for name, module in modules.items():
+            if not Matmul.bf16(module):
+                ours[name] = [("", lambda m=module: m.matmul(C, A, B), work)]
+                continue
+            if len(library) == 1:               # (the bf16 operands and cuBLAS's, once)
+                import torch
+                from tensorcores import pack_bf16
+                packed = [cuda.to_device(pack_bf16(x.get())) for x in (a, b)]
+                ta, tb = (torch.as_tensor(x, device="cuda").bfloat16() for x in (a, b))
+                library.append(("bf16", lambda: torch.matmul(ta, tb), work))
+            ours[name] = [("bf16", lambda m=module, p=packed: m.matmul(C, *p), work)]
+        return ("cuBLAS (cupy.matmul in float32, TF32 off; torch.matmul in bf16)", library,
+                ours)
 
 
 class Attention:
