@@ -170,7 +170,7 @@ def compile_command(preset, batch_size, block_size, workers):
         config = config.replace(block_size=min(block_size or 256, config.block_size))
         model = GPT(config, get_backend("cuda"), seed=None)
         needed = for_training(model, batch_size, config.block_size)
-        compiled, seconds = compile_kernels(needed, workers, report=_echo)
+        compiled, _ = compile_kernels(needed, workers, report=_echo)
         if not compiled:
             _echo(f"{preset}: all {len(needed)} kernels are compiled already ({cache.folder()})")
     _run(action)

@@ -10,9 +10,10 @@ T=256) is nanoGPT's for this corpus.
 
 What a run leaves in OUT (default out/): metrics.jsonl (one JSON object per logged step and per
 evaluation), loss.png, samples.txt (a sample at every evaluation but the first), ckpt and best
-(checkpoints, see nanoandrea.checkpoint). `--resume` continues from OUT/ckpt; the resumed run's losses equal,
-step by step, those of a run never interrupted: the batches, the dropout masks and the
-evaluation batches all come from random states saved in the checkpoint or derived from the step.
+(checkpoints, see nanoandrea.checkpoint). `--resume` continues from OUT/ckpt; the resumed run's
+losses equal, step by step, those of a run never interrupted: the batches, the dropout masks
+and the evaluation batches all come from random states saved in the checkpoint or derived from
+the step.
 """
 import dataclasses
 import json

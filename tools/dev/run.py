@@ -50,7 +50,6 @@ import importlib
 import json
 import os
 import re
-import statistics
 import sys
 import time
 import traceback
@@ -61,8 +60,10 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:   # (as tests/conftest.py: no GPU, 
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if glob.glob("/dev/nvidia[0-9]*") else "1"
 os.environ.setdefault("CUPY_TF32", "0")         # (read when CuPy is imported)
 sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE.parent))           # (tools/: bench.py's timing)
 
 import numpy as np  # noqa: E402
+from bench import median_ms_per_call, warm_up_and_time_one  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from nanoandrea.kernels.launch import SIMULATOR  # noqa: E402
@@ -339,25 +340,12 @@ def precompile_all(op, paths, shape):
 # --- timing --------------------------------------------------------------------------------
 
 def gpu_ms(fn, repeat=10, calls=5):
-    """Median milliseconds of one fn() on the GPU (see the module's doc)."""
-    fn()
-    cuda.synchronize()                  # (the first call compiles)
-    began = time.perf_counter()
-    fn()
-    cuda.synchronize()
-    if time.perf_counter() - began > 0.02:
+    """Median milliseconds of one fn() on the GPU (see the module's doc): `calls` calls between
+    two CUDA events (one, for a call over 20 ms), each timing behind an untimed call that keeps
+    the GPU busy while the timed ones queue. The timing itself is tools/bench.py's."""
+    if warm_up_and_time_one(fn, warmup=1) > 0.02:       # (the first call compiles)
         calls = 1
-    times = []
-    for _ in range(repeat):
-        fn()                            # untimed: the GPU runs it while the timed calls queue
-        start, end = cuda.event(), cuda.event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(cuda.event_elapsed_time(start, end) / calls)
-    return statistics.median(times)
+    return median_ms_per_call(fn, calls, repeat, before=fn)
 
 
 def warm_up(fn, seconds=2.0):
