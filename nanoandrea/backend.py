@@ -5,11 +5,16 @@ and its NumPy twin `name_numpy`. A Backend gathers one side of every pair, plus 
     CUDA   device arrays (Numba), float32; kernels launched through kernels.launch
     NumPy  ndarrays on the CPU, float32 or float64 (float64 for the gradient checks)
 The model and the autograd only ever call `backend.<op>(...)`, `backend.empty(...)`, ...
+
+A backend also has a precision, the matmuls' (every other op is float32 whatever it says):
+    fp32   the float32 kernels (matmul.py)
+    bf16   the operands of every matmul rounded to bf16, their sums float32: on the GPU the
+           tensor cores (matmul_bf16.py), on the CPU its NumPy twin
 """
 import numpy as np
 
 from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding, gelu,
-                      heads, layernorm, matmul, reduce)
+                      heads, layernorm, matmul, matmul_bf16, reduce)
 from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
@@ -27,17 +32,23 @@ OPS = {
 }
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
 class Backend:
-    def __init__(self, name, dtype):
+    def __init__(self, name, dtype, precision="fp32"):
         self.name = name
         self.dtype = np.dtype(dtype)
+        self.precision = precision
         suffix = "" if name == "cuda" else "_numpy"
         for module, names in OPS.items():
             for op in names:
                 setattr(self, op, getattr(module, op + suffix))
+        if precision == "bf16":
+            self.matmul = getattr(matmul_bf16, "matmul_bf16" + suffix)
 
     def __repr__(self):
-        return f"Backend({self.name!r}, {self.dtype.name})"
+        return f"Backend({self.name!r}, {self.dtype.name}, {self.precision!r})"
 
     # --- memory ------------------------------------------------------------------------
     def empty(self, shape, dtype=None):
@@ -92,11 +103,25 @@ def _stream():
 _backends = {}
 
 
-def get_backend(name="auto", dtype=None):
-    """'cuda', 'numpy' (alias 'cpu') or 'auto' (CUDA when a GPU is usable, else NumPy).
+def resolve_precision(precision, device):
+    """'auto': bf16 on a GPU with bf16 tensor cores (compute capability 8.0 and up), else
+    fp32 (on the CPU, rounding the operands to bf16 costs time and saves none)."""
+    if precision != "auto":
+        return precision
+    if device != "cuda" or SIMULATOR:
+        return "fp32"
+    from numba import cuda
+    return "bf16" if cuda.get_current_device().compute_capability >= (8, 0) else "fp32"
+
+
+def get_backend(name="auto", dtype=None, precision="fp32"):
+    """'cuda', 'numpy' (alias 'cpu') or 'auto' (CUDA when a GPU is usable, else NumPy); the
+    matmuls' precision, 'fp32' or 'bf16' (the module's doc).
 
     Under the CUDA simulator 'cuda' works too (the kernels run as Python threads on the CPU).
     """
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     if name == "cpu":
         name = "numpy"
     if name == "auto":
@@ -108,7 +133,7 @@ def get_backend(name="auto", dtype=None):
     dtype = np.dtype(dtype or np.float32)
     if name == "cuda" and dtype != np.float32:
         raise ValueError("the CUDA kernels are float32")
-    key = (name, dtype)
+    key = (name, dtype, precision)
     if key not in _backends:
-        _backends[key] = Backend(name, dtype)
+        _backends[key] = Backend(name, dtype, precision)
     return _backends[key]

@@ -63,6 +63,9 @@ def _train_options(f):
         click.option("--seed", type=int, help="[1337]"),
         click.option("--out", type=click.Path(file_okay=False), help="output folder [out]"),
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="[auto]"),
+        click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]),
+                     help="the matmuls': bf16 on the tensor cores, float32 sums [auto: bf16 "
+                          "on a GPU of compute capability 8.0+, else fp32]"),
         click.option("--cuda-graph/--no-cuda-graph", default=None,
                      help="GPU: capture the training step as a CUDA graph after the first "
                      "step and replay it [on]"),
@@ -106,8 +109,10 @@ def train_command(resume, **given):
 @click.option("--num-samples", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=1337, show_default=True, type=int)
 @click.option("--device", default="auto", type=click.Choice(["auto", "cuda", "cpu"]))
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]),
+              help="the matmuls' [on a GPU: the one the checkpoint was trained in]")
 def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature, top_k,
-                   num_samples, seed, device):
+                   num_samples, seed, device, precision):
     """Continue a prompt with a trained model."""
     from .precompile import compile_kernels, for_sampling
     from .sample import TextStream, encode_prompt, generate, load_model
@@ -116,7 +121,7 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
         text = prompt
         if prompt_file:
             text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
-        model, tokenizer = load_model(checkpoint, device)
+        model, tokenizer = load_model(checkpoint, device, precision)
         compile_kernels(for_sampling(model), report=lambda m: click.echo(m, err=True))
         ids = encode_prompt(tokenizer, text, model.config.block_size,
                             report=lambda m: click.echo(m, err=True))
@@ -151,10 +156,12 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
 @click.option("--block-size", type=click.IntRange(min=1), help="tokens per sequence [256, "
               "or the preset's if shorter]")
 @click.option("--workers", type=click.IntRange(min=1), help="compiling processes [one a core]")
-def compile_command(preset, batch_size, block_size, workers):
+@click.option("--precision", default="auto", show_default=True,
+              type=click.Choice(["auto", "fp32", "bf16"]), help="the matmuls' (as train's)")
+def compile_command(preset, batch_size, block_size, workers, precision):
     """Compile the kernels a preset's training, evaluation and sampling launch, into the kernel
     cache (ahead of the first run: a container build, a cluster's shared disk)."""
-    from .backend import get_backend
+    from .backend import get_backend, resolve_precision
     from .config import get_preset
     from .kernels import cache
     from .kernels.launch import gpu_available
@@ -168,7 +175,8 @@ def compile_command(preset, batch_size, block_size, workers):
                                 "for the GPU they will run on)")
         config = get_preset(preset)
         config = config.replace(block_size=min(block_size or 256, config.block_size))
-        model = GPT(config, get_backend("cuda"), seed=None)
+        backend = get_backend("cuda", precision=resolve_precision(precision, "cuda"))
+        model = GPT(config, backend, seed=None)
         needed = for_training(model, batch_size, config.block_size)
         compiled, _ = compile_kernels(needed, workers, report=_echo)
         if not compiled:

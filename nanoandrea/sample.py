@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from .autograd import no_grad
-from .backend import get_backend
+from .backend import get_backend, resolve_precision
+from .kernels.launch import gpu_available
 from .checkpoint import read_checkpoint
 from .model import GPT
 
@@ -45,10 +46,16 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
     return ids
 
 
-def load_model(checkpoint, device="auto"):
-    """(model, tokenizer) from a checkpoint folder."""
+def load_model(checkpoint, device="auto", precision=None):
+    """(model, tokenizer) from a checkpoint folder, its matmuls in `precision` (None: the
+    precision it was trained in, on a GPU; fp32 on the CPU)."""
     saved = read_checkpoint(Path(checkpoint), optimizer=False)
-    backend = get_backend("cuda" if device == "cuda" else "numpy" if device == "cpu" else "auto")
+    name = "cuda" if device == "cuda" else "numpy" if device == "cpu" else "auto"
+    if name == "auto":
+        name = "cuda" if gpu_available() else "numpy"
+    if precision is None:
+        precision = saved["train"].get("precision", "fp32") if name == "cuda" else "fp32"
+    backend = get_backend(name, precision=resolve_precision(precision, name))
     model = GPT(saved["config"], backend, seed=None)
     model.params.load_state_dict(saved["params"])
     return model, saved["tokenizer"]

@@ -87,7 +87,8 @@ def transposed_weight(backend, weight, rows):
     copied now, beside the forward (W does not change before the update), where the backend's
     matmul would copy it in backward; else None (matmul then reads W itself)."""
     K, N = weight.shape
-    if backend.name != "cuda" or not copies_b_transposed(rows, K, False, True):
+    if (backend.name != "cuda" or backend.precision != "fp32"      # (bf16: ldmatrix transposes)
+            or not copies_b_transposed(rows, K, False, True)):
         return None
     with beside():
         weight_t = backend.empty((N, K))

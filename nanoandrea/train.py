@@ -26,7 +26,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .backend import get_backend
+from .backend import get_backend, resolve_precision
 from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from .config import ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
@@ -70,6 +70,7 @@ class TrainOptions:
     seed: int = 1337
     out: str = "out"
     device: str = "auto"             # auto | cuda | cpu
+    precision: str = "auto"          # auto | fp32 | bf16: the matmuls' (backend.py)
     stop_at: int = None              # stop after this step (a checkpoint is written), as if killed
     sample_tokens: int = 200         # length of the sample written at each evaluation
     cuda_graph: bool = True          # GPU: capture the step once as a CUDA graph, then replay it
@@ -83,7 +84,9 @@ CPU_DEFAULTS = dict(preset="andrea-mini", batch_size=16, block_size=64, max_step
 SHAPE_OPTIONS = ("preset", "data", "tokenizer", "vocab_size", "n_layer", "n_head", "n_embd",
                  "block_size")
 
-PEAK_FLOPS = {"H200": 67e12, "H100": 67e12, "A100": 19.5e12}    # float32 without tensor cores
+# dense peaks of the matmuls' precision: float32 without tensor cores, bf16 on them
+PEAK_FLOPS = {"fp32": {"H200": 67e12, "H100": 67e12, "A100": 19.5e12},
+              "bf16": {"H200": 989e12, "H100": 989e12, "A100": 312e12}}
 
 
 def resolve_options(given, resume=False, report=print):
@@ -108,6 +111,7 @@ def resolve_options(given, resume=False, report=print):
         values.update({k: v for k, v in saved.items() if k not in ("device", "stop_at")})
     values.update(given)
     values["device"] = device
+    values["precision"] = resolve_precision(values.get("precision", "auto"), device)
     fields = {f.name for f in dataclasses.fields(TrainOptions)}
     return TrainOptions(**{k: v for k, v in values.items() if k in fields})
 
@@ -167,7 +171,8 @@ class Trainer:
         self.options = o = options
         self.report = report
         self.out = Path(o.out)
-        self.backend = get_backend("cuda" if o.device == "cuda" else "numpy")
+        self.backend = get_backend("cuda" if o.device == "cuda" else "numpy",
+                                   precision=o.precision)
         self.dataset = Dataset(resolve_data(o.data, o.tokenizer, o.vocab_size, report=report))
         self.config = model_config(o, self.dataset.vocab_size)
         self.dataset.check_block_size(self.config.block_size)
@@ -204,7 +209,8 @@ class Trainer:
         from numba import cuda
         name = cuda.get_current_device().name
         name = name.decode() if isinstance(name, bytes) else name
-        return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+        peaks = PEAK_FLOPS[self.backend.precision]
+        return next((peak for key, peak in peaks.items() if key in name), None)
 
     # --- resume -------------------------------------------------------------------------
     def resume(self):
@@ -249,7 +255,8 @@ class Trainer:
         o = self.options
         self.out.mkdir(parents=True, exist_ok=True)
         total = parameter_breakdown(self.config)[-1][1]
-        self.report(f"{o.preset}: {total:,} parameters, {self.config}, backend {self.backend.name}")
+        self.report(f"{o.preset}: {total:,} parameters, {self.config}, backend "
+                    f"{self.backend.name}, matmuls {self.backend.precision}")
         self.report(f"{self.tokens_per_step:,} tokens per step ({o.batch_size} x "
                     f"{self.config.block_size} x {o.grad_accum}), {o.max_steps} steps, out {self.out}")
         last_stop = o.max_steps if o.stop_at is None else min(o.max_steps, o.stop_at)

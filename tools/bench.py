@@ -3,6 +3,7 @@
     python tools/bench.py                       # everything, a table at the end
     python tools/bench.py --only matmul,attention
     python tools/bench.py --only train --train-steps 50
+    python tools/bench.py --only matmul,e2e --precision bf16
 
 Every timing is the median of repeated runs measured with CUDA events after warm-up, the
 competitors run in the same process on the same shapes, and every fast kernel's output is
@@ -16,6 +17,9 @@ Sections:
   e2e        training tokens/s of full steps (forward, backward, AdamW) against a PyTorch GPT-2
              of identical shape (fused AdamW, SDPA, float32, TF32 off): consecutive steps
              between two events, as a training run has them (no wait for the GPU per step)
+--precision bf16: the matmuls on the tensor cores (kernels/matmul_bf16.py) against cuBLAS bf16
+(torch.matmul of bf16 tensors), checked against the float32 product of the bf16-rounded
+operands; e2e against PyTorch under torch.autocast(bfloat16). Attention stays float32.
   train      andrea-12m on tiny Shakespeare for a few steps: the loss must fall
   profile    each kernel's GPU time in the e2e steps, ours and PyTorch's side by side
              (through torch.profiler, whose CUPTI records Numba's kernels too)
@@ -37,6 +41,7 @@ from numba import cuda  # noqa: E402
 
 from nanoandrea.kernels import attention as attention_kernels  # noqa: E402
 from nanoandrea.kernels import matmul as matmul_kernels  # noqa: E402
+from nanoandrea.kernels import matmul_bf16 as matmul_bf16_kernels  # noqa: E402
 from nanoandrea.train import PEAK_FLOPS, flops_per_token  # noqa: E402
 
 RESULTS = []          # rows of the final table
@@ -144,20 +149,12 @@ def require(error, limit, what):
 # --- matmul ---------------------------------------------------------------------------------
 
 def bench_matmul(args):
+    if args.precision == "bf16":
+        return bench_matmul_bf16(args)
     import cupy
     print("matmul: the products of a training step (float32; cuBLAS with TF32 off)")
-    M = 16 * 1024
-    shapes = [("qkv/W_O  [16384x768]x[768x768]", M, 768, 768),        # andrea-120m, B=16 T=1024
-              ("mlp up   [16384x768]x[768x3072]", M, 3072, 768),
-              ("mlp down [16384x3072]x[3072x768]", M, 768, 3072),
-              ("lm head  [16384x768]x[768x50304]", M, 50304, 768),    # (the padded vocabulary)
-              ("12m proj [16384x384]x[384x384]", M, 384, 384),         # andrea-12m, B=64 T=256
-              ("12m down [16384x1536]x[1536x384]", M, 384, 1536)]
     rng = cupy.random.default_rng(0)
-    for label, m, n, k in shapes:
-        if (args.quick and n >= 50257) or (args.shapes and not any(
-                label.startswith(name) for name in args.shapes.split(","))):
-            continue
+    for label, m, n, k in matmul_shapes(args):
         x = rng.standard_normal((m, k), dtype=cupy.float32)
         w = rng.standard_normal((k, n), dtype=cupy.float32)
         dy = rng.standard_normal((m, n), dtype=cupy.float32)
@@ -186,6 +183,60 @@ def bench_matmul(args):
                 "cuBLAS", f"(cuBLAS {flops / theirs_ms / 1e9:.1f} TFLOP/s, err {error:.1e})")
         if "down" in label:
             gelu_backward_pair(args, short, m, n, k, DY, W, out_dx)
+
+
+M_ROWS = 16 * 1024
+MATMUL_SHAPES = [("qkv/W_O  [16384x768]x[768x768]", M_ROWS, 768, 768),   # andrea-120m, B=16 T=1024
+                 ("mlp up   [16384x768]x[768x3072]", M_ROWS, 3072, 768),
+                 ("mlp down [16384x3072]x[3072x768]", M_ROWS, 768, 3072),
+                 ("lm head  [16384x768]x[768x50304]", M_ROWS, 50304, 768),  # (the padded vocabulary)
+                 ("12m proj [16384x384]x[384x384]", M_ROWS, 384, 384),       # andrea-12m, B=64 T=256
+                 ("12m down [16384x1536]x[1536x384]", M_ROWS, 384, 1536)]
+
+
+def matmul_shapes(args):
+    for label, m, n, k in MATMUL_SHAPES:
+        if not ((args.quick and n >= 50257) or (args.shapes and not any(
+                label.startswith(name) for name in args.shapes.split(",")))):
+            yield label, m, n, k
+
+
+def bench_matmul_bf16(args):
+    """The same products on the tensor cores: ours from float32 operands rounded to bf16 as
+    they are loaded, float32 out; cuBLAS's from bf16 tensors, bf16 out (what PyTorch's
+    autocast runs). Ours is checked against the float32 product of the rounded operands."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print("matmul: the products of a training step in bf16 (cuBLAS bf16 through torch)")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for label, m, n, k in matmul_shapes(args):
+        x, w, dy = (torch.randn(shape, device="cuda", generator=generator)
+                    for shape in ((m, k), (k, n), (m, n)))
+        xb, wb, dyb = x.bfloat16(), w.bfloat16(), dy.bfloat16()
+        X, W, DY = (cuda.as_cuda_array(t) for t in (x, w, dy))
+        outs = [torch.empty(shape, device="cuda") for shape in ((m, n), (m, k), (k, n))]
+        out_y, out_dx, out_dw = (cuda.as_cuda_array(t) for t in outs)
+        mm = matmul_bf16_kernels.matmul_bf16
+        cases = [           # (name, ours, cuBLAS's, the reference, our output)
+            ("fwd  Y=X.W", lambda: mm(out_y, X, W), lambda: xb @ wb,
+             lambda: xb.float() @ wb.float(), outs[0]),
+            ("bwd dX=dY.W^T", lambda: mm(out_dx, DY, W, transpose_b=True), lambda: dyb @ wb.T,
+             lambda: dyb.float() @ wb.float().T, outs[1]),
+            ("bwd dW=X^T.dY", lambda: mm(out_dw, X, DY, transpose_a=True), lambda: xb.T @ dyb,
+             lambda: xb.float().T @ dyb.float(), outs[2])]
+        short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
+        for name, ours, theirs, reference, out in cases:
+            out.fill_(float("nan"))
+            ours()
+            want = reference()
+            cuda.synchronize()
+            error = relative_error(out.cpu().numpy(), want.cpu().numpy())
+            require(error, 1e-4, f"matmul bf16 {label} {name}")
+            flops = 2.0 * m * n * k
+            theirs_ms = kernel_ms(theirs, args)
+            ours_ms = kernel_ms(ours, args)
+            row("matmul", f"{short:8s} {name} bf16", ours_ms, flops, "TFLOP/s", theirs_ms,
+                "cuBLAS bf16", f"(cuBLAS {flops / theirs_ms / 1e9:.1f} TFLOP/s, err {error:.1e})")
 
 
 def gelu_backward_pair(args, short, m, n, k, DY, W, out_dx):
@@ -333,7 +384,7 @@ def e2e_cases(args):
         rng = np.random.default_rng(0)
         idx = rng.integers(0, V, size=(B, T)).astype(np.int32)
         targets = rng.integers(0, V, size=(B, T)).astype(np.int32)
-        model = GPT(config, get_backend("cuda"), seed=0)
+        model = GPT(config, get_backend("cuda", precision=args.precision), seed=0)
         optimizer = AdamW(model.params, lr=1e-4)
 
         def ours(graph, model=model, optimizer=optimizer, B=B, T=T, batch=(idx, targets),
@@ -345,10 +396,14 @@ def e2e_cases(args):
         torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-4, fused=True)
         tidx, ttargets = (torch.as_tensor(a, device="cuda").long() for a in (idx, targets))
 
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16,
+                                  enabled=args.precision == "bf16")
+
         def theirs(reference=reference, torch_optimizer=torch_optimizer, tidx=tidx,
-                   ttargets=ttargets):
+                   ttargets=ttargets, autocast=autocast):
             torch_optimizer.zero_grad(set_to_none=True)
-            _, loss = reference(tidx, ttargets)
+            with autocast:
+                _, loss = reference(tidx, ttargets)
             loss.backward()
             torch_optimizer.step()
         yield preset, B, T, config, ours, theirs
@@ -371,7 +426,8 @@ def steps_time_ms(steps, repeat, warmup=3, seconds=0.5):
 
 
 def bench_e2e(args):
-    print("end to end: training steps (forward, backward, AdamW), float32, steady state")
+    print(f"end to end: training steps (forward, backward, AdamW), matmuls {args.precision} "
+          f"(PyTorch {'autocast bf16' if args.precision == 'bf16' else 'float32'}), steady state")
     for preset, B, T, config, ours, theirs in e2e_cases(args):
         tokens = B * T
         # ours: the step eagerly (every launch from Python), then captured as a CUDA graph on
@@ -390,8 +446,9 @@ def bench_e2e(args):
         for mode, ms in ours_ms.items():
             row("e2e", f"{preset} B={B} T={T} step, {mode}", ms,
                 flops, "TFLOP/s", torch_ms, "PyTorch",
-                f"ours {tokens / ms * 1e3:,.0f} tok/s (MFU {mfu(flops, ms)}), PyTorch "
-                f"{tokens / torch_ms * 1e3:,.0f} tok/s (MFU {mfu(flops, torch_ms)})")
+                f"ours {tokens / ms * 1e3:,.0f} tok/s (MFU {mfu(flops, ms, args.precision)}), "
+                f"PyTorch {tokens / torch_ms * 1e3:,.0f} tok/s "
+                f"(MFU {mfu(flops, torch_ms, args.precision)})")
 
 
 def kernel_name(name):
@@ -434,11 +491,12 @@ def bench_profile(args):
                       f"{1e3 * ms / count:9.1f} us each {100 * ms / total:5.1f}%")
 
 
-def mfu(flops, ms):
-    """Model FLOPs utilisation against the GPU's float32 peak without tensor cores."""
+def mfu(flops, ms, precision="fp32"):
+    """Model FLOPs utilisation against the GPU's peak in the matmuls' precision (float32
+    without tensor cores, or bf16 on them)."""
     name = cuda.get_current_device().name
     name = name.decode() if isinstance(name, bytes) else name
-    peak = next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+    peak = next((peak for key, peak in PEAK_FLOPS[precision].items() if key in name), None)
     return f"{100 * flops / (ms / 1e3) / peak:.0f}%" if peak else "?"
 
 
@@ -618,6 +676,8 @@ def main():
                              "mlp, lm, 12m), attention's T x D (1024x64, 256x32, 1024x72)")
     parser.add_argument("--cache", default=None, help="folder for prepared data")
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="matmul and e2e: the matmuls' precision (the module's doc)")
     args = parser.parse_args()
     device = cuda.get_current_device()
     print(f"device: {device.name.decode() if isinstance(device.name, bytes) else device.name}, "

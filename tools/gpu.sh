@@ -8,6 +8,8 @@
 #     e2e       training tokens/s against PyTorch, andrea-12m and andrea-120m (tools/bench.py)
 #     bench     the kernels against cuBLAS, SDPA and PyTorch's ops (tools/bench.py)
 #     dev       the optimisation ladders, each version checked and timed (tools/dev/run.py)
+#     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
+#               matmuls and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train`
 # Each step has a time limit of its own (STEP_TIMEOUT, seconds), so that one slow step leaves
 # the others their time. Where numba-cuda needs a NumPy older than the machine's, a wheel of it
@@ -50,6 +52,13 @@ for step in "${steps[@]}"; do
         limit python3 tools/dev/run.py $op --json "$OUT/dev-$op.json" > "$OUT/dev-$op.log" 2>&1
         tail -22 "$OUT/dev-$op.log"
       done ;;
+    bf16)
+      limit python3 -m nanoandrea compile --preset andrea-12m --precision bf16
+      limit python3 -m nanoandrea compile --preset andrea-120m --batch-size 16 --block-size 1024 \
+          --precision bf16
+      limit python3 tools/bench.py --only ${BENCH:-matmul,e2e} --precision bf16 \
+          --json "$OUT/bench-bf16.json" > "$OUT/bench-bf16.log" 2>&1
+      grep -A40 "^summary" "$OUT/bench-bf16.log" ;;
     train)
       limit python3 -m nanoandrea.train --out /tmp/shakespeare --stop-at ${STOP_AT:-1500} \
           > "$OUT/train.log" 2>&1

@@ -371,12 +371,13 @@ RESIDENT_BLOCKS = 2 * MULTIPROCESSORS   # blocks of matmul_kernel the H200 runs 
 L2_BYTES = 50 * 2**20                   # the H200's L2 cache
 
 
-def k_per_slice(K, splits):
-    """Rows of K in each of `splits` slices: K / splits, rounded up to whole BK-slices."""
-    return blocks(blocks(K, splits), BK) * BK
+def k_per_slice(K, splits, step=BK):
+    """Rows of K in each of `splits` slices: K / splits, rounded up to whole slices of `step`
+    (the kernel's k a slice)."""
+    return blocks(blocks(K, splits), step) * step
 
 
-def split_count(M, N, K, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES):
+def split_count(M, N, K, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES, step=BK):
     """How many slices of K to compute in parallel (split-K). Only when the M x N grid alone
     leaves multiprocessors idle (the weight gradients: M x N = C x C or C x 4C, K = B*T), and
     never slices thinner than 256. A grid runs in waves of `slots` blocks, so 288 blocks take
@@ -394,7 +395,7 @@ def split_count(M, N, K, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES):
         return total / (blocks(total, slots) * slots)
 
     def fits(splits):                   # the slice's rows of both operands in half the L2
-        return 4 * k_per_slice(K, splits) * (M + N) <= l2_bytes // 2
+        return 4 * k_per_slice(K, splits, step) * (M + N) <= l2_bytes // 2
 
     candidates = range(1, max(1, min(K // 256, 8 * slots // output_blocks)) + 1)
     good = [s for s in candidates if fill(s) >= 0.9]

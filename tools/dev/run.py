@@ -135,14 +135,14 @@ class Matmul:
     @staticmethod
     def bf16(module):
         """Whether the version multiplies bf16 operands (PRECISION = "bf16": a and b come as
-        uint32 arrays of bf16 pairs, tools/dev/matmul/tensorcores.py), else float32."""
+        uint32 arrays of bf16 pairs, nanoandrea/kernels/tensorcores.py), else float32."""
         return getattr(module, "PRECISION", "fp32") == "bf16"
 
     @staticmethod
     def operands(module, a, b):
         """a, b as the version takes them (host arrays), and their float64 values."""
         if Matmul.bf16(module):
-            from tensorcores import bf16_values, pack_bf16
+            from nanoandrea.kernels.tensorcores import bf16_values, pack_bf16
             return (pack_bf16(a), pack_bf16(b),
                     bf16_values(a).astype(np.float64), bf16_values(b).astype(np.float64))
         return a, b, a.astype(np.float64), b.astype(np.float64)
@@ -193,7 +193,7 @@ class Matmul:
                 continue
             if len(library) == 1:               # (the bf16 operands and cuBLAS's, once)
                 import torch
-                from tensorcores import pack_bf16
+                from nanoandrea.kernels.tensorcores import pack_bf16
                 packed = [cuda.to_device(pack_bf16(x.get())) for x in (a, b)]
                 ta, tb = (torch.as_tensor(x, device="cuda").bfloat16() for x in (a, b))
                 library.append(("bf16", lambda: torch.matmul(ta, tb), work))

@@ -1,11 +1,13 @@
-"""bf16 tensor cores from Numba: what the tensor-core versions (v11 on) are built from, each
-instruction with a simulator twin written from the PTX ISA's fragment definitions.
+"""bf16 tensor cores from Numba: what the tensor-core kernels (matmul_bf16.py, and the
+ladder's v11 on) are built from, each instruction with a simulator twin written from the PTX
+ISA's fragment definitions.
 
     d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   one warp's D = A B + C
     r0, r1, r2, r3 = ldmatrix_x4(tile, (r, c))          four 8 x 8 bf16 matrices from shared
     r0, r1, r2, r3 = ldmatrix_x4_trans(tile, (r, c))    ... each transposed on its way
     w0, w1, w2, w3 = load4_u32(array, (i, j))           16 bytes: array[i, j:j+4], uint32
     store4_u32(array, (i, j), w0, w1, w2, w3)
+    w = bf16_pair(x0, x1)                               two float32s rounded to bf16, packed
 
 bf16 values travel in pairs, packed into one uint32 (the lower index in the low 16 bits, as
 they lie in memory): a bf16 matrix [R, C] is a uint32 array [R, C/2] (pack_bf16 on the host).
@@ -30,7 +32,7 @@ part of the instruction's result from all lanes' operands.
 """
 import numpy as np
 
-from nanoandrea.kernels.launch import SIMULATOR
+from .launch import SIMULATOR
 
 
 # --- bf16 on the host ------------------------------------------------------------------------
@@ -64,7 +66,7 @@ def unpack_bf16(words):
 if SIMULATOR:
     from numba import cuda, float32, uint32
 
-    from nanoandrea.kernels.reduce import warp_values
+    from .reduce import warp_values
 
     _G, _T = np.divmod(np.arange(32), 4)
     _PAIR = np.array([0, 1])
@@ -90,7 +92,8 @@ if SIMULATOR:
 
     def _matrices(tile, addresses):
         # the four 8 x 8 bf16 matrices whose rows the lanes address: [4, 8, 8] float32
-        rows = np.array([tile[r, c:c + 4] for r, c in addresses], dtype=np.uint32)
+        rows = np.array([tile[tuple(outer)][c:c + 4] for *outer, c in addresses],
+                        dtype=np.uint32)
         return unpack_bf16(rows).reshape(4, 8, 8)
 
     def _packed(pair):
@@ -109,6 +112,9 @@ if SIMULATOR:
         m = _matrices(tile, addresses)
         g, t = _G[lane], _T[lane]
         return tuple(_packed(m[i, 2 * t:2 * t + 2, g]) for i in range(4))
+
+    def bf16_pair(x0, x1):
+        return _packed((x0, x1))
 
     def load4_u32(array, index):
         *outer, j = index
@@ -194,6 +200,20 @@ else:
 
     ldmatrix_x4 = _ldmatrix(False)
     ldmatrix_x4_trans = _ldmatrix(True)
+
+    @intrinsic
+    def bf16_pair(typingctx, x0, x1):
+        # cvt.rn.bf16x2.f32 d, a, b: d's upper half is a rounded to bf16 (to nearest, ties to
+        # even), its lower half b; x0 goes low, as the lower index lies in memory
+        def codegen(context, builder, signature, args):
+            x0, x1 = [context.cast(builder, value, kind, types.float32)
+                      for value, kind in zip(args, signature.args)]
+            function = ir.InlineAsm(ir.FunctionType(I32, [F32, F32]),
+                                    "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
+                                    side_effect=False)
+            return builder.call(function, [x1, x0])
+
+        return types.uint32(x0, x1), codegen
 
     @intrinsic
     def load4_u32(typingctx, array, index):

@@ -1,0 +1,88 @@
+"""The tensor-core matmul (kernels/matmul_bf16.py) against its NumPy twin and against float64.
+
+Its twin rounds the operands to bf16 exactly as the kernel does (to nearest, ties to even), so
+the two agree to float32 sums' rounding; against the unrounded float64 product the error is
+bf16's, ~1e-2 relative at most. Sizes are multiples of 8 (the kernel's copies), none a
+multiple of its block tile; in the simulator its block is 32 x 32 (the module's doc).
+"""
+import numpy as np
+import pytest
+
+from conftest import GPU, relative_error
+from nanoandrea.kernels import matmul, matmul_bf16
+from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values, pack_bf16, unpack_bf16
+from test_kernels import ORIENTATIONS, device, output_and_prior, poisoned
+
+TOLERANCE = 1e-5 if not GPU else 1e-4       # against the twin: float32 sums in another order
+BF16_TOLERANCE = 1e-2                        # against float64 on the unrounded operands
+CASES = ([(40, 24, 40, True, False), (24, 40, 16, False, True)] if not GPU else
+         [(1000, 1544, 392, True, False), (1000, 392, 776, False, True),
+          (2048, 768, 3072, True, False)])
+
+
+def check(rng, transpose_a, transpose_b, M, N, K, with_bias, accumulate, gelu=None):
+    a = rng.standard_normal((K, M) if transpose_a else (M, K))
+    b = rng.standard_normal((N, K) if transpose_b else (K, N))
+    bias = rng.standard_normal(N) if with_bias else None
+    out, prior = output_and_prior(rng, (M, N), accumulate)
+    pre = 3 * rng.standard_normal((M, N))
+    activated = poisoned((M, N))
+    device_gelu = (dict(gelu_out=activated) if gelu == "out" else
+                   dict(gelu_input=device(pre)) if gelu == "input" else {})
+    matmul_bf16.matmul_bf16(out, device(a), device(b), None if bias is None else device(bias),
+                            transpose_a, transpose_b, accumulate, **device_gelu)
+    want, want_activated = prior.astype(np.float64), np.zeros((M, N))
+    host_gelu = (dict(gelu_out=want_activated) if gelu == "out" else
+                 dict(gelu_input=pre) if gelu == "input" else {})
+    matmul_bf16.matmul_bf16_numpy(want, a, b, bias, transpose_a, transpose_b, accumulate,
+                                  **host_gelu)
+    got = out.copy_to_host()
+    assert relative_error(got, want) < TOLERANCE
+    if gelu == "out":
+        assert relative_error(activated.copy_to_host(), want_activated) < TOLERANCE
+    exact = prior.astype(np.float64)
+    matmul.matmul_numpy(exact, a, b, bias, transpose_a, transpose_b, accumulate,
+                        **(dict(gelu_input=pre) if gelu == "input" else {}))
+    assert relative_error(got, exact) < BF16_TOLERANCE
+
+
+def split_k(monkeypatch, splits):
+    monkeypatch.setattr(matmul_bf16, "split_count", lambda M, N, K, slots, step: splits)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("transpose_a,transpose_b", ORIENTATIONS)
+def test_matmul_bf16(rng, monkeypatch, splits, transpose_a, transpose_b):
+    """Every orientation (the forward NN, dX's NT, dW's TN), with split-K (splits=2) too."""
+    split_k(monkeypatch, splits)
+    for case in CASES:
+        check(rng, transpose_a, transpose_b, *case)
+
+
+@pytest.mark.parametrize("gelu,transpose_b,accumulate,splits", [
+    ("out", False, False, 1), ("out", False, False, 2),     # the MLP up with its activation
+    ("input", True, False, 1), ("input", True, True, 2)])   # dH = (dY . W^T) * gelu'(H)
+def test_matmul_bf16_epilogues(rng, monkeypatch, gelu, transpose_b, accumulate, splits):
+    split_k(monkeypatch, splits)
+    M, N, K = (40, 24, 40) if not GPU else (1000, 1544, 392)
+    check(rng, False, transpose_b, M, N, K, gelu == "out", accumulate, gelu)
+
+
+def test_matmul_bf16_other_shapes_take_float32(rng):
+    """Rows that are not whole 8-float runs take matmul.py's float32 kernels: the exact
+    product, not the rounded one."""
+    M, N, K = 12, 20, 12                # (K = 12: a's rows are 4-float runs, not 8)
+    a, b = rng.standard_normal((M, K)), rng.standard_normal((K, N))
+    out = poisoned((M, N))
+    matmul_bf16.matmul_bf16(out, device(a), device(b))
+    assert relative_error(out.copy_to_host(), a @ b) < 1e-5
+
+
+def test_bf16_rounding_is_to_nearest_even():
+    ulp = 2.0 ** -7                     # bf16's spacing at 1 (7 bits of mantissa after the 1)
+    x = np.array([1.0, 1 + ulp, 1 + 0.75 * ulp, 1 + 0.5 * ulp, 1 + 0.5 * ulp + 2 ** -20,
+                  1 + 1.5 * ulp, -2.5], dtype=np.float32)
+    want = np.array([1.0, 1 + ulp, 1 + ulp, 1.0, 1 + ulp, 1 + 2 * ulp, -2.5], dtype=np.float32)
+    assert np.array_equal(bf16_values(x), want)         # (the ties go to the even mantissa)
+    assert np.array_equal(unpack_bf16(pack_bf16(x[:6].reshape(1, -1))).ravel(), want[:6])
+    assert bf16_bits(np.float32(1.0)) == 0x3F80
