@@ -80,9 +80,10 @@ def test_train_writes_logs_plot_samples_and_checkpoints(corpus, tmp_path):
     assert "h.0.attn.c_attn.weight" in names and names["wte.weight"]["shape"][1] == 16
 
 
-def resume_matches_uninterrupted(corpus, tmp_path, device):
+def resume_matches_uninterrupted(corpus, tmp_path, device, precision="fp32"):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    common = ("--max-steps", "12", "--eval-interval", "6", "--dropout", "0.1")
+    common = ("--max-steps", "12", "--eval-interval", "6", "--dropout", "0.1",
+              "--precision", precision)
     assert train(corpus, whole, *common, device=device).exit_code == 0
     first = train(corpus, parts, *common, "--stop-at", "6", device=device)
     assert first.exit_code == 0 and read_checkpoint(parts / "ckpt")["state"]["step"] == 6
@@ -97,13 +98,32 @@ def resume_matches_uninterrupted(corpus, tmp_path, device):
     assert np.array_equal(read_checkpoint(parts / "ckpt")["m"], read_checkpoint(whole / "ckpt")["m"])
 
 
-def test_resume_equals_the_uninterrupted_run_on_the_cpu(corpus, tmp_path):
-    resume_matches_uninterrupted(corpus, tmp_path, "cpu")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_resume_equals_the_uninterrupted_run_on_the_cpu(corpus, tmp_path, precision):
+    resume_matches_uninterrupted(corpus, tmp_path, "cpu", precision)
 
 
 @pytest.mark.skipif(not GPU, reason="needs a GPU (the CUDA simulator is too slow for a training run)")
-def test_resume_equals_the_uninterrupted_run_on_the_gpu(corpus, tmp_path):
-    resume_matches_uninterrupted(corpus, tmp_path, "cuda")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_resume_equals_the_uninterrupted_run_on_the_gpu(corpus, tmp_path, precision):
+    resume_matches_uninterrupted(corpus, tmp_path, "cuda", precision)
+
+
+@pytest.mark.skipif(not GPU, reason="300 steps of andrea-12m: a GPU's work")
+def test_bf16_loss_curve_stays_within_2_percent_of_float32(tmp_path):
+    """300 steps of the default recipe (andrea-12m, tiny Shakespeare, the same seed and
+    batches) with the matmuls in bf16 and in float32: every logged loss within 2%."""
+    curves = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / precision
+        result = run("train", "--out", out, "--device", "cuda", "--precision", precision,
+                     "--max-steps", "300", "--eval-interval", "300", "--eval-iters", "5")
+        assert result.exit_code == 0, result.output
+        curves[precision] = {r["step"]: r["loss"] for r in metrics(out) if "loss" in r}
+    assert sorted(curves["bf16"]) == sorted(curves["fp32"]) and len(curves["fp32"]) >= 30
+    worst = max(abs(curves["bf16"][s] / curves["fp32"][s] - 1) for s in curves["fp32"])
+    assert worst < 0.02, f"bf16's loss differs from float32's by up to {100 * worst:.2f}%"
+    assert curves["bf16"] != curves["fp32"]             # (two precisions, not one twice)
 
 
 def test_sample_prepare_and_info(corpus, tmp_path):

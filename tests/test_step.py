@@ -61,12 +61,12 @@ def test_step_equals_the_loop_it_replaces(rng):
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU (and CuPy)")
-@pytest.mark.parametrize("n_head", [4, 2])
-def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, n_head):
-    """n_head 4: heads of 32; 2: heads of 64 (the two fast attention tiles)."""
+@pytest.mark.parametrize("n_head,precision", [(4, "fp32"), (2, "fp32"), (4, "bf16")])
+def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, n_head, precision):
+    """n_head 4: heads of 32; 2: heads of 64 (the two fast attention tiles); in bf16 too."""
     config = get_preset("andrea-mini", vocab_size=65, dropout=0.1, n_head=n_head)
     B, T, grad_accum = 8, 64, 2
-    backend = get_backend("cuda")
+    backend = get_backend("cuda", precision=precision)
     data = batches(rng, config, B, T, 5, grad_accum)
     eager_losses, eager_params, _ = run_steps(backend, config, data, False, B, T, grad_accum)
     graph_losses, graph_params, step = run_steps(backend, config, data, True, B, T, grad_accum)

@@ -11,7 +11,9 @@
     the reference kernel) and torch's scaled_dot_product_attention in bf16 (tensor cores)
     and in float32.
 Timings as tools/bench.py's: CUDA events after warm-up, the median of repeated calls queued
-back to back; each of our outputs is checked against the reference before it is timed.
+back to back; each of our outputs is checked against the reference before it is timed. The
+H per-head products are timed as one CUDA graph each side (torch.cuda.graph), so that what is
+measured is the GPU's time, not twelve launches from Python.
 """
 import argparse
 import json
@@ -29,7 +31,7 @@ import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from bench import event_time_ms, relative_error, require, warm_up_clocks  # noqa: E402
-from nanoandrea.kernels import attention  # noqa: E402
+from nanoandrea.kernels import attention, launch  # noqa: E402
 from nanoandrea.kernels.matmul_bf16 import matmul_bf16  # noqa: E402
 
 ROWS = []
@@ -45,9 +47,25 @@ def report(claim, name, ms, flops, note=""):
     print(f"  {name:52s} {ms:9.3f} ms {rate:9.1f} TFLOP/s  {note}", flush=True)
 
 
+def as_graph(fn):
+    """fn's launches (ours through Numba, or torch's) captured once: a function that replays
+    them on the default stream."""
+    import torch
+    fn()                                # (compiled and warm before the capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        with launch.using_stream(cuda.external_stream(torch.cuda.current_stream().cuda_stream)):
+            fn()
+    return graph.replay
+
+
 def fused_against_per_head():
     import torch
+    from nanoandrea.precompile import compile_kernels, kernels_of
     print("(a) one [C,C] projection against H per-head [C,D] products, bf16")
+    small = cuda.device_array((128, 64), np.float32)
+    compile_kernels(kernels_of(lambda: matmul_bf16(small, small, small[:64])))
     generator = torch.Generator(device="cuda").manual_seed(0)
     for preset, C, H in (("andrea-12m", 384, 12), ("andrea-120m", 768, 12)):
         M, D = 16384, C // H
@@ -66,7 +84,15 @@ def fused_against_per_head():
         def ours_heads():
             for w_h, out_h in zip(HEADS, OUTS):
                 matmul_bf16(out_h, X, w_h)
+
+        def cublas_heads():
+            for w_h, out_h in zip(heads_b, outs_b):
+                torch.matmul(xb, w_h, out=out_h)
+        outs_b = [torch.empty(M, D, device="cuda", dtype=torch.bfloat16) for _ in range(H)]
         ours_fused()
+        ours_heads = as_graph(ours_heads)
+        for out_h in outs:
+            out_h.fill_(float("nan"))
         ours_heads()
         cuda.synchronize()
         want = xb.float() @ wb.float()
@@ -78,8 +104,7 @@ def fused_against_per_head():
         report("a", f"{shape} ours, fused", timed(ours_fused), flops)
         report("a", f"{shape} ours, {H} heads of {D}", timed(ours_heads), flops)
         report("a", f"{shape} cuBLAS, fused", timed(lambda: xb @ wb), flops)
-        report("a", f"{shape} cuBLAS, {H} heads of {D}",
-               timed(lambda: [xb @ w_h for w_h in heads_b]), flops)
+        report("a", f"{shape} cuBLAS, {H} heads of {D}", timed(as_graph(cublas_heads)), flops)
 
 
 def attention_by_head_size():
@@ -87,8 +112,17 @@ def attention_by_head_size():
     import torch.nn.functional as F
     torch.backends.cuda.matmul.allow_tf32 = False
     print("(b) causal attention forward + backward by head size")
+    from nanoandrea.precompile import compile_kernels, kernels_of
     B, H, T = 32, 12, 512
-    for D in (32, 64, 72, 128):
+    head_sizes = (32, 64, 72, 128)
+
+    def both(D):                        # (one head: what is launched depends on T and D)
+        q, out, lse = (cuda.device_array(shape, np.float32) for shape in
+                       ((1, 1, T, D), (1, 1, T, D), (1, 1, T)))
+        attention.attention_forward(out, lse, q, q, q)
+        attention.attention_backward(out, out, out, lse, q, q, q, q, out, lse)
+    compile_kernels(set().union(*(kernels_of(lambda D=D: both(D)) for D in head_sizes)))
+    for D in head_sizes:
         generator = torch.Generator(device="cuda").manual_seed(D)
         q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", generator=generator)
                          for _ in range(4))
