@@ -16,66 +16,42 @@ whole. Folders no link points to are removed afterwards.
 import json
 import os
 import shutil
-import struct
 import uuid
 from pathlib import Path
 
 import numpy as np
+import safetensors
+import safetensors.numpy
 
 from .config import ConfigError, GPTConfig
 from .tokenizer import TokenizerError, load_tokenizer, save_tokenizer
 
 FILES = ("config.json", "tokenizer.json", "model.safetensors", "optimizer.safetensors",
          "state.json")
-_DTYPES = {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64}
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete or from another configuration."""
 
 
-# --- safetensors: 8-byte little-endian header size, a JSON header, then the raw tensors -------
+# --- safetensors (the `safetensors` package): the weights' format GPT-2 tools read ----------
 
 def save_safetensors(path, tensors, metadata=None):
-    header, offset, blobs = {}, 0, []
-    for name, array in tensors.items():
-        array = np.ascontiguousarray(array)
-        dtype = next(k for k, v in _DTYPES.items() if np.dtype(v) == array.dtype)
-        blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
-        offset += len(blob)
-        blobs.append(blob)
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)                  # align the data to 8 bytes
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(encoded)))
-        f.write(encoded)
-        for blob in blobs:
-            f.write(blob)
-        f.flush()
+    """Write tensors ({name: array}) and string metadata to path, fsync'ed."""
+    arrays = {name: np.ascontiguousarray(array) for name, array in tensors.items()}
+    safetensors.numpy.save_file(arrays, str(path),
+                                metadata={k: str(v) for k, v in (metadata or {}).items()})
+    with open(path, "rb+") as f:
         os.fsync(f.fileno())
 
 
 def load_safetensors(path):
     """(tensors, metadata) from a .safetensors file."""
-    with open(path, "rb") as f:
-        raw = f.read()
     try:
-        (size,) = struct.unpack("<Q", raw[:8])
-        header = json.loads(raw[8:8 + size])
-    except (struct.error, ValueError) as error:
+        with safetensors.safe_open(str(path), framework="numpy") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}, f.metadata() or {}
+    except (OSError, safetensors.SafetensorError) as error:
         raise CheckpointError(f"{path} is not a safetensors file ({error})") from None
-    metadata = header.pop("__metadata__", {})
-    data = raw[8 + size:]
-    tensors = {}
-    for name, info in header.items():
-        start, end = info["data_offsets"]
-        tensors[name] = np.frombuffer(data[start:end], dtype=np.dtype(_DTYPES[info["dtype"]])
-                                      .newbyteorder("<")).reshape(info["shape"]).copy()
-    return tensors, metadata
 
 
 # --- GPT-2 names --------------------------------------------------------------------------------
@@ -138,20 +114,30 @@ def _fsync_folder(folder):
 
 
 def save_checkpoint(out_dir, links, model, optimizer, tokenizer, train_options, state):
-    """Write a checkpoint folder and point each name in `links` ("ckpt", "best") at it."""
+    """Write a checkpoint folder of a training run and point each name in `links` ("ckpt",
+    "best") at it."""
+    store = model.params
+    moments = {"m": store.backend.to_host(store.m), "v": store.backend.to_host(store.v)}
+    return write_checkpoint_files(out_dir, links, model.config, store.state_dict(), tokenizer,
+                                  train_options, state, moments, optimizer.step_count)
+
+
+def write_checkpoint_files(out_dir, links, config, params, tokenizer, train_options, state,
+                           moments=None, step_count=0):
+    """The folder of save_checkpoint from its parts: params by nanoandrea name; moments None
+    for a fresh optimizer state (an imported model: its m and v are then empty)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     folder = out_dir / f".ckpt-{state['step']:07d}-{uuid.uuid4().hex[:8]}"
     folder.mkdir()
-    _write_json(folder / "config.json", {"model": model.config.to_dict(), "train": train_options})
+    _write_json(folder / "config.json", {"model": config.to_dict(), "train": train_options})
     save_tokenizer(tokenizer, folder / "tokenizer.json")
-    params = model.params.state_dict()
-    save_safetensors(folder / "model.safetensors", to_gpt2_names(params, model.config),
+    save_safetensors(folder / "model.safetensors", to_gpt2_names(params, config),
                      {"format": "pt", "producer": "nanoandrea", "step": state["step"]})
-    store = model.params
+    empty = np.zeros(0, np.float32)
     save_safetensors(folder / "optimizer.safetensors",
-                     {"m": store.backend.to_host(store.m), "v": store.backend.to_host(store.v)},
-                     {"step_count": optimizer.step_count})
+                     moments if moments is not None else {"m": empty, "v": empty},
+                     {"step_count": step_count})
     _write_json(folder / "state.json", state)
     _fsync_folder(folder)
     for name in links:

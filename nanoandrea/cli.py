@@ -132,14 +132,14 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
             stream = TextStream(tokenizer, lambda piece: click.echo(piece, nl=False))
             stream.update(batch)
             out = generate(model, batch, max_new_tokens, temperature, top_k, rng,
-                           progress=stream.update)
+                           progress=stream.update, vocab=tokenizer.vocab_size)
             stream.update(out, final=True)
             click.echo()
         else:
             with click.progressbar(length=max_new_tokens, label="sampling",
                                    file=sys.stderr) as bar:
                 out = generate(model, batch, max_new_tokens, temperature, top_k, rng,
-                               progress=lambda ids: bar.update(1))
+                               progress=lambda ids: bar.update(1), vocab=tokenizer.vocab_size)
             for i, row in enumerate(out):
                 click.echo(f"--- sample {i + 1} ---")
                 click.echo(tokenizer.decode(row))
@@ -212,8 +212,10 @@ def info_command(preset, checkpoint, vocab_size):
         if checkpoint:
             saved = read_checkpoint(checkpoint, optimizer=False)
             config = saved["config"]
-            click.echo(f"checkpoint {checkpoint}: step {saved['state']['step']}, best val loss "
-                       f"{saved['state']['best_val']:.4f}")
+            state = saved["state"]
+            click.echo(f"checkpoint {checkpoint}: step {state['step']}, " + (
+                f"imported from {state['imported_from']}" if state.get("imported_from") else
+                f"best val loss {state['best_val']:.4f}"))
         else:
             config = get_preset(preset or "andrea-12m", vocab_size=vocab_size)
             click.echo(f"preset {preset or 'andrea-12m'}")
@@ -224,5 +226,38 @@ def info_command(preset, checkpoint, vocab_size):
     _run(action)
 
 
-for command in (train_command, sample_command, prepare_command, info_command, compile_command):
+@click.command("export")
+@click.option("--checkpoint", required=True, type=click.Path(file_okay=False),
+              help="a checkpoint folder (OUT/ckpt or OUT/best)")
+@click.option("--to", "target", default="hf", show_default=True, type=click.Choice(["hf"]),
+              help="the format: a Hugging Face transformers GPT-2 folder")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+def export_command(checkpoint, target, out_dir):
+    """Write a checkpoint as a folder GPT2LMHeadModel.from_pretrained(OUT_DIR) loads."""
+    from .hf import export_hf
+
+    def action():
+        note = export_hf(checkpoint, out_dir)
+        _echo(f"exported {checkpoint} to {out_dir} (config.json, model.safetensors); {note}")
+    _run(action)
+
+
+@click.command("import")
+@click.option("--from-hf", "source", required=True, type=click.Path(file_okay=False),
+              help="a local Hugging Face GPT-2 folder (config.json, model.safetensors or "
+                   "pytorch_model.bin, vocab.json + merges.txt)")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+def import_command(source, out_dir):
+    """Make a Hugging Face GPT-2 a nanoandrea checkpoint, OUT_DIR/ckpt: for `sample`, and for
+    `train --out OUT_DIR --resume --data ...` (fine-tuning, with a fresh optimizer)."""
+    from .hf import import_hf
+
+    def action():
+        config = import_hf(source, out_dir)
+        _echo(f"imported {source} as {out_dir}/ckpt: {config}")
+    _run(action)
+
+
+for command in (train_command, sample_command, prepare_command, info_command, compile_command,
+                export_command, import_command):
     main.add_command(command)

@@ -17,9 +17,11 @@ from .checkpoint import read_checkpoint
 from .model import GPT
 
 
-def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, progress=None):
+def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, progress=None,
+             vocab=None):
     """ids: int array [B, T0] -> [B, T0 + max_new_tokens]. temperature 0 means greedy.
-    progress(ids): called with the ids so far after each new token."""
+    progress(ids): called with the ids so far after each new token. vocab: draw only ids below
+    it (the tokenizer's; an imported GPT-2's "<|endoftext|>" lies beyond its byte-level BPE)."""
     rng = rng or np.random.default_rng()
     ids = np.array(ids, dtype=np.int64)
     block = model.config.block_size
@@ -29,7 +31,7 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
             logits, _ = model.forward(context)
             last = np.stack([model.backend.to_host(logits.data[b, -1])           # [B, Vp]
                              for b in range(ids.shape[0])]).astype(np.float64)
-            last = last[:, :model.config.vocab_size]      # without the padded vocabulary
+            last = last[:, :min(model.config.vocab_size, vocab or model.config.vocab_size)]
             if temperature <= 0:
                 next_ids = last.argmax(axis=-1)
             else:
@@ -62,6 +64,12 @@ def load_model(checkpoint, device="auto", precision=None):
 
 
 def encode_prompt(tokenizer, text, block_size, report=print):
+    known = getattr(tokenizer, "id_of_char", None)      # a char tokenizer: its characters
+    if text and known is not None and any(c not in known for c in text):
+        unknown = sorted(set(c for c in text if c not in known))
+        report(f"the prompt's characters {''.join(unknown)!r} are not in the model's "
+               f"vocabulary: left out")
+        text = "".join(c for c in text if c in known)
     ids = tokenizer.encode(text) if text else np.zeros(0, dtype=np.int64)
     if ids.size == 0:                               # start from a newline, as a text would
         try:

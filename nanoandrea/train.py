@@ -30,6 +30,7 @@ from .backend import get_backend, resolve_precision
 from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from .config import ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
+from .hf import InteropError
 from .kernels.dropout import mix32
 from .kernels.launch import SIMULATOR, gpu_available
 from .model import GPT
@@ -74,6 +75,9 @@ class TrainOptions:
     stop_at: int = None              # stop after this step (a checkpoint is written), as if killed
     sample_tokens: int = 200         # length of the sample written at each evaluation
     cuda_graph: bool = True          # GPU: capture the step once as a CUDA graph, then replay it
+    model_vocab: int = None          # the model's vocabulary where it exceeds the data's (an
+                                     # imported GPT-2: 50257, "<|endoftext|>" among them)
+    imported_from: str = None        # the Hugging Face folder an imported checkpoint came from
 
 
 # What `train` uses on the CPU when the user did not choose: a run that finishes in minutes
@@ -103,7 +107,10 @@ def resolve_options(given, resume=False, report=print):
     values = dict(CPU_DEFAULTS) if device == "cpu" else {}
     if resume:
         saved = _saved_options(Path(given.get("out", TrainOptions.out)))
-        changed = [k for k in SHAPE_OPTIONS if k in given and given[k] != saved.get(k)]
+        # (an imported model, not yet trained here, takes the data the user gives it)
+        fresh_import = saved.get("imported_from") and saved.get("data") is None
+        changed = [k for k in SHAPE_OPTIONS if k in given and given[k] != saved.get(k)
+                   and not (fresh_import and k in ("data", "tokenizer"))]
         if changed:
             raise CheckpointError("--resume: the checkpoint is from another config ("
                                   + ", ".join(f"{k}={saved.get(k)!r}, asked {given[k]!r}"
@@ -127,6 +134,12 @@ def _saved_options(out):
 
 
 def model_config(options, vocab_size):
+    """The model's configuration for data of `vocab_size` tokens."""
+    if options.model_vocab is not None:
+        if vocab_size > options.model_vocab:
+            raise ConfigError(f"the data has {vocab_size} tokens, more than the model's "
+                              f"vocabulary ({options.model_vocab})")
+        vocab_size = options.model_vocab
     shape = {k: getattr(options, k) for k in ("n_layer", "n_head", "n_embd")}
     return get_preset(options.preset, vocab_size=vocab_size, block_size=options.block_size,
                       dropout=options.dropout, **shape)
@@ -218,12 +231,20 @@ class Trainer:
         if saved["config"] != self.config:
             raise CheckpointError(f"--resume: the checkpoint's model {saved['config']} differs "
                                   f"from this run's {self.config}")
+        if saved["tokenizer"].to_dict() != self.dataset.tokenizer.to_dict():
+            raise CheckpointError("--resume: the data's tokenizer is not the checkpoint's "
+                                  "(prepare the text with the checkpoint's tokenizer: for a "
+                                  "GPT-2, `nanoandrea prepare TEXT --out DIR --gpt2-files ...`)")
         store = self.model.params
         store.load_state_dict(saved["params"])
+        state = saved["state"]
+        if state.get("imported_from"):         # fine-tuning: a fresh optimizer, step 0
+            self.report(f"fine-tuning {state['imported_from']} (imported) from "
+                        f"{self.out / 'ckpt'}, with a fresh optimizer state")
+            return
         self.backend.copy_from_host(store.m, saved["m"])
         self.backend.copy_from_host(store.v, saved["v"])
         self.optimizer.step_count = saved["step_count"]
-        state = saved["state"]
         self.step = state["step"]
         self.best_val = state["best_val"]
         self.best_step = state["best_step"]
@@ -363,7 +384,8 @@ class Trainer:
         tokenizer = self.dataset.tokenizer
         prompt = np.asarray(self.dataset.splits["val"][:1], dtype=np.int64)
         ids = generate(self.model, prompt[None, :], self.options.sample_tokens, temperature=0.8,
-                       top_k=200, rng=np.random.default_rng(self.step))
+                       top_k=200, rng=np.random.default_rng(self.step),
+                       vocab=tokenizer.vocab_size)
         text = tokenizer.decode(ids[0])
         with open(self.out / "samples.txt", "a", encoding="utf-8") as f:
             f.write(f"=== step {self.step} ===\n{text}\n\n")
@@ -409,7 +431,8 @@ def train(options: TrainOptions, resume=False, report=print):
         return trainer.run()                                               # and reported above
 
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingError, TokenizerError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingError, TokenizerError,
+               InteropError)
 
 
 def main():

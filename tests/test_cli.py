@@ -139,6 +139,9 @@ def test_sample_prepare_and_info(corpus, tmp_path):
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("All:")
     assert run(*args, "--prompt-file", prompt_file).stdout.startswith("All:")
+    unseen = run(*args, "--prompt", "Fir€st✓")             # characters Shakespeare lacks
+    assert unseen.exit_code == 0 and unseen.stdout == one.stdout      # sampled without them
+    assert "characters '€✓' are not in the model's vocabulary: left out" in unseen.stderr
 
     folder = tmp_path / "texts"
     folder.mkdir()
