@@ -14,7 +14,7 @@ A backend also has a precision, the matmuls' (every other op is float32 whatever
 import numpy as np
 
 from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding, gelu,
-                      heads, layernorm, matmul, matmul_bf16, reduce)
+                      heads, kvcache, layernorm, matmul, matmul_bf16, reduce)
 from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
@@ -22,6 +22,7 @@ OPS = {
     reduce: ["sum_rows"],
     heads: ["split_heads", "merge_heads", "heads_view"],
     attention: ["attention_forward", "attention_backward"],
+    kvcache: ["kv_store", "attention_cached"],
     layernorm: ["layernorm_forward", "layernorm_backward", "residual_layernorm_forward"],
     gelu: ["gelu_forward", "gelu_backward"],
     embedding: ["embedding_forward", "embedding_backward"],

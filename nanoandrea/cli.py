@@ -111,8 +111,11 @@ def train_command(resume, **given):
 @click.option("--device", default="auto", type=click.Choice(["auto", "cuda", "cpu"]))
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]),
               help="the matmuls' [on a GPU: the one the checkpoint was trained in]")
+@click.option("--kv-cache/--no-kv-cache", default=True, show_default=True,
+              help="keep each layer's keys and values: a new token costs O(T), not a forward "
+                   "over the context (the same tokens either way)")
 def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature, top_k,
-                   num_samples, seed, device, precision):
+                   num_samples, seed, device, precision, kv_cache):
     """Continue a prompt with a trained model."""
     from .precompile import compile_kernels, for_sampling
     from .sample import TextStream, encode_prompt, generate, load_model
@@ -132,14 +135,16 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
             stream = TextStream(tokenizer, lambda piece: click.echo(piece, nl=False))
             stream.update(batch)
             out = generate(model, batch, max_new_tokens, temperature, top_k, rng,
-                           progress=stream.update, vocab=tokenizer.vocab_size)
+                           progress=stream.update, vocab=tokenizer.vocab_size,
+                           kv_cache=kv_cache)
             stream.update(out, final=True)
             click.echo()
         else:
             with click.progressbar(length=max_new_tokens, label="sampling",
                                    file=sys.stderr) as bar:
                 out = generate(model, batch, max_new_tokens, temperature, top_k, rng,
-                               progress=lambda ids: bar.update(1), vocab=tokenizer.vocab_size)
+                               progress=lambda ids: bar.update(1), vocab=tokenizer.vocab_size,
+                               kv_cache=kv_cache)
             for i, row in enumerate(out):
                 click.echo(f"--- sample {i + 1} ---")
                 click.echo(tokenizer.decode(row))

@@ -16,6 +16,9 @@ vocabulary padded to a multiple of 64 (config.padded_vocab_size; the extra rows 
 the logits are [B,T,Vp]; the loss and sampling use the first V columns only.
 Dropout (training only, probability config.dropout) as GPT-2: after the embedding, on the
 attention probabilities, and on each residual branch before it is added.
+Sampling passes a key/value cache (sample.KVCache): each layer's K and V are kept, and the
+next forward takes only the new tokens, their attention against every cached key
+(kernels/kvcache.py) in place of steps 3 and 4.
 """
 import numpy as np
 
@@ -45,37 +48,42 @@ class GPT:
         """Dropout masks are a hash of (seed, site, element): set a new seed every step."""
         self.backend.copy_from_host(self.dropout_seed, np.array([seed], dtype=np.int64))
 
-    def forward(self, idx, targets=None, train=False, loss_grad=None):
+    def forward(self, idx, targets=None, train=False, loss_grad=None, cache=None):
         """idx: a TokenBatch (nanoandrea.batch; its targets, if it has them, give the loss), or
         int arrays [B,T] on the host, idx and targets. Returns (logits [B,T,Vp], loss [1] or
         None): logits[..., :V] are the vocabulary's, the rest padding (see the module's doc).
         loss_grad: the gradient loss.backward will be given, if known (training): the loss
-        then computes the logits' gradient in its forward pass."""
+        then computes the logits' gradient in its forward pass. cache (sampling, no
+        gradients): idx are the tokens after the cache.length it holds, and it keeps theirs."""
         if isinstance(idx, TokenBatch):
             batch = idx
         else:
             batch = TokenBatch.from_host(self.backend, idx, targets, self.config.vocab_size)
         B, T = batch.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds the block size {self.config.block_size}")
+        start = 0 if cache is None else cache.length        # the position of idx[:, 0]
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence length {start + T} exceeds the block size "
+                             f"{self.config.block_size}")
         p = self.config.dropout if train else 0.0
-        x = ops.embedding(batch, self["wte"], self["wpe"])                    # [B,T,C]
+        x = ops.embedding(batch, self["wte"], self["wpe"], start)             # [B,T,C]
         x = ops.dropout(x, p, self.dropout_seed, site=0)
         normed = ops.layernorm(x, *self.norm("h.0.ln_1"))
         for layer in range(self.config.n_layer):
-            x, normed = self.block(x, normed, layer, p)       # normed: ln_f(x) after the last
+            x, normed = self.block(x, normed, layer, p, cache)  # normed: ln_f(x) after the last
+        if cache is not None:
+            cache.length += T
         logits = ops.linear(normed, self["wte"], transpose_weight=True)       # [B,T,Vp]
         loss = (None if batch.targets is None else
                 ops.cross_entropy(logits, batch.targets, loss_grad, self.config.vocab_size))
         return logits, loss
 
-    def block(self, x, normed, layer, p):
+    def block(self, x, normed, layer, p, cache=None):
         """x: the residual stream, normed = ln_1(x). Returns the new x and the layer norm of it
         that comes next (the next block's ln_1, or ln_f after the last block): each residual
         add is one fused kernel with the layer norm that follows it."""
         h = f"h.{layer}."
         site = 1 + 3 * layer            # this layer's dropout sites: site, site + 1, site + 2
-        a = self.attention(normed, layer, p, site)
+        a = self.attention(normed, layer, p, site, cache)
         x, normed = ops.add_layernorm(x, ops.dropout(a, p, self.dropout_seed, site=site + 1),
                                       *self.norm(h + "ln_2"))
         m = self.mlp(normed, layer)
@@ -87,15 +95,20 @@ class GPT:
         """(weight, bias) of the layer norm `name`."""
         return self[name + ".weight"], self[name + ".bias"]
 
-    def attention(self, x, layer, p=0.0, site=0):
+    def attention(self, x, layer, p=0.0, site=0, cache=None):
         a = f"h.{layer}.attn."
         H = self.config.n_head
         q, k, v = ops.linears(x, (self[a + "w_q"], self[a + "b_q"]),   # 1. three products, all
                               (self[a + "w_k"], self[a + "b_k"]),   #    heads at once, [B,T,C]
                               (self[a + "w_v"], self[a + "b_v"]),   # 2. each split into heads,
                               heads=H)                              #    [B,H,T,D] (split_heads)
-        y = ops.attention(q, k, v, p, self.dropout_seed, site)                # 3. [B,H,T,D]
-        y = ops.merge_heads(y)                                                # 4. [B,T,C]
+        if cache is not None and cache.length > 0:  # (sampling: the new tokens' queries
+            y = cache.attend(layer, q, k, v)        # against every cached key) 3 + 4. [B,T,C]
+        else:
+            if cache is not None:
+                cache.store(layer, k, v)
+            y = ops.attention(q, k, v, p, self.dropout_seed, site)            # 3. [B,H,T,D]
+            y = ops.merge_heads(y)                                            # 4. [B,T,C]
         return ops.linear(y, self[a + "w_o"], self[a + "b_o"])                # 5. mix the heads
 
     def mlp(self, x, layer):

@@ -33,9 +33,10 @@ def kernels_of(work):
 
 
 def for_sampling(model):
-    """What sampling from `model` launches: a forward of one token (sample.generate)."""
+    """What sampling from `model` launches (sample.generate): the prompt's forward, then a
+    token's against the key/value cache."""
     from .sample import generate
-    return kernels_of(lambda: generate(model, np.zeros((1, 1), np.int64), 1, temperature=0))
+    return kernels_of(lambda: generate(model, np.zeros((1, 1), np.int64), 2, temperature=0))
 
 
 def for_training(model, batch_size, block_size, grad_accum=1):

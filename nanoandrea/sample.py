@@ -3,32 +3,69 @@
     prompt ids -> forward -> logits of the last position / temperature -> keep the top k ->
     softmax -> draw the next id -> append -> repeat
 
-The context is the last block_size tokens (no KV cache yet: each new token runs the whole
-window through the model).
+With the key/value cache (the default) the prompt runs through the model once and each later
+forward takes only the new token: every layer keeps its K and V (KVCache), and the new
+token's attention reads them (kernels/kvcache.py), O(T) a token instead of a forward over the
+whole context. The context is the last block_size tokens: once the text is longer, each new
+token's window starts one position later, so every token then runs the whole window again,
+as without the cache (the positions of the cached keys would all shift).
 """
 from pathlib import Path
 
 import numpy as np
 
-from .autograd import no_grad
+from .autograd import Tensor, no_grad
 from .backend import get_backend, resolve_precision
-from .kernels.launch import gpu_available
 from .checkpoint import read_checkpoint
+from .kernels.launch import gpu_available
 from .model import GPT
 
 
+class KVCache:
+    """Each layer's keys and values of the tokens so far, [2, B, H, block_size, D]: both
+    projections of all heads in one array, as the model's fused projections hold them.
+    `length`: the positions filled (the model's forward advances it)."""
+
+    def __init__(self, model, batch):
+        c = model.config
+        self.backend = model.backend
+        self.layers = [self.backend.zeros((2, batch, c.n_head, c.block_size, c.head_size))
+                       for _ in range(c.n_layer)]
+        self.length = 0
+
+    def store(self, layer, k, v):
+        """Keep the new tokens' keys and values k, v [B,H,T,D] after the cached ones."""
+        self.backend.kv_store(self.layers[layer], k.data, v.data, self.length)
+
+    def attend(self, layer, q, k, v):
+        """Store k, v, then the attention of the new tokens' queries q [B,H,T,D] over all the
+        cached keys, each causal at its position: [B,T,C], the heads side by side."""
+        self.store(layer, k, v)
+        B, H, T, D = q.shape
+        out = Tensor(self.backend.empty((B, T, H * D)), self.backend)
+        self.backend.attention_cached(out.data, q.data, self.layers[layer], self.length + T)
+        return out
+
+
 def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, progress=None,
-             vocab=None):
+             vocab=None, kv_cache=True):
     """ids: int array [B, T0] -> [B, T0 + max_new_tokens]. temperature 0 means greedy.
     progress(ids): called with the ids so far after each new token. vocab: draw only ids below
-    it (the tokenizer's; an imported GPT-2's "<|endoftext|>" lies beyond its byte-level BPE)."""
+    it (the tokenizer's; an imported GPT-2's "<|endoftext|>" lies beyond its byte-level BPE).
+    kv_cache: keep the keys and values (the module's doc); False runs the whole window for
+    every token. Both give the same tokens."""
     rng = rng or np.random.default_rng()
     ids = np.array(ids, dtype=np.int64)
     block = model.config.block_size
+    cache = KVCache(model, ids.shape[0]) if kv_cache else None
+    new = ids[:, -block:]                       # the tokens the cache does not hold yet
     with no_grad():
         for _ in range(max_new_tokens):
-            context = ids[:, -block:]
-            logits, _ = model.forward(context)
+            if cache is not None and cache.length + new.shape[1] <= block:
+                logits, _ = model.forward(new, cache=cache)
+            else:                               # (the window is full: it moves on each token)
+                cache = None
+                logits, _ = model.forward(ids[:, -block:])
             last = np.stack([model.backend.to_host(logits.data[b, -1])           # [B, Vp]
                              for b in range(ids.shape[0])]).astype(np.float64)
             last = last[:, :min(model.config.vocab_size, vocab or model.config.vocab_size)]
@@ -43,6 +80,7 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
                 probs /= probs.sum(axis=-1, keepdims=True)
                 next_ids = np.array([rng.choice(len(p), p=p) for p in probs])
             ids = np.concatenate([ids, next_ids[:, None]], axis=1)
+            new = next_ids[:, None]
             if progress:
                 progress(ids)
     return ids

@@ -134,6 +134,7 @@ def test_sample_prepare_and_info(corpus, tmp_path):
     one = run(*args, "--prompt", "First")                   # stdout: the text; stderr: progress
     assert one.exit_code == 0 and one.stdout.startswith("First") and len(one.stdout) >= 25
     assert run(*args, "--prompt", "First").stdout == one.stdout               # seeded
+    assert run(*args, "--prompt", "First", "--no-kv-cache").stdout == one.stdout
     long = run(*args, "--prompt", "Speak, " * 5, "--num-samples", "2")
     assert "keeping its last 8" in long.stderr and long.stdout.count("--- sample") == 2
     prompt_file = tmp_path / "prompt.txt"

@@ -111,6 +111,8 @@ def test_a_runs_kernels_are_listed_without_running_them():
     assert any("attention_backward" in name or "dkdv" in name for name in names)
     assert np.array_equal(model.backend.to_host(model.params.buffer), before)
     assert for_sampling(model) <= needed
+    assert {"kv_store_kernel", "attention_cached_kernel"} <= {   # (the cached token's forward)
+        kernel.py_func.__name__ for kernel, _ in for_sampling(model)}
     assert kernels_of(lambda: None) == set()
 
 

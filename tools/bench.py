@@ -21,6 +21,9 @@ Sections:
 (torch.matmul of bf16 tensors), checked against the float32 product of the bf16-rounded
 operands; e2e against PyTorch under torch.autocast(bfloat16). Attention stays float32.
   train      andrea-12m on tiny Shakespeare for a few steps: the loss must fall
+  sample     andrea-120m generating 24 tokens after a 1000-token prompt (greedy, batch 1 and
+             8): with the key/value cache, without it, and Hugging Face transformers'
+             `generate` (which caches) on the same weights in float32, in tokens/s
   profile    each kernel's GPU time in the e2e steps, ours and PyTorch's side by side
              (through torch.profiler, whose CUPTI records Numba's kernels too)
 """
@@ -658,8 +661,72 @@ def bench_small(args):
     compare(f"adamw + clipping, {P:,} parameters", ours_adamw, theirs_adamw, 4 * 8 * P)
 
 
+def bench_sample(args):
+    """Generation speed at 1024 tokens of context: ours cached and uncached, and transformers'
+    GPT2LMHeadModel.generate on the same weights (greedy, float32, the same batch), each the
+    wall time of the whole call (its prompt's forward included) after one warm-up call."""
+    import torch
+    import transformers
+    from nanoandrea.backend import get_backend
+    from nanoandrea.checkpoint import to_gpt2_names
+    from nanoandrea.config import get_preset
+    from nanoandrea.hf import hf_config
+    from nanoandrea.model import GPT
+    from nanoandrea.sample import generate
+    from nanoandrea.tokenizer import CharTokenizer
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print("sample: andrea-120m, a 1000-token prompt, 24 new tokens, greedy")
+    config = get_preset("andrea-120m")
+    ours = {precision: GPT(config, get_backend("cuda", precision=precision), seed=0)
+            for precision in ("fp32", "bf16")}
+    state = ours["fp32"].params.state_dict()
+    ours["bf16"].params.load_state_dict(state)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        **{k: v for k, v in hf_config(config, CharTokenizer("a")).items()
+           if k not in ("architectures", "model_type", "torch_dtype")}))
+    missing, unexpected = hf.transformer.load_state_dict(
+        {k: torch.as_tensor(v) for k, v in to_gpt2_names(state, config).items()}, strict=False)
+    require(float(len([m for m in missing if not m.endswith("attn.bias")]) + len(unexpected)),
+            0.5, "transformers took every weight")
+    hf = hf.cuda().eval()
+    new_tokens = 24
+    for batch in (1, 8):
+        prompt = np.random.default_rng(batch).integers(0, config.vocab_size, (batch, 1000))
+        tokens = batch * new_tokens
+
+        def seconds(fn):
+            fn()                                    # (warm: compiled, memory pools filled)
+            cuda.synchronize()
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            out = fn()
+            cuda.synchronize()
+            torch.cuda.synchronize()
+            return time.perf_counter() - started, out
+
+        def theirs():
+            with torch.no_grad():
+                return hf.generate(torch.as_tensor(prompt, device="cuda"), do_sample=False,
+                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                   pad_token_id=0).cpu().numpy()
+        hf_s, hf_ids = seconds(theirs)
+        results = {}
+        for name, model, cached in (("fp32, cached", ours["fp32"], True),
+                                    ("fp32, uncached", ours["fp32"], False),
+                                    ("bf16 matmuls, cached", ours["bf16"], True)):
+            results[name] = seconds(lambda: generate(model, prompt, new_tokens, temperature=0,
+                                                     kv_cache=cached))
+        agree = float(np.mean(results["fp32, cached"][1] == hf_ids))
+        for name, (s_, ids) in results.items():
+            row("sample", f"B={batch} {name}", 1e3 * s_, None, "", 1e3 * hf_s, "HF generate",
+                f"{tokens / s_:,.0f} tok/s, HF {tokens / hf_s:,.0f} tok/s (fp32), "
+                f"{tokens / results['fp32, uncached'][0]:,.0f} uncached"
+                + (f"; ids equal to HF's: {100 * agree:.1f}%" if name == "fp32, cached" else ""))
+
+
 SECTIONS = {"matmul": bench_matmul, "attention": bench_attention, "small": bench_small,
-            "e2e": bench_e2e, "profile": bench_profile, "train": bench_train}
+            "e2e": bench_e2e, "profile": bench_profile, "train": bench_train,
+            "sample": bench_sample}
 
 
 def main():

@@ -1,0 +1,72 @@
+"""Sampling with the key/value cache: its kernels against their NumPy twins, the twins against
+the full causal attention, and cached sampling against uncached sampling: the same tokens for
+the same seed (on the CPU backend in CI, on the GPU at andrea-mini's shape there)."""
+import numpy as np
+import pytest
+
+from conftest import GPU, relative_error
+from nanoandrea.backend import get_backend
+from nanoandrea.config import get_preset
+from nanoandrea.kernels import attention, heads, kvcache
+from nanoandrea.model import GPT
+from nanoandrea.sample import generate
+from test_kernels import device, poisoned
+
+TOLERANCE = 2e-5 if not GPU else 1e-4
+
+
+@pytest.mark.parametrize("B,H,Tmax,D,start,T", [(2, 3, 12, 8, 0, 5), (2, 3, 12, 8, 5, 1),
+                                                 (1, 2, 12, 32, 9, 3)] if not GPU else
+                         [(4, 12, 1024, 64, 1000, 1), (2, 12, 1024, 32, 0, 700),
+                          (3, 12, 256, 72, 100, 5)])
+def test_cached_attention_kernels_match_their_twins(rng, B, H, Tmax, D, start, T):
+    cache = rng.standard_normal((2, B, H, Tmax, D)).astype(np.float32)
+    k, v, q = (rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(3))
+    device_cache = device(cache)
+    kvcache.kv_store(device_cache, device(k), device(v), start)
+    kvcache.kv_store_numpy(cache, k, v, start)
+    assert np.array_equal(device_cache.copy_to_host(), cache)
+    out = poisoned((B, T, H * D))
+    kvcache.attention_cached(out, device(q), device_cache, start + T)
+    want = np.zeros((B, T, H * D))
+    kvcache.attention_cached_numpy(want, q.astype(np.float64), cache.astype(np.float64),
+                                   start + T)
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
+def test_cached_attention_of_a_whole_prefix_is_the_causal_attention(rng):
+    """Queries at positions 0 .. T-1 against the cache of the same T keys: the model's
+    attention, merged (heads side by side)."""
+    B, H, T, D = 2, 3, 7, 8
+    q, k, v = (rng.standard_normal((B, H, T, D)) for _ in range(3))
+    cache = np.zeros((2, B, H, 10, D))
+    kvcache.kv_store_numpy(cache, k, v, 0)
+    out = np.zeros((B, T, H * D))
+    kvcache.attention_cached_numpy(out, q, cache, T)
+    full, lse = np.zeros((B, H, T, D)), np.zeros((B, H, T))
+    attention.attention_forward_numpy(full, lse, q, k, v)
+    merged = np.zeros((B, T, H * D))
+    heads.merge_heads_numpy(merged, full)
+    assert np.allclose(out, merged, rtol=1e-12, atol=1e-12)
+
+
+def sample_both_ways(model, prompt, steps, **options):
+    return [generate(model, prompt, steps, rng=np.random.default_rng(4), kv_cache=cached,
+                     **options) for cached in (True, False)]
+
+
+@pytest.mark.parametrize("backend_name", ["numpy"] + (["cuda"] if GPU else []))
+def test_cached_sampling_gives_the_uncached_tokens(rng, backend_name):
+    """Sampled (top-k) and greedy, a batch of three, past the block size (where the window
+    starts to move and the cache is let go)."""
+    config = (get_preset("tiny") if backend_name == "numpy" else
+              get_preset("andrea-mini", vocab_size=65, block_size=64))
+    model = GPT(config, get_backend(backend_name), seed=3)
+    model.params.load_flat(model.params.initial_values(3) * 10)     # (sharper distributions)
+    prompt = rng.integers(0, config.vocab_size, size=(3, 5))
+    steps = config.block_size + 4
+    cached, uncached = sample_both_ways(model, prompt, steps, temperature=1.0, top_k=10)
+    assert cached.shape == (3, 5 + steps) and np.array_equal(cached, uncached)
+    cached, uncached = sample_both_ways(model, prompt, 10, temperature=0)
+    assert np.array_equal(cached, uncached)
+    assert len({tuple(row) for row in cached[:, 5:]}) > 1     # (three prompts, three texts)
