@@ -85,6 +85,13 @@ class Backend:
         else:
             array[...] = host_array
 
+    def copy(self, array, source):
+        """Overwrite `array` with `source`, both on this backend (on the GPU: on the stream)."""
+        if self.name == "cuda":
+            array.copy_to_device(source, stream=_stream())
+        else:
+            array[...] = source
+
     def to_host(self, array):
         """A host copy of `array`; on the GPU this waits for the work queued before it."""
         if self.name == "cuda":

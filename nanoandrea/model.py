@@ -65,7 +65,8 @@ class GPT:
             raise ValueError(f"sequence length {start + T} exceeds the block size "
                              f"{self.config.block_size}")
         p = self.config.dropout if train else 0.0
-        x = ops.embedding(batch, self["wte"], self["wpe"], start)             # [B,T,C]
+        wpe = self["wpe"] if cache is None else cache.positions(self["wpe"], T)
+        x = ops.embedding(batch, self["wte"], wpe)                            # [B,T,C]
         x = ops.dropout(x, p, self.dropout_seed, site=0)
         normed = ops.layernorm(x, *self.norm("h.0.ln_1"))
         for layer in range(self.config.n_layer):

@@ -282,18 +282,16 @@ def dropout(x, p, seed, site):
     return record(out, [x], backward)
 
 
-def embedding(batch, wte, wpe, start=0):
+def embedding(batch, wte, wpe):
     """Token + position embedding of a TokenBatch (nanoandrea.batch; or host ids [B,T]):
-    wte [V,C], wpe [block,C]; the tokens at positions start .. start + T - 1 (start > 0:
-    sampling with a key/value cache, no gradients)."""
+    wte [V,C], wpe [block,C] (or the rows of it from the tokens' first position on: sampling
+    with a key/value cache)."""
     backend = wte.backend
     if not isinstance(batch, TokenBatch):
         batch = TokenBatch.from_host(backend, batch, vocab_size=wte.shape[0])
     B, T = batch.shape
     out = _new(wte, (B, T, wte.shape[1]))
-    if start and grad_enabled():
-        raise ValueError("embedding: positions from start > 0 are for sampling, without gradients")
-    backend.embedding_forward(out.data, batch.idx, wte.data, wpe.data[start:])
+    backend.embedding_forward(out.data, batch.idx, wte.data, wpe.data)
     if batch.order is None and grad_enabled() and (wte.requires_grad or wpe.requires_grad):
         raise ValueError("embedding: the batch was made without the grouping backward needs")
 

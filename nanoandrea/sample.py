@@ -6,9 +6,10 @@
 With the key/value cache (the default) the prompt runs through the model once and each later
 forward takes only the new token: every layer keeps its K and V (KVCache), and the new
 token's attention reads them (kernels/kvcache.py), O(T) a token instead of a forward over the
-whole context. The context is the last block_size tokens: once the text is longer, each new
-token's window starts one position later, so every token then runs the whole window again,
-as without the cache (the positions of the cached keys would all shift).
+whole context; on the GPU a token's forward is a CUDA graph, replayed (CachedDecoder). The
+context is the last block_size tokens: once the text is longer, each new token's window
+starts one position later, so every token then runs the whole window again, as without the
+cache (the positions of the cached keys would all shift).
 """
 from pathlib import Path
 
@@ -16,7 +17,9 @@ import numpy as np
 
 from .autograd import Tensor, no_grad
 from .backend import get_backend, resolve_precision
+from .batch import TokenBatch
 from .checkpoint import read_checkpoint
+from .kernels import launch
 from .kernels.launch import gpu_available
 from .model import GPT
 
@@ -24,18 +27,35 @@ from .model import GPT
 class KVCache:
     """Each layer's keys and values of the tokens so far, [2, B, H, block_size, D]: both
     projections of all heads in one array, as the model's fused projections hold them.
-    `length`: the positions filled (the model's forward advances it)."""
+    `length`: the positions filled (the model's forward advances it); `start`, the same on the
+    device, and `row`, the position embedding of a lone new token: what `prepare` copies there
+    before each forward, so that a captured forward reads them at every replay."""
 
     def __init__(self, model, batch):
         c = model.config
-        self.backend = model.backend
-        self.layers = [self.backend.zeros((2, batch, c.n_head, c.block_size, c.head_size))
+        self.backend = backend = model.backend
+        self.layers = [backend.zeros((2, batch, c.n_head, c.block_size, c.head_size))
                        for _ in range(c.n_layer)]
         self.length = 0
+        self.start = backend.to_device(np.zeros(1, np.int32))
+        self.row = backend.zeros((1, c.n_embd))
+
+    def prepare(self, wpe, T):
+        """Before a forward of T new tokens (outside a captured graph): their first position,
+        and for one token its row of the position table wpe [block, C]."""
+        self.backend.copy_from_host(self.start, np.array([self.length], np.int32))
+        if self.length > 0 and T == 1:
+            self.backend.copy(self.row, wpe.data[self.length:self.length + 1])
+
+    def positions(self, wpe, T):
+        """The position table as the embedding of T new tokens reads it, from their first row."""
+        if self.length == 0:
+            return wpe
+        return Tensor(self.row if T == 1 else wpe.data[self.length:], self.backend)
 
     def store(self, layer, k, v):
         """Keep the new tokens' keys and values k, v [B,H,T,D] after the cached ones."""
-        self.backend.kv_store(self.layers[layer], k.data, v.data, self.length)
+        self.backend.kv_store(self.layers[layer], k.data, v.data, self.start)
 
     def attend(self, layer, q, k, v):
         """Store k, v, then the attention of the new tokens' queries q [B,H,T,D] over all the
@@ -43,8 +63,69 @@ class KVCache:
         self.store(layer, k, v)
         B, H, T, D = q.shape
         out = Tensor(self.backend.empty((B, T, H * D)), self.backend)
-        self.backend.attention_cached(out.data, q.data, self.layers[layer], self.length + T)
+        self.backend.attention_cached(out.data, q.data, self.layers[layer], self.start)
         return out
+
+
+class CachedDecoder:
+    """The model's forward against a KVCache: the prompt's (`prefill`), then one new token a
+    row at a time (`step`). On the GPU a token's forward is ~12 launches a layer from Python,
+    which for a small batch costs more than the GPU's work; so, as the training step does
+    (nanoandrea/step.py), its second call counts the bytes it allocates and the third is
+    captured as a CUDA graph, replayed from then on: the new ids, the position and its row of
+    the position table are copied into fixed buffers first."""
+
+    def __init__(self, model, batch):
+        self.model, self.backend = model, model.backend
+        self.cache = KVCache(model, batch)
+        self.batch = TokenBatch(self.backend, batch, 1, model.config.vocab_size,
+                                with_targets=False, with_grouping=False)
+        self.graphs = self.backend.name == "cuda" and launch.CUPY_POOL
+        self.graph = self.arena_bytes = self.logits = None
+        self.launch_stream = launch.current_stream()
+        if self.graphs:
+            import cupy
+            from numba import cuda
+            self.stream = cupy.cuda.Stream(non_blocking=False)  # (ordered with the default)
+            self.launch_stream = cuda.external_stream(self.stream.ptr)
+
+    def prefill(self, ids):
+        with launch.using_stream(self.launch_stream):
+            self.cache.prepare(self.model["wpe"], ids.shape[1])
+            logits, _ = self.model.forward(ids, cache=self.cache)
+            return logits
+
+    def step(self, next_ids):
+        """The logits [B,1,Vp] of next_ids [B], the tokens after the cached ones."""
+        with launch.using_stream(self.launch_stream):
+            self.cache.prepare(self.model["wpe"], 1)
+            self.batch.load(next_ids[:, None])
+            if not self.graphs:
+                return self._forward()
+            if self.arena_bytes is None:
+                with launch.count_allocations() as tally:
+                    logits = self._forward()
+                self.arena_bytes = tally.bytes
+                return logits
+            if self.graph is None:
+                self._capture()                         # (its forward advanced the cache)
+            else:
+                self.cache.length += 1
+            self.graph.launch(stream=self.stream)
+            return self.logits
+
+    def _forward(self):
+        logits, _ = self.model.forward(self.batch, cache=self.cache)
+        return logits
+
+    def _capture(self):
+        self.arena = launch.Arena(self.arena_bytes)
+        with self.stream, launch.allocate_from(self.arena):
+            self.stream.begin_capture()
+            try:
+                self.logits = self._forward()
+            finally:
+                self.graph = self.stream.end_capture()
 
 
 def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, progress=None,
@@ -57,14 +138,15 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
     rng = rng or np.random.default_rng()
     ids = np.array(ids, dtype=np.int64)
     block = model.config.block_size
-    cache = KVCache(model, ids.shape[0]) if kv_cache else None
-    new = ids[:, -block:]                       # the tokens the cache does not hold yet
+    decoder = CachedDecoder(model, ids.shape[0]) if kv_cache else None
     with no_grad():
         for _ in range(max_new_tokens):
-            if cache is not None and cache.length + new.shape[1] <= block:
-                logits, _ = model.forward(new, cache=cache)
+            if decoder is not None and decoder.cache.length == 0:
+                logits = decoder.prefill(ids[:, -block:])
+            elif decoder is not None and decoder.cache.length < block:
+                logits = decoder.step(ids[:, -1])
             else:                               # (the window is full: it moves on each token)
-                cache = None
+                decoder = None
                 logits, _ = model.forward(ids[:, -block:])
             last = np.stack([model.backend.to_host(logits.data[b, -1])           # [B, Vp]
                              for b in range(ids.shape[0])]).astype(np.float64)
@@ -80,7 +162,6 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
                 probs /= probs.sum(axis=-1, keepdims=True)
                 next_ids = np.array([rng.choice(len(p), p=p) for p in probs])
             ids = np.concatenate([ids, next_ids[:, None]], axis=1)
-            new = next_ids[:, None]
             if progress:
                 progress(ids)
     return ids

@@ -22,15 +22,15 @@ TOLERANCE = 2e-5 if not GPU else 1e-4
 def test_cached_attention_kernels_match_their_twins(rng, B, H, Tmax, D, start, T):
     cache = rng.standard_normal((2, B, H, Tmax, D)).astype(np.float32)
     k, v, q = (rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(3))
-    device_cache = device(cache)
-    kvcache.kv_store(device_cache, device(k), device(v), start)
-    kvcache.kv_store_numpy(cache, k, v, start)
+    device_cache, position = device(cache), np.array([start], np.int32)
+    kvcache.kv_store(device_cache, device(k), device(v), device(position, np.int32))
+    kvcache.kv_store_numpy(cache, k, v, position)
     assert np.array_equal(device_cache.copy_to_host(), cache)
     out = poisoned((B, T, H * D))
-    kvcache.attention_cached(out, device(q), device_cache, start + T)
+    kvcache.attention_cached(out, device(q), device_cache, device(position, np.int32))
     want = np.zeros((B, T, H * D))
     kvcache.attention_cached_numpy(want, q.astype(np.float64), cache.astype(np.float64),
-                                   start + T)
+                                   position)
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
@@ -39,10 +39,10 @@ def test_cached_attention_of_a_whole_prefix_is_the_causal_attention(rng):
     attention, merged (heads side by side)."""
     B, H, T, D = 2, 3, 7, 8
     q, k, v = (rng.standard_normal((B, H, T, D)) for _ in range(3))
-    cache = np.zeros((2, B, H, 10, D))
-    kvcache.kv_store_numpy(cache, k, v, 0)
+    cache, start = np.zeros((2, B, H, 10, D)), np.zeros(1, np.int32)
+    kvcache.kv_store_numpy(cache, k, v, start)
     out = np.zeros((B, T, H * D))
-    kvcache.attention_cached_numpy(out, q, cache, T)
+    kvcache.attention_cached_numpy(out, q, cache, start)
     full, lse = np.zeros((B, H, T, D)), np.zeros((B, H, T))
     attention.attention_forward_numpy(full, lse, q, k, v)
     merged = np.zeros((B, T, H * D))

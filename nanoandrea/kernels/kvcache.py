@@ -3,11 +3,13 @@ every token before it, kept from the steps that made them.
 
     cache   [2, B, H, Tmax, D]   one layer's K (cache[0]) and V (cache[1]), all heads, the
                                  first `start` positions filled
+    start   int32 [1]            the position of the first new token, on the device: a
+                                 captured decode step (sample.py) reads it at every replay
     kv_store(cache, k, v, start)          cache[0][:, :, start:start+T] = k, likewise v
                                           (k, v [B,H,T,D]: the new tokens' heads)
-    attention_cached(out, q, cache, end)  out[b, i, h*D:(h+1)*D] = softmax(q_i . K^T / sqrt(D)) V
-                                          over the keys 0 .. p_i of (b, h), where query i
-                                          (q [B,H,Tq,D]) sits at position p_i = end - Tq + i:
+    attention_cached(out, q, cache, start)  out[b, i, h*D:(h+1)*D] = softmax(q_i . K^T /
+                                          sqrt(D)) V over the keys 0 .. start + i of (b, h),
+                                          for the queries q [B,H,Tq,D] at positions start + i:
                                           causal, as the full forward's attention
 
 A new token then costs O(T) (its one row of scores) instead of a forward over the whole
@@ -18,7 +20,8 @@ attention_cached_kernel: one block per (batch, head, query), all heads in one la
 block's threads take the keys in turn for the scores (a dot product of D each), find the
 row's maximum and sum with a tree in shared memory, then take the D output columns, each
 summing p_j v_j over the keys in order: one key's row of v is read by consecutive threads
-(coalesced). The scores sit in dynamic shared memory, 4 bytes a key.
+(coalesced). The scores sit in dynamic shared memory, 4 bytes a key of the whole cache (a launch
+that does not depend on start: the same for every token).
 """
 import math
 
@@ -35,13 +38,15 @@ THREADS = 32 if SIMULATOR else 128
 
 def kv_store_numpy(cache, k, v, start):
     T = k.shape[2]
+    start = int(start[0])
     _check_store(cache, k, v, start)
     cache[0, :, :, start:start + T] = k
     cache[1, :, :, start:start + T] = v
 
 
-def attention_cached_numpy(out, q, cache, end):
+def attention_cached_numpy(out, q, cache, start):
     B, H, Tq, D = q.shape
+    end = int(start[0]) + Tq
     _check_attention(out, q, cache, end)
     keys, values = cache[0, :, :, :end], cache[1, :, :, :end]              # [B,H,end,D]
     scores = q @ np.swapaxes(keys, -1, -2) / math.sqrt(D)                   # [B,H,Tq,end]
@@ -62,19 +67,19 @@ def kv_store_kernel(cache, k, v, start):
     h, b = cuda.blockIdx.y, cuda.blockIdx.z
     if i < T * D:
         t, d = i // D, i % D
-        cache[0, b, h, start + t, d] = k[b, h, t, d]
-        cache[1, b, h, start + t, d] = v[b, h, t, d]
+        cache[0, b, h, start[0] + t, d] = k[b, h, t, d]
+        cache[1, b, h, start[0] + t, d] = v[b, h, t, d]
 
 
 @cuda.jit
-def attention_cached_kernel(out, q, cache, end, scale):
-    # grid (Tq, H, B), block THREADS; dynamic shared: end floats of scores
+def attention_cached_kernel(out, q, cache, start, scale):
+    # grid (Tq, H, B), block THREADS; dynamic shared: Tmax floats of scores
     B, H, Tq, D = q.shape
     i, h, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
     tid = cuda.threadIdx.x
     scores = dynamic_shared_floats()
     tree = cuda.shared.array(THREADS, float32)
-    keys = end - Tq + i + 1                 # query i sees keys 0 .. end - Tq + i
+    keys = start[0] + i + 1                 # query i sees keys 0 .. start + i
     # the scores, and each thread's largest
     largest = float32(-math.inf)
     for j in range(tid, keys, THREADS):
@@ -118,18 +123,20 @@ def attention_cached_kernel(out, q, cache, end, scale):
 # --- the launchers -----------------------------------------------------------------------------
 
 def kv_store(cache, k, v, start):
+    """(start: int32 [1] on the device; its value is not checked here, which would wait for
+    the GPU: the caller's, sample.KVCache, is)"""
     check_float32(cache=cache, k=k, v=v)
-    _check_store(cache, k, v, start)
+    _check_store(cache, k, v, 0)
     B, H, T, D = k.shape
     launch(kv_store_kernel, (blocks(T * D, THREADS), H, B), THREADS, cache, k, v, start)
 
 
-def attention_cached(out, q, cache, end):
+def attention_cached(out, q, cache, start):
     check_float32(out=out, q=q, cache=cache)
-    _check_attention(out, q, cache, end)
     B, H, Tq, D = q.shape
-    launch(attention_cached_kernel, (Tq, H, B), THREADS, out, q, cache, end,
-           np.float32(1.0 / math.sqrt(D)), shared_bytes=4 * end)
+    _check_attention(out, q, cache, Tq)
+    launch(attention_cached_kernel, (Tq, H, B), THREADS, out, q, cache, start,
+           np.float32(1.0 / math.sqrt(D)), shared_bytes=4 * cache.shape[3])
 
 
 def _check_store(cache, k, v, start):

@@ -482,15 +482,26 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     splits = split_count(M, N, K)
     k_per_split = k_per_slice(K, splits)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
-    if grid[2] == 1:            # one pass, the epilogue does the rest
+    launch_product(matmul_kernel, THREADS, grid, k_per_split, out, a, b, bias, has_bias,
+                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
+
+
+def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, has_bias,
+                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input):
+    """The product on `grid` by the kernel make_kernel(transpose_a, transpose_b, epilogue)
+    makes (this module's, or matmul_bf16's: the same arguments): one pass whose epilogue does
+    the rest, or, split-K (grid z > 1), the partial products of each slice of K, their sum in
+    a fixed order (+ bias), then GELU."""
+    M, N = out.shape
+    hidden = gelu_out if gelu_out is not None else gelu_input
+    if grid[2] == 1:
         epilogue = "gelu" if gelu_out is not None else "gelu_grad" if gelu_input is not None else None
-        launch(matmul_kernel(bool(transpose_a), bool(transpose_b), epilogue), grid, THREADS,
+        launch(make_kernel(bool(transpose_a), bool(transpose_b), epilogue), grid, threads,
                out.reshape(1, M, N), a, b, bias, has_bias, accumulate, k_per_split,
                a if hidden is None else hidden)
         return
-    # partial products of each slice of K, then their sum in a fixed order (+ bias), then GELU
     partials = cuda.device_array((grid[2], M, N), dtype=np.float32, stream=current_stream())
-    launch(matmul_kernel(bool(transpose_a), bool(transpose_b)), grid, THREADS, partials, a, b,
+    launch(make_kernel(bool(transpose_a), bool(transpose_b)), grid, threads, partials, a, b,
            bias, False, False, k_per_split, a)
     if gelu_input is None:
         sum_splits(out, partials, bias, has_bias, accumulate)

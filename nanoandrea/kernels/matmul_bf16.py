@@ -34,13 +34,11 @@ same code, small enough to test there.
 """
 from numba import cuda, float32, uint32
 
-import numpy as np
-
-from .gelu import gelu_backward, gelu_derivative, gelu_forward, gelu_value
-from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
-                     inlined, kernel_factory, launch)
-from .matmul import (EPILOGUES, _check_matmul, k_per_slice, matmul, matmul_numpy, split_count,
-                     sum_splits)
+from .gelu import gelu_derivative, gelu_value
+from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined,
+                     kernel_factory)
+from .matmul import (EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul, matmul_numpy,
+                     split_count)
 from .tensorcores import (bf16_pair, bf16_values, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16,
                           store4_u32)
 from .vector import aligned16, load4
@@ -288,20 +286,5 @@ def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
     splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK)
     k_per_split = k_per_slice(K, splits, step=BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
-    if grid[2] == 1:
-        epilogue = "gelu" if gelu_out is not None else "gelu_grad" if gelu_input is not None else None
-        launch(matmul_bf16_kernel(bool(transpose_a), bool(transpose_b), epilogue), grid,
-               THREADS, out.reshape(1, M, N), a, b, bias, has_bias, accumulate, k_per_split,
-               a if hidden is None else hidden)
-        return
-    partials = cuda.device_array((grid[2], M, N), dtype=np.float32, stream=current_stream())
-    launch(matmul_bf16_kernel(bool(transpose_a), bool(transpose_b)), grid, THREADS, partials,
-           a, b, bias, False, False, k_per_split, a)
-    if gelu_input is None:
-        sum_splits(out, partials, bias, has_bias, accumulate)
-    else:
-        product = cuda.device_array((M, N), dtype=np.float32, stream=current_stream())
-        sum_splits(product, partials, bias, has_bias, False)
-        gelu_backward(out, product, gelu_input, accumulate)
-    if gelu_out is not None:
-        gelu_forward(gelu_out, out)
+    launch_product(matmul_bf16_kernel, THREADS, grid, k_per_split, out, a, b, bias, has_bias,
+                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
