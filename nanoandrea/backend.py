@@ -10,6 +10,9 @@ A backend also has a precision, the matmuls' (every other op is float32 whatever
     fp32   the float32 kernels (matmul.py)
     bf16   the operands of every matmul rounded to bf16, their sums float32: on the GPU the
            tensor cores (matmul_bf16.py), on the CPU its NumPy twin
+The parameters, their gradients and AdamW's state stay float32 either way. bf16 needs no loss
+scaling: it keeps float32's 8-bit exponent, so a gradient as small as 1e-38 is still a
+number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss scaling).
 """
 import numpy as np
 
