@@ -263,6 +263,29 @@ def import_command(source, out_dir):
     _run(action)
 
 
+@click.command("heads")
+@click.option("--checkpoint", required=True, type=click.Path(file_okay=False),
+              help="a checkpoint folder (OUT/ckpt or OUT/best)")
+@click.option("--text", type=click.Path(dir_okay=False),
+              help="the text to run the model over [the embedded Shakespeare's val split]")
+@click.option("--out", "out_dir", default="heads", show_default=True,
+              type=click.Path(file_okay=False), help="where heads.md, .json and .png go")
+@click.option("--windows", default=4, show_default=True, type=click.IntRange(min=1),
+              help="windows of the block size, evenly through the text")
+@click.option("--ablation/--no-ablation", default=True, show_default=True,
+              help="also the loss's rise with each head zeroed (a forward per head)")
+def heads_command(checkpoint, text, out_dir, windows, ablation):
+    """Score every attention head on named patterns (previous token, induction, ...), draw
+    their attention maps, and ablate each (nanoandrea/heads.py)."""
+    from .heads import heads_report
+
+    def action():
+        click.echo(heads_report(checkpoint, out_dir, text, windows, ablation,
+                                report=lambda m: click.echo(m, err=True)))
+        click.echo(f"wrote {out_dir}/heads.md, heads.json, heads.png", err=True)
+    _run(action)
+
+
 for command in (train_command, sample_command, prepare_command, info_command, compile_command,
-                export_command, import_command):
+                export_command, import_command, heads_command):
     main.add_command(command)

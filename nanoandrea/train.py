@@ -30,6 +30,7 @@ from .backend import get_backend, resolve_precision
 from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from .config import ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
+from .heads import HeadsError
 from .hf import InteropError
 from .kernels.dropout import mix32
 from .kernels.launch import SIMULATOR, gpu_available
@@ -432,7 +433,7 @@ def train(options: TrainOptions, resume=False, report=print):
 
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingError, TokenizerError,
-               InteropError)
+               InteropError, HeadsError)
 
 
 def main():

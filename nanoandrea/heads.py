@@ -1,0 +1,208 @@
+"""What each attention head does: `nanoandrea heads --checkpoint DIR [--text FILE]`.
+
+The brief says heads specialise: trained together, each comes to attend by a pattern of its
+own. This runs a trained model over a text, keeps every head's attention probabilities
+P[i, j] (query i, key j <= i), and scores each (layer, head) on named patterns, each the
+attention mass, averaged over the queries where the pattern applies, that falls on its keys:
+    previous    j = i - 1
+    current     j = i
+    first       j = 0 (the "attention sink"), queries i >= 8
+    local       i - 8 <= j <= i - 2 (near, but neither the token itself nor the previous one)
+    brackets    at a closing bracket or quote, the key of the opening one it matches
+    induction   j = j' + 1 for every earlier j' < i - 1 whose token is the current one's:
+                the token that followed the current token last time
+A uniform causal head would score 1/(i+1) on `current`: the table gives each head's
+strongest pattern and its score. Then, head by head, the head's output is zeroed before W_O
+(the concat's columns of that head) and the loss on the text is measured again: the rise is
+what the model loses without it (ablation).
+
+It runs on the CPU, on the NumPy backend (the probabilities come from the NumPy twin of the
+attention kernels, which computes them; the GPU kernels never write them out), on `--windows`
+windows of the model's block size taken through the text.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .autograd import no_grad
+from .backend import Backend
+from .checkpoint import read_checkpoint
+from .data import DEFAULT_CORPUS, VAL_FRACTION
+from .kernels.attention import _probabilities
+from .model import GPT
+
+PATTERNS = ("previous", "current", "first", "local", "brackets", "induction")
+PAIRS = {")": "(", "]": "[", "}": "{", ">": "<", "\u201d": "\u201c", "\u2019": "\u2018"}
+
+
+class HeadsError(ValueError):
+    """Bad input to `heads`: the message says which and why."""
+
+
+def pattern_masks(tokens, pieces):
+    """{pattern: (mask [T,T] of the keys it names for each query, queries [T] where it
+    applies)} for one window of token ids and their decoded text pieces."""
+    T = len(tokens)
+    i, j = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    causal = j <= i
+    masks = {"previous": j == i - 1, "current": j == i, "first": (j == 0) & (i >= 8),
+             "local": (j >= i - 8) & (j <= i - 2)}
+    brackets = np.zeros((T, T), bool)
+    stack = {opening: [] for opening in PAIRS.values()}
+    for position, piece in enumerate(pieces):       # (the last character of each token)
+        char = piece[-1:] if piece else ""
+        if char in PAIRS and stack[PAIRS[char]]:
+            brackets[position, stack[PAIRS[char]].pop()] = True
+        elif char in stack:
+            stack[char].append(position)
+    masks["brackets"] = brackets
+    tokens = np.asarray(tokens)
+    same = (tokens[:, None] == tokens[None, :]) & (j < i - 1)      # earlier j' with t_j' = t_i
+    induction = np.zeros((T, T), bool)
+    induction[:, 1:] = same[:, :-1]                                # their next positions
+    masks["induction"] = induction & causal & (j < i)
+    return {name: (mask & causal, (mask & causal).any(axis=1)) for name, mask in masks.items()}
+
+
+def pattern_scores(probabilities, masks):
+    """{pattern: [L, H] scores} from probabilities [L, H, T, T] of one window."""
+    scores = {}
+    for name, (mask, queries) in masks.items():
+        if not queries.any():
+            scores[name] = np.full(probabilities.shape[:2], np.nan)
+            continue
+        mass = (probabilities * mask).sum(axis=-1)                 # [L, H, T]
+        scores[name] = mass[..., queries].mean(axis=-1)
+    return scores
+
+
+class Recorder:
+    """A NumPy backend whose attention keeps each call's probabilities, and can zero one head's
+    output (the ablation), layer by layer in call order."""
+
+    def __init__(self, dtype=np.float32):
+        self.backend = Backend("numpy", dtype)
+        self.twin = self.backend.attention_forward
+        self.backend.attention_forward = self.attention_forward
+        self.probabilities, self.ablate = [], None      # (ablate: (layer, head) to zero)
+
+    def attention_forward(self, out, lse, q, k, v, **options):
+        self.twin(out, lse, q, k, v, **options)
+        layer = len(self.probabilities)
+        self.probabilities.append(_probabilities(q, k)[0] if self.ablate is None else None)
+        if self.ablate is not None and self.ablate[0] == layer:
+            out[:, self.ablate[1]] = 0.0                # out: a view of the heads' concat
+
+    def forward(self, model, ids, targets=None, ablate=None):
+        self.probabilities, self.ablate = [], ablate
+        with no_grad():
+            return model.forward(ids, targets)
+
+
+def windows_of(tokens, block, count):
+    """`count` windows of block + 1 tokens (inputs and next-token targets), evenly through."""
+    if len(tokens) < block + 1:
+        raise HeadsError(f"the text has {len(tokens)} tokens, fewer than one block of the "
+                         f"model and its next token ({block + 1})")
+    starts = np.linspace(0, len(tokens) - block - 1, count).astype(int)
+    return np.stack([tokens[s:s + block + 1] for s in starts])
+
+
+def analyse(checkpoint, text=None, windows=4, ablation=True, report=print):
+    """The heads' table (a list of rows) and the first window's attention maps [L, H, T, T]."""
+    saved = read_checkpoint(checkpoint, optimizer=False)
+    config, tokenizer = saved["config"], saved["tokenizer"]
+    if text is None:
+        whole = DEFAULT_CORPUS.read_text(encoding="utf-8")
+        text = whole[int(len(whole) * (1 - VAL_FRACTION)):]       # the val split's text
+    elif not Path(text).is_file():
+        raise HeadsError(f"--text {text}: no such file")
+    else:
+        text = Path(text).read_text(encoding="utf-8", errors="replace")
+    if hasattr(tokenizer, "id_of_char"):
+        text = "".join(c for c in text if c in tokenizer.id_of_char)
+    tokens = tokenizer.encode(text)
+    data = windows_of(tokens, config.block_size, windows)
+    recorder = Recorder()
+    model = GPT(config, recorder.backend, seed=None)
+    model.params.load_state_dict(saved["params"])
+    ids, targets = data[:, :-1], data[:, 1:]
+    totals, maps = {name: [] for name in PATTERNS}, None
+    for w in range(len(data)):                      # (a window at a time: [L, H, T, T] each)
+        recorder.forward(model, ids[w:w + 1])
+        probabilities = np.stack([p[0] for p in recorder.probabilities])      # [L, H, T, T]
+        maps = probabilities if maps is None else maps
+        pieces = [tokenizer.decode([t]) for t in ids[w]]
+        for name, value in pattern_scores(probabilities, pattern_masks(ids[w], pieces)).items():
+            totals[name].append(value)
+    _, loss = recorder.forward(model, ids, targets, ablate=(-1, 0))   # (-1: no head zeroed)
+    base_loss = loss.item()
+    scores = {}
+    for name, values in totals.items():
+        values = np.stack(values)                   # [windows, L, H]
+        seen = np.isfinite(values).any(axis=0)
+        scores[name] = np.where(seen, np.nansum(values, axis=0) / np.maximum(
+            np.isfinite(values).sum(axis=0), 1), np.nan)
+    rows = []
+    for layer in range(config.n_layer):
+        for head in range(config.n_head):
+            row = {"layer": layer, "head": head,
+                   **{name: float(scores[name][layer, head]) for name in PATTERNS}}
+            known = {name: row[name] for name in PATTERNS if np.isfinite(row[name])}
+            row["pattern"] = max(known, key=known.get)
+            row["score"] = known[row["pattern"]]
+            if ablation:
+                _, loss = recorder.forward(model, ids, targets, ablate=(layer, head))
+                row["ablation"] = loss.item() - base_loss
+            rows.append(row)
+        report(f"layer {layer}: {config.n_head} heads scored"
+               + (" and ablated" if ablation else ""))
+    return rows, maps, base_loss
+
+
+def format_table(rows, base_loss):
+    lines = [f"loss on the text {base_loss:.4f}; each head's attention mass on each pattern, "
+             f"its strongest, and the loss's rise with the head zeroed",
+             f"{'head':>6} {'strongest':>10} {'score':>6} " +
+             " ".join(f"{name[:9]:>9}" for name in PATTERNS) + f" {'ablation':>9}"]
+    for row in rows:
+        cells = " ".join(f"{row[name]:9.3f}" if np.isfinite(row[name]) else f"{'-':>9}"
+                         for name in PATTERNS)
+        ablation = f" {row['ablation']:+9.4f}" if "ablation" in row else ""
+        lines.append(f"L{row['layer']:>2}H{row['head']:<2} {row['pattern']:>10} "
+                     f"{row['score']:6.3f} {cells}{ablation}")
+    return "\n".join(lines)
+
+
+def plot_maps(rows, maps, path, size=64):
+    """heads.png: one heatmap of each head's attention over the first `size` positions, in a
+    grid of layers (rows) by heads (columns), each titled with its strongest pattern."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    L, H = maps.shape[:2]
+    figure, axes = plt.subplots(L, H, figsize=(1.3 * H, 1.4 * L), squeeze=False)
+    for row in rows:
+        axis = axes[row["layer"], row["head"]]
+        axis.imshow(maps[row["layer"], row["head"], :size, :size], cmap="viridis", vmin=0,
+                    vmax=1)
+        axis.set_title(f"L{row['layer']}H{row['head']} {row['pattern']} {row['score']:.2f}",
+                       fontsize=5)
+        axis.set_xticks([])
+        axis.set_yticks([])
+    figure.tight_layout()
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+
+
+def heads_report(checkpoint, out, text=None, windows=4, ablation=True, report=print):
+    """Write heads.md (the table), heads.json and heads.png into `out`; return the table."""
+    rows, maps, base_loss = analyse(checkpoint, text, windows, ablation, report)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = format_table(rows, base_loss)
+    (out / "heads.md").write_text("```\n" + table + "\n```\n")
+    (out / "heads.json").write_text(json.dumps({"loss": base_loss, "heads": rows}, indent=1))
+    plot_maps(rows, maps, out / "heads.png")
+    return table

@@ -1,0 +1,74 @@
+"""`nanoandrea heads` (nanoandrea/heads.py): the patterns score what they name, the attention
+maps are the model's, ablation zeroes one head, and bad input ends in one line."""
+import json
+
+import numpy as np
+
+from nanoandrea.heads import PATTERNS, Recorder, pattern_masks, pattern_scores
+from nanoandrea.checkpoint import read_checkpoint
+from nanoandrea.model import GPT
+from test_cli import TINY, assert_user_error, cache, corpus, run  # noqa: F401
+
+
+def test_each_pattern_scores_one_on_the_attention_it_names():
+    tokens = [5, 1, 2, 3, 9, 1, 2, 7, 4, 4, 8, 6, 1, 2]
+    pieces = ["a", "(", "b", "c", "x", "d", ")", "e", "f", "g", "h", "i", "j", "k"]
+    T = len(tokens)
+    masks = pattern_masks(tokens, pieces)
+    previous = np.eye(T, k=-1)
+    previous[0, 0] = 1.0
+    current, first = np.eye(T), np.zeros((T, T))
+    first[:, 0] = 1.0
+    induction = np.eye(T)                       # after t_12 = 1 (earlier at 1 and 5): key 6
+    induction[12] = 0.0
+    induction[12, 6] = 1.0
+    for name, p in (("previous", previous), ("current", current), ("first", first)):
+        scores = pattern_scores(p[None, None], masks)
+        assert scores[name][0, 0] == 1.0
+        assert all(scores[other][0, 0] < 1.0 for other in ("previous", "current", "first")
+                   if other != name)
+    assert pattern_scores(induction[None, None], masks)["induction"][0, 0] > 0.0
+    assert masks["brackets"][0][6, 1] and masks["brackets"][1].sum() == 1   # ")" -> "("
+    assert masks["induction"][0][12, 6] and masks["induction"][0][12, 2]
+
+
+def test_heads_command_writes_the_table_maps_and_ablation(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert run("train", "--data", corpus, "--out", out, "--device", "cpu", *TINY,
+               "--max-steps", "30", "--eval-interval", "30").exit_code == 0
+    result = run("heads", "--checkpoint", out / "ckpt", "--text", corpus, "--out",
+                 tmp_path / "heads", "--windows", "3")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "heads" / "heads.json").read_text())
+    saved = read_checkpoint(out / "ckpt", optimizer=False)
+    config = saved["config"]
+    assert len(report["heads"]) == config.n_layer * config.n_head
+    for row in report["heads"]:
+        assert row["pattern"] in PATTERNS and 0.0 <= row["score"] <= 1.0 + 1e-6
+        assert row["ablation"] != 0.0           # (zeroing a head changes the loss)
+    assert (tmp_path / "heads" / "heads.png").read_bytes()[:4] == b"\x89PNG"
+    assert "strongest" in (tmp_path / "heads" / "heads.md").read_text()
+
+    # the recorded probabilities are the attention's: its output is P . V, head by head
+    recorder = Recorder(np.float64)
+    model = GPT(config, recorder.backend, seed=None)
+    model.params.load_state_dict(saved["params"])
+    ids = np.arange(2 * config.block_size).reshape(2, -1) % config.vocab_size
+    recorder.forward(model, ids)
+    p = recorder.probabilities[0]
+    assert p.shape == (2, config.n_head, config.block_size, config.block_size)
+    assert np.allclose(p.sum(axis=-1), 1.0) and np.allclose(np.triu(p[0, 0], 1), 0.0)
+
+
+def test_heads_bad_input(corpus, tmp_path):
+    out = tmp_path / "run"
+    run("train", "--data", corpus, "--out", out, "--device", "cpu", *TINY, "--max-steps", "2",
+        "--eval-interval", "2")
+    assert_user_error(run("heads", "--checkpoint", tmp_path / "none"), "no checkpoint")
+    assert_user_error(run("heads", "--checkpoint", out / "ckpt", "--text", tmp_path / "x.txt"),
+                      "no such file")
+    short = tmp_path / "short.txt"
+    short.write_text("All:")
+    assert_user_error(run("heads", "--checkpoint", out / "ckpt", "--text", short),
+                      "fewer than one block")
+    assert not (tmp_path / "heads").exists() or not any((tmp_path / "heads").iterdir())
