@@ -72,6 +72,9 @@ def _train_options(f):
         click.option("--stop-at", type=int, help="stop after this step, with a checkpoint "
                      "(continue later with --resume)"),
         click.option("--resume", is_flag=True, help="continue from OUT/ckpt"),
+        click.option("--log-heads/--no-log-heads", default=None,
+                     help="at each evaluation, each head's share of its layer's attention "
+                          "gradient: metrics.jsonl and heads_grad.png [off]"),
     ]
     for option in reversed(options):
         f = option(f)

@@ -206,3 +206,49 @@ def heads_report(checkpoint, out, text=None, windows=4, ablation=True, report=pr
     (out / "heads.json").write_text(json.dumps({"loss": base_loss, "heads": rows}, indent=1))
     plot_maps(rows, maps, out / "heads.png")
     return table
+
+
+# --- during training: each head's share of its layer's attention gradient (--log-heads) ------
+
+def gradient_shares(grads, config):
+    """[L][H]: each head's share of the squared gradient norm of its layer's attention
+    projections: its D columns of W_Q, W_K, W_V and its D rows of W_O (grads: the model's
+    grad_dict). Equal shares mean the heads still get the same pressure; apart, they
+    specialise (the brief)."""
+    D = config.head_size
+    shares = []
+    for layer in range(config.n_layer):
+        a = f"h.{layer}.attn."
+        columns = sum(np.square(grads[a + f"w_{n}"].astype(np.float64)) for n in "qkv")
+        per_head = (columns.reshape(config.n_embd, config.n_head, D).sum(axis=(0, 2))
+                    + np.square(grads[a + "w_o"].astype(np.float64))
+                    .reshape(config.n_head, D, config.n_embd).sum(axis=(1, 2)))
+        shares.append((per_head / max(per_head.sum(), 1e-300)).tolist())
+    return shares
+
+
+def plot_gradient_shares(steps, shares, path):
+    """heads_grad.png: a panel a layer, a line a head: its share over training."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    shares = np.asarray(shares)                             # [evals, L, H]
+    L = shares.shape[1]
+    columns = min(L, 4)
+    rows = -(-L // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.4 * rows),
+                                squeeze=False, sharey=True)
+    for layer in range(L):
+        axis = axes[layer // columns, layer % columns]
+        axis.plot(steps, shares[:, layer, :], linewidth=1)
+        axis.set_title(f"layer {layer}", fontsize=8)
+        axis.set_xlabel("step", fontsize=7)
+        axis.tick_params(labelsize=6)
+    for empty in range(L, rows * columns):
+        axes[empty // columns, empty % columns].axis("off")
+    axes[0, 0].set_ylabel("share of the layer's\nattention gradient", fontsize=7)
+    figure.tight_layout()
+    temporary = Path(path).with_name("." + Path(path).name + ".tmp")
+    figure.savefig(temporary, format="png", dpi=110)
+    plt.close(figure)
+    temporary.replace(path)

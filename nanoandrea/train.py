@@ -30,7 +30,7 @@ from .backend import get_backend, resolve_precision
 from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from .config import ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
-from .heads import HeadsError
+from .heads import HeadsError, gradient_shares, plot_gradient_shares
 from .hf import InteropError
 from .kernels.dropout import mix32
 from .kernels.launch import SIMULATOR, gpu_available
@@ -79,6 +79,8 @@ class TrainOptions:
     model_vocab: int = None          # the model's vocabulary where it exceeds the data's (an
                                      # imported GPT-2: 50257, "<|endoftext|>" among them)
     imported_from: str = None        # the Hugging Face folder an imported checkpoint came from
+    log_heads: bool = False          # at each evaluation, each head's share of its layer's
+                                     # attention gradient (metrics, heads_grad.png)
 
 
 # What `train` uses on the CPU when the user did not choose: a run that finishes in minutes
@@ -368,7 +370,15 @@ class Trainer:
         self.history["val"].append(val_loss)
         self.report(f"step {self.step:5d} | eval: train {train_loss:.4f} | val {val_loss:.4f}"
                     f"{' (best)' if improved else ''}")
-        self._metrics(dict(step=self.step, train_loss=train_loss, val_loss=val_loss))
+        record = dict(step=self.step, train_loss=train_loss, val_loss=val_loss)
+        if o.log_heads and self.step > 0:           # (the last step's gradients)
+            shares = gradient_shares(self.model.params.grad_dict(), self.config)
+            self.history.setdefault("head_steps", []).append(self.step)
+            self.history.setdefault("head_shares", []).append(shares)
+            record["head_grad_share"] = shares
+            plot_gradient_shares(self.history["head_steps"], self.history["head_shares"],
+                                 self.out / "heads_grad.png")
+        self._metrics(record)
         if self.step > 0:               # (the untrained model's text says nothing)
             self.write_sample()
         if save:

@@ -72,3 +72,37 @@ def test_heads_bad_input(corpus, tmp_path):
     assert_user_error(run("heads", "--checkpoint", out / "ckpt", "--text", short),
                       "fewer than one block")
     assert not (tmp_path / "heads").exists() or not any((tmp_path / "heads").iterdir())
+
+
+def test_log_heads_records_each_heads_share_of_the_gradient(corpus, tmp_path):
+    out = tmp_path / "run"
+    result = run("train", "--data", corpus, "--out", out, "--device", "cpu", *TINY,
+                 "--max-steps", "6", "--eval-interval", "3", "--log-heads")
+    assert result.exit_code == 0, result.output
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+             if "head_grad_share" in line]
+    assert [e["step"] for e in evals] == [3, 6]
+    config = read_checkpoint(out / "ckpt", optimizer=False)["config"]
+    for e in evals:
+        shares = np.asarray(e["head_grad_share"])
+        assert shares.shape == (config.n_layer, config.n_head)
+        assert np.allclose(shares.sum(axis=1), 1.0) and (shares > 0).all()
+    assert (out / "heads_grad.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gradient_shares_split_the_norm_by_head():
+    from nanoandrea.config import get_preset
+    from nanoandrea.heads import gradient_shares
+    config = get_preset("tiny")                 # 2 heads of 8
+    C, D = config.n_embd, config.head_size
+    grads = {}
+    for layer in range(config.n_layer):
+        a = f"h.{layer}.attn."
+        for n in "qkv":
+            grads[a + f"w_{n}"] = np.zeros((C, C))
+        grads[a + "w_o"] = np.zeros((C, C))
+        grads[a + "w_q"][:, :D] = 1.0           # head 0's columns of W_Q: C * D ones
+        grads[a + "w_o"][D:, :] = 1.0           # head 1's rows of W_O: D * C ones
+        grads[a + "w_v"][3, D + 2] = 2.0        # one more entry of head 1's, squared: 4
+    total = 2 * C * D + 4
+    assert np.allclose(gradient_shares(grads, config), [[C * D / total, (C * D + 4) / total]] * 2)
