@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from conftest import GPU
+from nanoandrea.autograd import no_grad
 from nanoandrea.checkpoint import load_safetensors, read_checkpoint
 from nanoandrea.sample import load_model
 from nanoandrea.tokenizer import BPETokenizer
@@ -41,7 +42,8 @@ def hf_logits(folder, ids, auto=False):
 
 def our_logits(checkpoint, ids):
     model, _ = load_model(checkpoint, "auto")
-    logits, _ = model.forward(np.asarray(ids))
+    with no_grad():
+        logits, _ = model.forward(np.asarray(ids))
     return model.backend.to_host(logits.data)[..., :model.config.vocab_size]
 
 
@@ -152,6 +154,7 @@ def test_imported_logits_on_the_gpu_equal_transformers(hf_folder, tmp_path):
     ids = np.random.default_rng(1).integers(0, SHAPE["vocab_size"], size=(2, 24))
     run("import", "--from-hf", hf_folder, tmp_path / "run")
     model, _ = load_model(tmp_path / "run" / "ckpt", "cuda", precision="fp32")
-    logits, _ = model.forward(ids)
+    with no_grad():
+        logits, _ = model.forward(ids)
     got = model.backend.to_host(logits.data)[..., :SHAPE["vocab_size"]]
     assert_close(got, hf_logits(hf_folder, ids))
