@@ -11,8 +11,10 @@ attention mass, averaged over the queries where the pattern applies, that falls 
     brackets    at a closing bracket or quote, the key of the opening one it matches
     induction   j = j' + 1 for every earlier j' < i - 1 whose token is the current one's:
                 the token that followed the current token last time
-A uniform causal head would score 1/(i+1) on `current`: the table gives each head's
-strongest pattern and its score. Then, head by head, the head's output is zeroed before W_O
+A pattern with more keys takes more mass by chance (a uniform causal head puts 1/(i+1) on
+`current` and 7/(i+1) on `local`), so each score is also divided by what a uniform head would
+score there (its lift): a head's strongest pattern is the one of the highest lift, and the
+table gives its mass and its lift. Then, head by head, the head's output is zeroed before W_O
 (the concat's columns of that head) and the loss on the text is measured again: the rise is
 what the model loses without it (ablation).
 
@@ -77,6 +79,14 @@ def pattern_scores(probabilities, masks):
     return scores
 
 
+def uniform_scores(masks):
+    """{pattern: the score of a head that attends uniformly to keys 0 .. i}."""
+    T = next(iter(masks.values()))[0].shape[0]
+    uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    return {name: float(value[0, 0]) for name, value in
+            pattern_scores(uniform[None, None], masks).items()}
+
+
 class Recorder:
     """A NumPy backend whose attention keeps each call's probabilities, and can zero one head's
     output (the ablation), layer by layer in call order."""
@@ -129,13 +139,17 @@ def analyse(checkpoint, text=None, windows=4, ablation=True, report=print):
     model.params.load_state_dict(saved["params"])
     ids, targets = data[:, :-1], data[:, 1:]
     totals, maps = {name: [] for name in PATTERNS}, None
+    baselines = {name: [] for name in PATTERNS}
     for w in range(len(data)):                      # (a window at a time: [L, H, T, T] each)
         recorder.forward(model, ids[w:w + 1])
         probabilities = np.stack([p[0] for p in recorder.probabilities])      # [L, H, T, T]
         maps = probabilities if maps is None else maps
         pieces = [tokenizer.decode([t]) for t in ids[w]]
-        for name, value in pattern_scores(probabilities, pattern_masks(ids[w], pieces)).items():
+        masks = pattern_masks(ids[w], pieces)
+        for name, value in pattern_scores(probabilities, masks).items():
             totals[name].append(value)
+        for name, value in uniform_scores(masks).items():
+            baselines[name].append(value)
     _, loss = recorder.forward(model, ids, targets, ablate=(-1, 0))   # (-1: no head zeroed)
     base_loss = loss.item()
     scores = {}
@@ -144,14 +158,17 @@ def analyse(checkpoint, text=None, windows=4, ablation=True, report=print):
         seen = np.isfinite(values).any(axis=0)
         scores[name] = np.where(seen, np.nansum(values, axis=0) / np.maximum(
             np.isfinite(values).sum(axis=0), 1), np.nan)
+    uniform = {name: float(np.mean([v for v in values if np.isfinite(v)]))
+               if any(np.isfinite(values)) else np.nan for name, values in baselines.items()}
     rows = []
     for layer in range(config.n_layer):
         for head in range(config.n_head):
             row = {"layer": layer, "head": head,
                    **{name: float(scores[name][layer, head]) for name in PATTERNS}}
-            known = {name: row[name] for name in PATTERNS if np.isfinite(row[name])}
-            row["pattern"] = max(known, key=known.get)
-            row["score"] = known[row["pattern"]]
+            lift = {name: row[name] / uniform[name] for name in PATTERNS
+                    if np.isfinite(row[name]) and uniform[name] > 0}
+            row["pattern"] = max(lift, key=lift.get)
+            row["score"], row["lift"] = row[row["pattern"]], lift[row["pattern"]]
             if ablation:
                 _, loss = recorder.forward(model, ids, targets, ablate=(layer, head))
                 row["ablation"] = loss.item() - base_loss
@@ -163,15 +180,16 @@ def analyse(checkpoint, text=None, windows=4, ablation=True, report=print):
 
 def format_table(rows, base_loss):
     lines = [f"loss on the text {base_loss:.4f}; each head's attention mass on each pattern, "
-             f"its strongest, and the loss's rise with the head zeroed",
-             f"{'head':>6} {'strongest':>10} {'score':>6} " +
+             f"its strongest (the highest lift over a uniform head), and the loss's rise with "
+             f"the head zeroed",
+             f"{'head':>6} {'strongest':>10} {'score':>6} {'lift':>5} " +
              " ".join(f"{name[:9]:>9}" for name in PATTERNS) + f" {'ablation':>9}"]
     for row in rows:
         cells = " ".join(f"{row[name]:9.3f}" if np.isfinite(row[name]) else f"{'-':>9}"
                          for name in PATTERNS)
         ablation = f" {row['ablation']:+9.4f}" if "ablation" in row else ""
         lines.append(f"L{row['layer']:>2}H{row['head']:<2} {row['pattern']:>10} "
-                     f"{row['score']:6.3f} {cells}{ablation}")
+                     f"{row['score']:6.3f} {row['lift']:5.1f} {cells}{ablation}")
     return "\n".join(lines)
 
 
@@ -187,7 +205,7 @@ def plot_maps(rows, maps, path, size=64):
         axis = axes[row["layer"], row["head"]]
         axis.imshow(maps[row["layer"], row["head"], :size, :size], cmap="viridis", vmin=0,
                     vmax=1)
-        axis.set_title(f"L{row['layer']}H{row['head']} {row['pattern']} {row['score']:.2f}",
+        axis.set_title(f"L{row['layer']}H{row['head']} {row['pattern']} x{row['lift']:.1f}",
                        fontsize=5)
         axis.set_xticks([])
         axis.set_yticks([])
@@ -247,6 +265,7 @@ def plot_gradient_shares(steps, shares, path):
     for empty in range(L, rows * columns):
         axes[empty // columns, empty % columns].axis("off")
     axes[0, 0].set_ylabel("share of the layer's\nattention gradient", fontsize=7)
+    axes[0, 0].legend([f"head {h}" for h in range(shares.shape[2])], fontsize=5)
     figure.tight_layout()
     temporary = Path(path).with_name("." + Path(path).name + ".tmp")
     figure.savefig(temporary, format="png", dpi=110)

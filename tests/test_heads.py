@@ -106,3 +106,15 @@ def test_gradient_shares_split_the_norm_by_head():
         grads[a + "w_v"][3, D + 2] = 2.0        # one more entry of head 1's, squared: 4
     total = 2 * C * D + 4
     assert np.allclose(gradient_shares(grads, config), [[C * D / total, (C * D + 4) / total]] * 2)
+
+
+def test_a_uniform_head_has_a_lift_of_one_on_every_pattern():
+    from nanoandrea.heads import uniform_scores
+    tokens = [5, 1, 2, 3, 9, 1, 2, 7, 4, 4, 8, 6, 1, 2]
+    masks = pattern_masks(tokens, ["a"] * len(tokens))
+    T = len(tokens)
+    uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    scores = pattern_scores(uniform[None, None], masks)
+    for name, value in uniform_scores(masks).items():
+        assert np.isnan(value) and np.isnan(scores[name][0, 0]) or value == scores[name][0, 0]
+    assert uniform_scores(masks)["local"] > uniform_scores(masks)["current"]
