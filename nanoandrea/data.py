@@ -93,7 +93,7 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
     counts = {}
     with click.progressbar(parts.items(), label="tokenizing", file=sys.stderr) as bar:
         for name, part in bar:
-            ids = tokenizer.encode(part)
+            ids = getattr(tokenizer, "encode_fast", tokenizer.encode)(part)
             ids.astype(dtype).tofile(staging / f"{name}.bin")
             counts[name] = int(ids.size)
     save_tokenizer(tokenizer, staging / "tokenizer.json")

@@ -310,6 +310,35 @@ class BPETokenizer:
             ids.extend(piece_ids)
         return np.array(ids, dtype=np.int64)
 
+    def encode_fast(self, text: str) -> np.ndarray:
+        """encode(text), the same ids, through tiktoken (Rust) where it is installed and the
+        pattern is GPT-2's; else encode itself. This class stays the readable definition; the
+        library is what runs at scale (`prepare`), and tests/test_tokenizer.py holds the two
+        equal (tools/encode_speed.py measures both, and the `tokenizers` library's BPE)."""
+        fast = self._fast()
+        if fast is None:
+            return self.encode(text)
+        lines = text.splitlines(keepends=True)       # (pieces never cross a line's end, so
+        chunks = ["".join(lines[i:i + 256]) for i in range(0, len(lines), 256)]  # chunks of
+        encoded = fast.encode_ordinary_batch(chunks, num_threads=os.cpu_count() or 1)  # lines
+        return np.array([i for chunk in encoded for i in chunk], dtype=np.int64)  # are exact)
+
+    def _fast(self):
+        """tiktoken's Encoding of these merges: its ranks are our ids (GPT-2's layout), so its
+        merge of the lowest-ranked pair is this class's merge order."""
+        if getattr(self, "_fast_encoding", False) is not False:
+            return self._fast_encoding
+        self._fast_encoding = None
+        try:
+            import tiktoken
+        except ImportError:
+            return None
+        if self.pattern == GPT2_PATTERN and len(set(self.token_bytes)) == len(self.token_bytes):
+            self._fast_encoding = tiktoken.Encoding(
+                f"nanoandrea-bpe-{self.vocab_size}", pat_str=self.pattern, special_tokens={},
+                mergeable_ranks={data: i for i, data in enumerate(self.token_bytes)})
+        return self._fast_encoding
+
     def decode(self, ids) -> str:
         """Text of ids. Ids that end inside a multi-byte character (this happens while sampling,
         one token at a time) decode with errors="replace": the broken bytes become '\ufffd'."""

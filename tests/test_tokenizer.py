@@ -375,3 +375,22 @@ def test_train_tokenizer_dispatches_on_kind():
         train_tokenizer("bpe", "abc")
     with pytest.raises(ValueError, match="'word'.*'bpe', 'char'"):
         train_tokenizer("word", "abc", 300)
+
+
+FAST_TEXTS = ["", "   leading", "trailing   \n\n", "it's we'll  don't\r\n\u00a0 3.14 1000000",
+              "héllo wörld — ελληνικά русский 日本語 العربية 😀🎉\t\t\n", "\x00\x01\x7f bytes \ufffd",
+              "a" * 3000 + " " + "ab" * 500, "line one\nline two\n\n\n   indented\n"]
+
+
+def test_the_fast_bpe_gives_the_reference_ids():
+    """encode_fast (tiktoken, built from the same merges) gives the same ids as the readable
+    reference on varied text: scripts the training text never had, emoji, control bytes, long
+    runs, whitespace at either end, a text of many lines (split over threads)."""
+    from nanoandrea.data import DEFAULT_CORPUS
+    from nanoandrea.tokenizer import BPETokenizer
+    corpus = DEFAULT_CORPUS.read_text(encoding="utf-8")
+    tokenizer = BPETokenizer.train(corpus[:50000] + FAST_TEXTS[4], 600)
+    assert tokenizer._fast() is not None
+    for text in FAST_TEXTS + [corpus[200000:260000]]:
+        assert np.array_equal(tokenizer.encode_fast(text), tokenizer.encode(text)), text[:40]
+    assert tokenizer.encode_fast("").dtype == np.int64
