@@ -50,6 +50,9 @@ class Backend:
                 setattr(self, op, getattr(module, op + suffix))
         if precision == "bf16":
             self.matmul = getattr(matmul_bf16, "matmul_bf16" + suffix)
+        # whether the matmul multiplies by a copy of W^T it makes (the step makes it beside)
+        self.copies_b_transposed = (lambda *shape: False) if name != "cuda" else (
+            matmul_bf16 if precision == "bf16" else matmul).copies_b_transposed
 
     def __repr__(self):
         return f"Backend({self.name!r}, {self.dtype.name}, {self.precision!r})"

@@ -148,8 +148,7 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
             else:                               # (the window is full: it moves on each token)
                 decoder = None
                 logits, _ = model.forward(ids[:, -block:])
-            last = np.stack([model.backend.to_host(logits.data[b, -1])           # [B, Vp]
-                             for b in range(ids.shape[0])]).astype(np.float64)
+            last = last_logits(model.backend, logits.data).astype(np.float64)   # [B, Vp]
             last = last[:, :min(model.config.vocab_size, vocab or model.config.vocab_size)]
             if temperature <= 0:
                 next_ids = last.argmax(axis=-1)
@@ -165,6 +164,15 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
             if progress:
                 progress(ids)
     return ids
+
+
+def last_logits(backend, logits):
+    """logits [B,T,Vp] -> the last position's [B,Vp] on the host: one copy for a cached token
+    (T = 1, contiguous), else one a row (the last position's rows are strided)."""
+    B, T, Vp = logits.shape
+    if T == 1:
+        return backend.to_host(logits.reshape(B, Vp))
+    return np.stack([backend.to_host(logits[b, -1]) for b in range(B)])
 
 
 def load_model(checkpoint, device="auto", precision=None):

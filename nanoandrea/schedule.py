@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from numba import cuda
 
 from .kernels import launch
-from .kernels.matmul import copies_b_transposed
 
 _second = None          # (the second stream, its fork event, its join event) while there is one
 _forked = False         # work launched on the second stream since the last join
@@ -87,8 +86,7 @@ def transposed_weight(backend, weight, rows):
     copied now, beside the forward (W does not change before the update), where the backend's
     matmul would copy it in backward; else None (matmul then reads W itself)."""
     K, N = weight.shape
-    if (backend.name != "cuda" or backend.precision != "fp32"      # (bf16: ldmatrix transposes)
-            or not copies_b_transposed(rows, K, False, True)):
+    if not backend.copies_b_transposed(rows, K, False, True):
         return None
     with beside():
         weight_t = backend.empty((N, K))

@@ -263,6 +263,11 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
 
 # --- the launcher ----------------------------------------------------------------------------
 
+def copies_b_transposed(M, N, transpose_a, transpose_b):
+    """Never: ldmatrix.trans reads a transposed operand as fast (matmul.py's kernel copies)."""
+    return False
+
+
 def takes_tensor_cores(out, a, b, bias=None, hidden=None):
     """Whether matmul_bf16_kernel can take these arrays: a's and b's rows whole 8-float runs
     (its copies), and every array's rows 16-byte aligned (its loads; split-K's sum)."""

@@ -128,8 +128,9 @@ if SIMULATOR:
 else:
     from llvmlite import ir
     from numba import types
-    from numba.core import cgutils
     from numba.cuda.extending import intrinsic
+
+    from .vector import item_pointer as _pointer
 
     F32, I32, I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
     WORD4 = ir.VectorType(I32, 4)
@@ -148,14 +149,6 @@ else:
                 and isinstance(index, types.BaseTuple) and len(index) == array.ndim):
             raise TypeError(f"needs a {dtype} array and {getattr(array, 'ndim', '?')} indices, "
                             f"got {array}, {index}")
-
-    def _pointer(context, builder, array_type, array, index_type, index):
-        """LLVM pointer to array[index], no wraparound (the indices are the caller's)."""
-        view = context.make_array(array_type)(context, builder, array)
-        indices = [context.cast(builder, value, kind, types.intp) for value, kind in
-                   zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]
-        return cgutils.get_item_pointer(context, builder, array_type, view, indices,
-                                        wraparound=False)
 
     def _words(context, builder, kinds, values):
         return [context.cast(builder, value, kind, types.uint32)

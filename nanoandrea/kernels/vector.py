@@ -59,15 +59,20 @@ else:
 
     FLOAT4 = ir.VectorType(ir.FloatType(), 4)
 
-    def _element_pointer(context, builder, array_type, array, index_type, index):
-        """LLVM <4 x float>* to array[index] (index: a tuple of integers), without Numba's
-        negative-index wraparound (the indices are the caller's, non-negative)."""
+    def item_pointer(context, builder, array_type, array, index_type, index):
+        """LLVM pointer to array[index] (index: a tuple of integers), without Numba's
+        negative-index wraparound (the indices are the caller's, non-negative). For the
+        intrinsics here and in tensorcores.py."""
         array = context.make_array(array_type)(context, builder, array)
         indices = [context.cast(builder, value, kind, types.intp) for value, kind in
                    zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]
-        pointer = cgutils.get_item_pointer(context, builder, array_type, array, indices,
-                                           wraparound=False)
-        return builder.bitcast(pointer, ir.PointerType(FLOAT4))
+        return cgutils.get_item_pointer(context, builder, array_type, array, indices,
+                                        wraparound=False)
+
+    def _element_pointer(context, builder, array_type, array, index_type, index):
+        """LLVM <4 x float>* to array[index]."""
+        return builder.bitcast(item_pointer(context, builder, array_type, array, index_type,
+                                            index), ir.PointerType(FLOAT4))
 
     def _check(array, index):
         if not (isinstance(array, types.Array) and array.dtype == types.float32):
