@@ -9,7 +9,9 @@ The model and the autograd only ever call `backend.<op>(...)`, `backend.empty(..
 A backend also has a precision, the matmuls' (every other op is float32 whatever it says):
     fp32   the float32 kernels (matmul.py)
     bf16   the operands of every matmul rounded to bf16, their sums float32: on the GPU the
-           tensor cores (matmul_bf16.py), on the CPU its NumPy twin
+           tensor cores (matmul_bf16.py), on the CPU its NumPy twin. `operand(x)` rounds an
+           operand once (a Bf16Matrix), where a product first reads it; the backward's
+           products read the same copy
 The parameters, their gradients and AdamW's state stay float32 either way. bf16 needs no loss
 scaling: it keeps float32's 8-bit exponent, so a gradient as small as 1e-38 is still a
 number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss scaling).
@@ -33,6 +35,7 @@ OPS = {
     dropout: ["dropout_forward", "dropout_backward"],
     crossentropy: ["crossentropy_forward", "crossentropy_backward", "crossentropy_forward_backward"],
     adamw: ["grad_norm", "adamw_update"],
+    matmul_bf16: ["round_bf16"],
 }
 
 
@@ -56,6 +59,16 @@ class Backend:
 
     def __repr__(self):
         return f"Backend({self.name!r}, {self.dtype.name}, {self.precision!r})"
+
+    def operand(self, x):
+        """x [R, C] as this backend's matmul reads it: in bf16 a new Bf16Matrix, x rounded;
+        else x itself."""
+        if self.precision != "bf16":
+            return x
+        rounded = matmul_bf16.Bf16Matrix(
+            self.empty(matmul_bf16.Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
+        self.round_bf16(rounded, x)
+        return rounded
 
     # --- memory ------------------------------------------------------------------------
     def empty(self, shape, dtype=None):

@@ -19,35 +19,42 @@ def _new(like, shape, dtype=None):
     return Tensor(like.backend.empty(shape, dtype), like.backend)
 
 
-def linear(x, weight, bias=None, transpose_weight=False, activation=None):
+def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_operand=None):
     """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight).
     activation="gelu": gelu of that (the MLP's first layer), computed in the matmul's epilogue
-    and recorded as two ops, the linear layer then GELU: returns a GeluOutput."""
+    and recorded as two ops, the linear layer then GELU: returns a GeluOutput.
+    The products read their operands as the backend's matmul takes them (`backend.operand`:
+    in bf16 rounded once, here, and the same copies in backward); x_operand: x's rows so made
+    already (linears)."""
     backend = x.backend
     K = x.shape[-1]
     N = weight.shape[0] if transpose_weight else weight.shape[1]
-    rows = x.data.reshape(-1, K)                                   # [N_rows, K]
+    rows = x_operand if x_operand is not None else backend.operand(x.data.reshape(-1, K))
+    w = backend.operand(weight.data)
     y = _new(x, x.shape[:-1] + (N,))                               # x . W + b
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: unknown activation {activation!r}")
     g = GeluOutput(y) if activation == "gelu" else None            # gelu(y), the same kernel
-    backend.matmul(y.data.reshape(-1, N), rows, weight.data, None if bias is None else bias.data,
+    backend.matmul(y.data.reshape(-1, N), rows, w, None if bias is None else bias.data,
                    transpose_b=transpose_weight,
                    gelu_out=None if g is None else g.data.reshape(-1, N))
     # dX = dY . W^T reads W^T: where the product would copy it, the copy is made now, beside
     # the forward (schedule.transposed_weight), so that backward starts dX's product at once
     needs_dx = grad_enabled() and x.requires_grad and not transpose_weight
-    weight_t = schedule.transposed_weight(backend, weight.data, rows.shape[0]) if needs_dx else None
+    weight_t = schedule.transposed_weight(backend, w, rows.shape[0]) if needs_dx else None
 
     def backward():
         dy = y.grad.reshape(-1, N)
+        dy_operand = backend.operand(dy)        # (before `beside`: both products read it)
         with schedule.beside(weight, bias):     # nothing below needs dW and db
             if weight.requires_grad:
                 dw, accumulate = grad_slot(weight)
                 if transpose_weight:                                # dW[N,K] = dY^T . X
-                    backend.matmul(dw, dy, rows, transpose_a=True, accumulate=accumulate)
+                    backend.matmul(dw, dy_operand, rows, transpose_a=True,
+                                   accumulate=accumulate)
                 else:                                               # dW[K,N] = X^T . dY
-                    backend.matmul(dw, rows, dy, transpose_a=True, accumulate=accumulate)
+                    backend.matmul(dw, rows, dy_operand, transpose_a=True,
+                                   accumulate=accumulate)
             if bias is not None and bias.requires_grad:             # db = sum of dY's rows
                 db, accumulate = grad_slot(bias)
                 backend.sum_rows(db, dy, accumulate=accumulate)
@@ -57,7 +64,7 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
                 pre = x.pre.data.reshape(-1, K)                     # GELU's backward fused
             else:
                 (dx, accumulate), pre = grad_slot(x), None
-            backend.matmul(dx.reshape(-1, K), dy, weight.data, transpose_b=not transpose_weight,
+            backend.matmul(dx.reshape(-1, K), dy_operand, w, transpose_b=not transpose_weight,
                            accumulate=accumulate, gelu_input=pre, b_transposed=weight_t)
 
     inputs = [x, weight] + ([bias] if bias is not None else [])
@@ -66,13 +73,15 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None):
 
 
 def linears(x, *weights_and_biases, heads=None):
-    """[linear(x, w, b) for each (w, b)]: products of one input, independent of each other;
-    heads=H: each then split into H heads (split_heads). In a captured step all but the first
-    run beside it on the second stream, joined before this returns (schedule.py): the grids'
-    last waves overlap, and their splits (memory-bound copies) the first product
-    (compute-bound). (Recorded last to first.)"""
+    """[linear(x, w, b) for each (w, b)]: products of one input, independent of each other
+    (x's operand made once, for all); heads=H: each then split into H heads (split_heads). In
+    a captured step all but the first run beside it on the second stream, joined before this
+    returns (schedule.py): the grids' last waves overlap, and their splits (memory-bound
+    copies) the first product (compute-bound). (Recorded last to first.)"""
+    rows = x.backend.operand(x.data.reshape(-1, x.shape[-1]))
+
     def product(w, b):
-        y = linear(x, w, b)
+        y = linear(x, w, b, x_operand=rows)
         return y if heads is None else split_heads(y, heads)
 
     (w, b), rest = weights_and_biases[0], weights_and_biases[1:]

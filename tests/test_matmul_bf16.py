@@ -68,14 +68,25 @@ def test_matmul_bf16_epilogues(rng, monkeypatch, gelu, transpose_b, accumulate, 
     check(rng, False, transpose_b, M, N, K, gelu == "out", accumulate, gelu)
 
 
-def test_matmul_bf16_other_shapes_take_float32(rng):
-    """Rows that are not whole 8-float runs take matmul.py's float32 kernels: the exact
-    product, not the rounded one."""
-    M, N, K = 12, 20, 12                # (K = 12: a's rows are 4-float runs, not 8)
-    a, b = rng.standard_normal((M, K)), rng.standard_normal((K, N))
-    out = poisoned((M, N))
-    matmul_bf16.matmul_bf16(out, device(a), device(b))
-    assert relative_error(out.copy_to_host(), a @ b) < 1e-5
+@pytest.mark.parametrize("transpose_a,transpose_b", ORIENTATIONS)
+def test_matmul_bf16_any_width(rng, transpose_a, transpose_b):
+    """Widths that are not multiples of 8 (a character vocabulary's 65): each operand's rows
+    are padded with zeros to 8 values, and the pad adds nothing to a sum."""
+    M, N, K = (12, 13, 21) if not GPU else (300, 65, 1027)
+    check(rng, transpose_a, transpose_b, M, N, K, True, False)
+
+
+def test_round_bf16_pads_with_zeros(rng):
+    """round_bf16 against its twin, bit for bit, at a width of 13: 13 values then 3 zeros."""
+    x = rng.standard_normal((5, 13)).astype(np.float32)
+    rounded = matmul_bf16.rounded(device(x))
+    words = rounded.words.copy_to_host()
+    want = matmul_bf16.Bf16Matrix(np.zeros((5, 8), np.uint32), 13)
+    matmul_bf16.round_bf16_numpy(want, x)
+    assert rounded.shape == (5, 13) and words.shape == (5, 8)
+    assert np.array_equal(words, want.words)
+    assert np.array_equal(unpack_bf16(words)[:, :13], bf16_values(x))
+    assert not unpack_bf16(words)[:, 13:].any()
 
 
 def test_bf16_rounding_is_to_nearest_even():

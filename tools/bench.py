@@ -205,9 +205,10 @@ def matmul_shapes(args):
 
 
 def bench_matmul_bf16(args):
-    """The same products on the tensor cores: ours from float32 operands rounded to bf16 as
-    they are loaded, float32 out; cuBLAS's from bf16 tensors, bf16 out (what PyTorch's
-    autocast runs). Ours is checked against the float32 product of the rounded operands."""
+    """The same products on the tensor cores: ours from bf16 operands (Bf16Matrix, rounded
+    once beforehand, as the model does), float32 out; cuBLAS's from bf16 tensors, bf16 out
+    (what PyTorch's autocast runs). Ours is checked against the float32 product of the rounded
+    operands. The rounding of X (round_bf16, one pass over it) is timed on its own line."""
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     print("matmul: the products of a training step in bf16 (cuBLAS bf16 through torch)")
@@ -216,10 +217,15 @@ def bench_matmul_bf16(args):
         x, w, dy = (torch.randn(shape, device="cuda", generator=generator)
                     for shape in ((m, k), (k, n), (m, n)))
         xb, wb, dyb = x.bfloat16(), w.bfloat16(), dy.bfloat16()
-        X, W, DY = (cuda.as_cuda_array(t) for t in (x, w, dy))
+        x_float = cuda.as_cuda_array(x)
+        X, W, DY = (matmul_bf16_kernels.rounded(cuda.as_cuda_array(t)) for t in (x, w, dy))
         outs = [torch.empty(shape, device="cuda") for shape in ((m, n), (m, k), (k, n))]
         out_y, out_dx, out_dw = (cuda.as_cuda_array(t) for t in outs)
         mm = matmul_bf16_kernels.matmul_bf16
+        round_ms = kernel_ms(lambda: matmul_bf16_kernels.round_bf16(X, x_float), args)
+        row("matmul", f"{' '.join(label.split()[:2 if label.startswith('12m') else 1]):8s} "
+            f"round X bf16", round_ms, 6.0 * m * k, "TB/s", None, None,
+            "(float32 read, bf16 written)")
         cases = [           # (name, ours, cuBLAS's, the reference, our output)
             ("fwd  Y=X.W", lambda: mm(out_y, X, W), lambda: xb @ wb,
              lambda: xb.float() @ wb.float(), outs[0]),

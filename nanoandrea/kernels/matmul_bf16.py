@@ -9,66 +9,156 @@ exact in float32 and the sums are float32, so the result differs from the float3
 by the operands' rounding alone: a relative error of about 2^-9 per operand, ~1e-2 at worst
 over a row, far below what the training noise moves a weight.
 
+The operands are bf16 in device memory, a Bf16Matrix each: x [R, C] rounded once by
+round_bf16 (the backend's `operand`, where a product first reads x), its values in pairs
+(uint32 words [R, P/2], tensorcores.py's layout), each row padded with zeros to P, C rounded up
+to 8. Every copy the kernel makes is then a whole, aligned 16 bytes, whatever C is, and the
+pad's zeros add nothing to a sum. A float32 operand given to matmul_bf16 is rounded first.
+
 The fast kernel, matmul_bf16_kernel(transpose_a, transpose_b, epilogue):
   block tile   a 128 x 128 tile of out, 8 warps (2 down, 4 across), each warp a 64 x 32 tile
                of it: 4 x 4 tiles of 16 x 8, one `mma.sync.m16n8k16` each per 16 of k, its
                float32 sums in the registers of the warp's lanes (tensorcores.py says which)
-  k slices     K advances 32 at a time. a and b are float32 in device memory: each slice is
-               loaded 8 floats a copy (two 16-byte loads), rounded to bf16 pairs (cvt.rn.
-               bf16x2) and stored 16 bytes at a time in shared memory, in the operand's own
-               orientation (k-major or not); ldmatrix then hands each lane its fragment, with
-               .trans where the slice lies the other way, so a transposed operand costs
-               nothing. Rows are padded by 16 bytes: the 8 rows one ldmatrix reads fall in 8
-               different groups of banks
-  double       the next slice's global loads are issued before the current slice's mma's and
-  buffering    stored (converted) into the other buffer after them
+  pipeline     K advances 32 at a time. Each slice of op(a) and op(b) is copied from device
+               to shared memory by cp.async (asynccopy.py), 16 bytes a copy, in the operand's
+               own orientation (k-major or not), STAGES slices ahead: while the warps multiply
+               slice t, slices t+1 and t+2 are on their way, and no register holds them
+  fragments    ldmatrix hands each lane its fragment of a 16 x 16 square, with .trans where
+               the slice lies the other way, so a transposed operand costs nothing
+  swizzle      the 8 rows one ldmatrix reads must fall in 8 different groups of 4 banks: each
+               row's 16-byte chunks are stored permuted, chunk c of row r at c XOR (a few bits
+               of r) (`swizzled`), instead of padding the rows (which would not fit three stages
+               in 48 KB)
   epilogue     bias, GELU or its backward, and what out holds (accumulate), added to each
                lane's sums before its stores
   split-K      as matmul.py: grid z takes a slice of K, summed in a fixed order (sum_splits)
-The launcher takes this kernel where each operand's contiguous rows are whole 8-float runs,
-16-byte aligned (every width of the andrea presets); other shapes take matmul.py's float32
-kernels (at least as precise).
 
 Under the CUDA simulator the block is 2 x 2 warps of one 16 x 16 tile each (32 x 32): the
 same code, small enough to test there.
 """
+import numpy as np
 from numba import cuda, float32, uint32
 
+from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_derivative, gelu_value
-from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined,
-                     kernel_factory)
-from .matmul import (EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul, matmul_numpy,
-                     split_count)
-from .tensorcores import (bf16_pair, bf16_values, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16,
-                          store4_u32)
-from .vector import aligned16, load4
+from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
+                     inlined, kernel_factory, launch)
+from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul_numpy, split_count
+from .tensorcores import (bf16_pair, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, pack_bf16,
+                          store4_u32, unpack_bf16)
+from .vector import aligned16, flat, load4
+
+
+# --- bf16 operands ---------------------------------------------------------------------------
+
+class Bf16Matrix:
+    """x [R, C] rounded to bf16, as the kernel reads it: `words` uint32 [R, P/2] (pairs, the
+    lower index in the low half), P = C rounded up to 8, zeros from C to P. `shape` is x's."""
+    __slots__ = ("words", "shape")
+
+    def __init__(self, words, cols):
+        self.words, self.shape = words, (words.shape[0], cols)
+
+    @staticmethod
+    def words_shape(shape):
+        rows, cols = shape
+        return rows, -(-cols // 8) * 4
+
+
+def round_bf16_numpy(out, x):
+    """out (a Bf16Matrix of x's shape) = x rounded to bf16 (to nearest, ties to even)."""
+    rows, cols = x.shape
+    padded = np.zeros((rows, 2 * out.words.shape[1]), np.float32)
+    padded[:, :cols] = x
+    out.words[...] = pack_bf16(padded)
+
+
+def bf16_matrix_values(x):
+    """What the tensor cores multiply: a Bf16Matrix's values, or a float32 x rounded."""
+    if isinstance(x, Bf16Matrix):
+        return unpack_bf16(np.asarray(x.words))[:, :x.shape[1]]
+    words = Bf16Matrix(np.empty(Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
+    round_bf16_numpy(words, np.asarray(x, np.float32))
+    return bf16_matrix_values(words)
+
+
+@cuda.jit
+def round_bf16_kernel(words, x, whole_rows):
+    # words[R, P/2] = x[R, C] in bf16 pairs, zeros past C; one thread 8 values (one 16-byte
+    # store). whole_rows: x's rows are 16-byte aligned runs of 4 (then two 16-byte loads)
+    chunks = words.shape[1] // 4
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    row, first = c // chunks, 8 * (c % chunks)
+    if row >= words.shape[0]:
+        return
+    cols = x.shape[1]
+    v = cuda.local.array(8, float32)
+    if whole_rows and first + 8 <= cols:
+        v[0], v[1], v[2], v[3] = load4(x, (row, first))
+        v[4], v[5], v[6], v[7] = load4(x, (row, first + 4))
+    else:
+        for e in range(8):
+            v[e] = x[row, first + e] if first + e < cols else float32(0.0)
+    store4_u32(words, (row, first // 2), bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
+               bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]))
+
+
+def round_bf16(out, x):
+    """round_bf16_numpy on the GPU (out's words a device array)."""
+    check_float32(x=x)
+    check(tuple(out.shape) == tuple(x.shape), f"round_bf16: out {out.shape}, x {x.shape}")
+    rows, words = out.words.shape
+    whole = x.shape[1] % 4 == 0 and aligned16(x)
+    launch(round_bf16_kernel, blocks(rows * words // 4, 128), 128, out.words, x, whole)
 
 
 # --- the NumPy twin: the definition -------------------------------------------------------
 
 def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False,
                       accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None):
-    """matmul_numpy of a and b rounded to bf16 (the sums in out's precision)."""
-    matmul_numpy(out, bf16_values(a).astype(out.dtype), bf16_values(b).astype(out.dtype), bias,
-                 transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
+    """matmul_numpy of a and b rounded to bf16 (Bf16Matrix operands, or float32 ones rounded
+    here), the sums in out's precision."""
+    matmul_numpy(out, bf16_matrix_values(a).astype(out.dtype),
+                 bf16_matrix_values(b).astype(out.dtype), bias, transpose_a, transpose_b,
+                 accumulate, gelu_out, gelu_input)
 
 
 # --- the fast kernel -----------------------------------------------------------------------
 
-WARPS_M, WARPS_N = (2, 2) if SIMULATOR else (2, 4)     # warps down and across a block
-MMA_M, MMA_N = (1, 2) if SIMULATOR else (4, 4)         # 16 x 8 tiles down and across a warp
-                                                        # (the epilogue takes 1, 2 or 4 down, 2 or 4 across)
+WARPS_M, WARPS_N = 2, 2                                # warps down and across a block
+MMA_M, MMA_N = (1, 2) if SIMULATOR else (4, 8)         # 16 x 8 tiles down and across a warp
+                                                        # (the epilogue takes 1, 2 or 4 down, 2, 4 or 8 across)
 WM, WN = 16 * MMA_M, 8 * MMA_N          # a warp's tile of out
-BM, BN, BK = WARPS_M * WM, WARPS_N * WN, 32
+BM, BN, BK = WARPS_M * WM, WARPS_N * WN, 32        # (BK: two k16 steps, written out)
 THREADS = 32 * WARPS_M * WARPS_N
-PAD = 4                                 # 16 bytes at the end of each shared row (in uint32)
-A_COPIES = BM * BK // 8 // THREADS      # 8-float copies a thread makes of a slice of op(a)
+STAGES = 3                              # slices in shared memory: 3 x 16 KB, static's 48 KB
+A_COPIES = BM * BK // 8 // THREADS      # 16-byte copies a thread makes of a slice of op(a)
 B_COPIES = BK * BN // 8 // THREADS
-A_STAGED, B_STAGED = 8 * A_COPIES, 8 * B_COPIES     # their floats, held in registers
-BLOCKS_PER_SM = 2                       # resident blocks a multiprocessor: 16 warps to hide
-                                        # the loads' latency, at 128 registers a thread
+BLOCKS_PER_SM = 2                       # resident blocks a multiprocessor (8 warps): up to
+                                        # 255 registers a thread
 RESIDENT_BLOCKS = BLOCKS_PER_SM * MULTIPROCESSORS
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, BLOCKS_PER_SM))
+WAIT_FOR_OLDEST = wait_copies(STAGES - 2)   # (until the oldest slice's copies have landed)
+
+
+def swizzle(chunks):
+    """The stored place of 16-byte chunk c of row r in a shared tile of `chunks` chunks a row
+    (a power of 2), such that rows r .. r+7 (r a multiple of 8) of any one chunk lie in 8
+    different 16-byte columns of a 128-byte bank line: c XOR r mod 8 for rows of 8 chunks or
+    more; for rows of 4 (two rows a line), c XOR (r / 2) mod 4; for 2, c XOR (r / 4) mod 2.
+    Adding a multiple of 16 to r changes nothing (the fragments' offsets use that)."""
+    shift = {1: 3, 2: 2, 4: 1}.get(chunks, 0)       # log2 of the rows in one 128-byte line
+    mask = min(8, chunks) - 1
+
+    @inlined
+    def swizzled(r, c):
+        return c ^ ((r >> shift) & mask)
+    return swizzled
+
+
+def log2(n):
+    check(n & (n - 1) == 0, f"matmul_bf16: {n} is not a power of 2")
+    return n.bit_length() - 1
 
 
 @kernel_factory
@@ -80,82 +170,85 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
-    # a slice in shared memory, bf16 pairs along the operand's contiguous axis: [BM, BK] or
-    # [BK, BM] for op(a), [BN, BK] or [BK, BN] for op(b)
-    A_TILE = (2, BM, BK // 2 + PAD) if A_ALONG_K else (2, BK, BM // 2 + PAD)
-    B_TILE = (2, BN, BK // 2 + PAD) if B_ALONG_K else (2, BK, BN // 2 + PAD)
+    # A slice in shared memory: bf16 pairs along the operand's contiguous axis, [BM, BK] or
+    # [BK, BM] for op(a), [BN, BK] or [BK, BN] for op(b), rows of A_ROW / B_ROW words; STAGES
+    # of them one after another in a flat array (offsets: plain integer sums)
+    A_ROW = BK // 2 if A_ALONG_K else BM // 2
+    B_ROW = BK // 2 if B_ALONG_K else BN // 2
+    A_STAGE, B_STAGE = BM * BK // 2, BK * BN // 2
+    A_WORDS, B_WORDS = STAGES * A_STAGE, STAGES * B_STAGE
+    a_swizzled, b_swizzled = swizzle(A_ROW // 4), swizzle(B_ROW // 4)
+    # (the divisions below by powers of 2 are shifts and masks: a signed // or % costs a
+    # dozen instructions where the loop has few to spare)
+    LOG_BK_CHUNKS, LOG_BM_CHUNKS, LOG_BN_CHUNKS = log2(BK // 8), log2(BM // 8), log2(BN // 8)
 
     @inlined
-    def load_slice(staged, x, copies, along_k, width, size, k_end, first, k0, tid):
-        # op(x)'s slice [first : first + width] x [k0 : k0 + BK] into registers, 8 floats a
-        # copy, zeros outside [:size] x [:k_end]
+    def load_slice(tiles, base, x, pitch, copies, along_k, row_words, log_chunks, size, k_end,
+                   first, k0, tid, swizzled):
+        # start copying op(x)'s slice [first : first + width] x [k0 : k0 + BK] into the stage
+        # at tiles[base:], 8 bf16 a copy; zeros outside [:size] x [:k_end] (x's pad is zeros).
+        # x: flat(words), `pitch` words a row
         for r in range(copies):
             c = tid + r * THREADS
+            i, chunk = c >> log_chunks, c & ((1 << log_chunks) - 1)
             if along_k:                 # x[size, K]: a copy is 8 consecutive k
-                i, k = c // (BK // 8), (c % (BK // 8)) * 8
-                row, col, inside = first + i, k0 + k, first + i < size and k0 + k < k_end
+                row, col = first + i, k0 + 8 * chunk
+                inside = row < size and col < k_end
             else:                       # x[K, size]: 8 consecutive m (or n)
-                k, i = c // (width // 8), (c % (width // 8)) * 8
-                row, col, inside = k0 + k, first + i, k0 + k < k_end and first + i < size
-            for e in range(8):
-                staged[8 * r + e] = float32(0.0)
-            if inside:
-                x0, x1, x2, x3 = load4(x, (row, col))
-                x4, x5, x6, x7 = load4(x, (row, col + 4))
-                staged[8 * r], staged[8 * r + 1], staged[8 * r + 2] = x0, x1, x2
-                staged[8 * r + 3], staged[8 * r + 4], staged[8 * r + 5] = x3, x4, x5
-                staged[8 * r + 6], staged[8 * r + 7] = x6, x7
+                row, col = k0 + i, first + 8 * chunk
+                inside = row < k_end and col < size
+            at = row * pitch + (col >> 1) if inside else 0  # (nothing is read; x[0] is legal)
+            copy16_async(tiles, (base + i * row_words + 4 * swizzled(i, chunk),), x, (at,),
+                         inside)
 
     @inlined
-    def park(tiles, buffer, staged, copies, along_k, width, tid):
-        # registers -> shared memory, rounded to bf16: 8 values, one 16-byte store a copy
-        for r in range(copies):
-            c = tid + r * THREADS
-            if along_k:
-                i, p = c // (BK // 8), (c % (BK // 8)) * 4
-            else:
-                i, p = c // (width // 8), (c % (width // 8)) * 4
-            s = 8 * r
-            store4_u32(tiles, (buffer, i, p), bf16_pair(staged[s], staged[s + 1]),
-                       bf16_pair(staged[s + 2], staged[s + 3]),
-                       bf16_pair(staged[s + 4], staged[s + 5]),
-                       bf16_pair(staged[s + 6], staged[s + 7]))
+    def a_offset(i, step, wm, row_in, chunk_in):
+        # the word, within a stage, of the row this lane gives ldmatrix for A's fragment i
+        # (m = wm + 16 i) at k16 step `step` of the slice
+        if A_ALONG_K:                   # rows m, chunks along k
+            r = wm + row_in
+            return (r + 16 * i) * A_ROW + 4 * a_swizzled(r, 2 * step + chunk_in)
+        r = 16 * step + row_in          # rows k, chunks along m
+        return r * A_ROW + 4 * a_swizzled(r, ((wm + 16 * i) >> 3) + chunk_in)
 
     @inlined
-    def load_fragments(a_frag, b_frag, a_tiles, b_tiles, buffer, kk, wm, wn, row_in, pair_in):
-        # A's m16 x k16 fragments (4 words each) and B's k16 x n8 ones (2 words) of this warp
-        # for k = kk .. kk + 15. Lanes 8q .. 8q+7 address matrix q's rows: rows 0-7 and 8-15 of
-        # the slice's 16 x 16 square at the first 8 columns (q = 0, 1), then the next 8 (2, 3).
-        # With the rows along m (a) or n (b) the four matrices come out as the fragment wants
-        # them; with the rows along k, matrices 1 and 2 trade places.
+    def b_offset(j, step, wn, row_in, chunk_in):
+        # likewise for B's fragments j, j + 1 (n = wn + 8 j)
+        if B_ALONG_K:
+            r = wn + row_in
+            return (r + 8 * j) * B_ROW + 4 * b_swizzled(r, 2 * step + chunk_in)
+        r = 16 * step + row_in
+        return r * B_ROW + 4 * b_swizzled(r, ((wn + 8 * j) >> 3) + chunk_in)
+
+    @inlined
+    def k_step(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, step, wm, wn, a_lane,
+               b_lane):
+        # the warp's 16 x 8 tiles times k16 step `step` of the slice in the stages at a_base,
+        # b_base. One ldmatrix gives a lane one word of each of four 8 x 8 matrices, in the
+        # order of the fragment's registers (A: m16 x k16, 4 words; B: two k16 x n8, 2 words
+        # each); lanes 8q .. 8q+7 address matrix q's 8 rows: a_lane, b_lane say which row of
+        # the slice and which chunk of it (the kernel's doc of lane_rows)
         for i in range(MMA_M):
-            m = wm + 16 * i
-            if A_ALONG_K:               # rows m, columns k: A's layout as it is
-                a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3] = ldmatrix_x4(
-                    a_tiles, (buffer, m + row_in, kk // 2 + pair_in))
-            else:                       # rows k, columns m: transposed on the way
-                a_frag[i, 0], a_frag[i, 2], a_frag[i, 1], a_frag[i, 3] = ldmatrix_x4_trans(
-                    a_tiles, (buffer, kk + row_in, m // 2 + pair_in))
-        for j in range(0, MMA_N, 2):    # two n8 tiles a load
-            n = wn + 8 * j
-            if B_ALONG_K:               # rows n, columns k: B's column-major layout
-                b_frag[j, 0], b_frag[j + 1, 0], b_frag[j, 1], b_frag[j + 1, 1] = ldmatrix_x4(
-                    b_tiles, (buffer, n + row_in, kk // 2 + pair_in))
-            else:                       # rows k, columns n
+            at = (a_base + a_offset(i, step, wm, a_lane[0], a_lane[1]),)
+            if A_ALONG_K:
+                a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3] = ldmatrix_x4(a_tiles, at)
+            else:
+                a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3] = ldmatrix_x4_trans(
+                    a_tiles, at)
+        for j in range(0, MMA_N, 2):
+            at = (b_base + b_offset(j, step, wn, b_lane[0], b_lane[1]),)
+            if B_ALONG_K:
+                b_frag[j, 0], b_frag[j, 1], b_frag[j + 1, 0], b_frag[j + 1, 1] = ldmatrix_x4(
+                    b_tiles, at)
+            else:
                 b_frag[j, 0], b_frag[j, 1], b_frag[j + 1, 0], b_frag[j + 1, 1] = \
-                    ldmatrix_x4_trans(b_tiles, (buffer, kk + row_in, n // 2 + pair_in))
-
-    @inlined
-    def slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, wm, wn, row_in, pair_in):
-        for kk in range(0, BK, 16):
-            load_fragments(a_frag, b_frag, a_tiles, b_tiles, buffer, kk, wm, wn, row_in,
-                           pair_in)
-            for i in range(MMA_M):
-                for j in range(MMA_N):
-                    acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3] = mma_bf16(
-                        a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3],
-                        b_frag[j, 0], b_frag[j, 1],
-                        acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3])
+                    ldmatrix_x4_trans(b_tiles, at)
+        for i in range(MMA_M):
+            for j in range(MMA_N):
+                acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3] = mma_bf16(
+                    a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3],
+                    b_frag[j, 0], b_frag[j, 1],
+                    acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3])
 
     @inlined
     def finish(out, hidden, value, accumulate, z, row, col, N):
@@ -197,52 +290,84 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
                        M, N)
             store_tile(out, hidden, acc, i, 3, bias, has_bias, accumulate, z, row0, col0, lane,
                        M, N)
+        if MMA_N > 4:
+            for j in (4, 5, 6, 7):      # (a literal tuple: unrolled, j a constant each time)
+                store_tile(out, hidden, acc, i, j, bias, has_bias, accumulate, z, row0, col0,
+                           lane, M, N)
 
     @cuda.jit(**BOUNDS)
     def matmul_bf16_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
-        # z-th slice of k_per_split rows of K (S = 1 when K is not split). hidden[M,N] (S = 1):
-        # GELU's output (gelu) or its input (gelu_grad); else not read.
+        # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
+        # Bf16Matrix operands. hidden[M,N] (S = 1): GELU's output (gelu) or its input
+        # (gelu_grad); else not read.
         # grid (N/BN, M/BM, S), block THREADS: warp w takes the warp tile (w // WARPS_N,
         # w % WARPS_N) of the block's
-        a_tiles = cuda.shared.array(A_TILE, uint32)
-        b_tiles = cuda.shared.array(B_TILE, uint32)
+        a_tiles = cuda.shared.array(A_WORDS, uint32)
+        b_tiles = cuda.shared.array(B_WORDS, uint32)
         acc = cuda.local.array((MMA_M, MMA_N, 4), float32)
         a_frag = cuda.local.array((MMA_M, 4), uint32)
         b_frag = cuda.local.array((MMA_N, 2), uint32)
-        a_next = cuda.local.array(A_STAGED, float32)
-        b_next = cuda.local.array(B_STAGED, float32)
         M, N = out.shape[1], out.shape[2]
-        K = a.shape[0] if transpose_a else a.shape[1]
+        # K: the rows of a k-major operand; with both along k, their padded width (its
+        # zeros add nothing)
+        K = a.shape[0] if transpose_a else b.shape[0] if not transpose_b else 2 * a.shape[1]
+        a_pitch, b_pitch = a.shape[1], b.shape[1]
+        a_words, b_words = flat(a), flat(b)
         z = cuda.blockIdx.z
         k_start = z * k_per_split
         k_end = min(K, k_start + k_per_split)
+        slices = (k_end - k_start + BK - 1) // BK
         tid = cuda.threadIdx.x
-        warp, lane = tid // 32, tid % 32
+        warp, lane = tid >> 5, tid & 31
         wm, wn = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
         m0, n0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        row_in, pair_in = lane % 8 + 8 * ((lane // 8) % 2), 4 * (lane // 16)   # (ldmatrix)
+        # lane_rows: the slice's row (within 16) and chunk (within 2) whose address each lane
+        # gives ldmatrix, so that matrix q comes out as the fragment's q-th register. A's
+        # registers are (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15);
+        # B's, for n8 tiles j and j + 1: (j, k 0-7), (j, k 8-15), (j + 1, k 0-7), (j + 1, k 8-15).
+        # So where the rows are m (A along k) or k (B k-major), q's low bit picks the half of
+        # the rows; else (A k-major, B along k) its high bit does. (Out of order, each mma
+        # would take its fragment through register moves.)
+        low_bit_rows = ((lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4)
+        high_bit_rows = ((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1)
+        a_lane = low_bit_rows if A_ALONG_K else high_bit_rows
+        b_lane = high_bit_rows if B_ALONG_K else low_bit_rows
         for i in range(MMA_M):
             for j in range(MMA_N):
                 for e in range(4):
                     acc[i, j, e] = float32(0.0)
 
-        load_slice(a_next, a, A_COPIES, A_ALONG_K, BM, M, k_end, m0, k_start, tid)
-        load_slice(b_next, b, B_COPIES, B_ALONG_K, BN, N, k_end, n0, k_start, tid)
-        park(a_tiles, 0, a_next, A_COPIES, A_ALONG_K, BM, tid)
-        park(b_tiles, 0, b_next, B_COPIES, B_ALONG_K, BN, tid)
-        cuda.syncthreads()
-        buffer = 0
-        for k0 in range(k_start, k_end, BK):
-            # (unconditionally, as matmul.py's kernel: past k_end the loads give zeros)
-            load_slice(a_next, a, A_COPIES, A_ALONG_K, BM, M, k_end, m0, k0 + BK, tid)
-            load_slice(b_next, b, B_COPIES, B_ALONG_K, BN, N, k_end, n0, k0 + BK, tid)
-            slice_product(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, wm, wn, row_in,
-                          pair_in)
-            park(a_tiles, 1 - buffer, a_next, A_COPIES, A_ALONG_K, BM, tid)
-            park(b_tiles, 1 - buffer, b_next, B_COPIES, B_ALONG_K, BN, tid)
-            cuda.syncthreads()
-            buffer = 1 - buffer
+        for s in range(STAGES - 1):     # the first slices on their way, a group each
+            if s < slices:
+                load_slice(a_tiles, s * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K, A_ROW,
+                           LOG_BK_CHUNKS if A_ALONG_K else LOG_BM_CHUNKS, M, k_end, m0,
+                           k_start + s * BK, tid, a_swizzled)
+                load_slice(b_tiles, s * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K, B_ROW,
+                           LOG_BK_CHUNKS if B_ALONG_K else LOG_BN_CHUNKS, N, k_end, n0,
+                           k_start + s * BK, tid, b_swizzled)
+            commit_copies()
+        read, write = 0, STAGES - 1     # the stages of slice t and of slice t + STAGES - 1
+        for t in range(slices):
+            WAIT_FOR_OLDEST()           # this thread's copies of slice t have landed, and
+            cuda.syncthreads()          # everyone's; and everyone is done with slice t - 1
+            if t + STAGES - 1 < slices:     # into slice t - 1's stage
+                k0 = k_start + (t + STAGES - 1) * BK
+                load_slice(a_tiles, write * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K, A_ROW,
+                           LOG_BK_CHUNKS if A_ALONG_K else LOG_BM_CHUNKS, M, k_end, m0, k0,
+                           tid, a_swizzled)
+                load_slice(b_tiles, write * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K, B_ROW,
+                           LOG_BK_CHUNKS if B_ALONG_K else LOG_BN_CHUNKS, N, k_end, n0, k0,
+                           tid, b_swizzled)
+            commit_copies()             # (a group each slice, empty ones too: wait counts them)
+            # the slice's two k16 steps, written out: each indexes the fragments' offsets
+            # with a constant step
+            k_step(acc, a_frag, b_frag, a_tiles, b_tiles, read * A_STAGE, read * B_STAGE, 0,
+                   wm, wn, a_lane, b_lane)
+            k_step(acc, a_frag, b_frag, a_tiles, b_tiles, read * A_STAGE, read * B_STAGE, 1,
+                   wm, wn, a_lane, b_lane)
+            read = read + 1 if read < STAGES - 1 else 0
+            write = write + 1 if write < STAGES - 1 else 0
 
         # the epilogue, tile by tile, written out (as in slice_product, the loops there are
         # unrolled by the compiler; here their bodies are too long for it): a loop over the
@@ -268,28 +393,31 @@ def copies_b_transposed(M, N, transpose_a, transpose_b):
     return False
 
 
-def takes_tensor_cores(out, a, b, bias=None, hidden=None):
-    """Whether matmul_bf16_kernel can take these arrays: a's and b's rows whole 8-float runs
-    (its copies), and every array's rows 16-byte aligned (its loads; split-K's sum)."""
-    return (a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0
-            and all(aligned16(x) for x in (out, a, b, bias, hidden) if x is not None))
-
-
 def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
                 gelu_out=None, gelu_input=None, b_transposed=None):
-    """out[M,N] (+)= bf16(op(a)) . bf16(op(b)) (+ bias): matmul.matmul's arguments and
-    epilogues, on the tensor cores (b_transposed is not needed: ldmatrix transposes)."""
-    check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
+    """out[M,N] (+)= op(a) . op(b) (+ bias) of bf16 operands (Bf16Matrix; a float32 device
+    array is rounded first): matmul.matmul's arguments and epilogues, on the tensor cores
+    (b_transposed is not needed: ldmatrix transposes)."""
+    a, b = (x if isinstance(x, Bf16Matrix) else rounded(x) for x in (a, b))
+    check_float32(out=out, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     hidden = gelu_out if gelu_out is not None else gelu_input
-    if not takes_tensor_cores(out, a, b, bias, hidden):
-        matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
-        return
+    # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
+    can_split = all(aligned16(x) for x in (out, bias, hidden) if x is not None)
     has_bias = bias is not None
     if not has_bias:            # kernels take arrays, not None: a placeholder never read
         bias = out.reshape(out.size)[:1]
-    splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK)
+    splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK) if can_split else 1
     k_per_split = k_per_slice(K, splits, step=BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
-    launch_product(matmul_bf16_kernel, THREADS, grid, k_per_split, out, a, b, bias, has_bias,
-                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
+    launch_product(matmul_bf16_kernel, THREADS, grid, k_per_split, out, a.words, b.words, bias,
+                   has_bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
+
+
+def rounded(x):
+    """A new Bf16Matrix of the float32 device array x (what the backend's `operand` makes)."""
+    check(len(x.shape) == 2, f"matmul_bf16: operands are 2-D, got {x.shape}")
+    out = Bf16Matrix(cuda.device_array(Bf16Matrix.words_shape(x.shape), np.uint32,
+                                       stream=current_stream()), x.shape[1])
+    round_bf16(out, x)
+    return out

@@ -131,18 +131,13 @@ else:
     from numba.cuda.extending import intrinsic
 
     from .vector import item_pointer as _pointer
+    from .vector import shared_address
 
     F32, I32, I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
     WORD4 = ir.VectorType(I32, 4)
     MMA = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
-    LDMATRIX = """{{
-    .reg .u64 shared_64;
-    .reg .u32 shared_address;
-    cvta.to.shared.u64 shared_64, $4;
-    cvt.u32.u64 shared_address, shared_64;
-    ldmatrix.sync.aligned.m8n8.x4{trans}.shared.b16 {{$0, $1, $2, $3}}, [shared_address];
-}}"""
+    LDMATRIX = "ldmatrix.sync.aligned.m8n8.x4{trans}.shared.b16 {{$0, $1, $2, $3}}, [$4];"
 
     def _check(array, index, dtype=types.uint32):
         if not (isinstance(array, types.Array) and array.dtype == dtype
@@ -182,9 +177,9 @@ else:
             def codegen(context, builder, signature, args):
                 pointer = _pointer(context, builder, signature.args[0], args[0],
                                    signature.args[1], args[1])
-                function = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
-                                        code, "=r,=r,=r,=r,l,~{memory}", side_effect=True)
-                words = builder.call(function, [builder.ptrtoint(pointer, I64)])
+                function = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I32]),
+                                        code, "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+                words = builder.call(function, [shared_address(builder, pointer)])
                 return context.make_tuple(builder, result,
                                           [builder.extract_value(words, i) for i in range(4)])
 

@@ -15,6 +15,9 @@ multiple of 4 and 16-byte aligned base pointers; `aligned16` checks a device arr
 
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) there is no LLVM: the same names are plain
 Python functions that index the array four times, so kernels using them run there unchanged.
+
+`flat(x)`, for a C-contiguous x, is x's elements in one row (a view of the same memory): a
+kernel that walks x with one index adds a constant to it where x[row, col] would multiply.
 """
 from .launch import SIMULATOR
 
@@ -37,6 +40,9 @@ def aligned16(array):
 
 
 if SIMULATOR:
+    def flat(x):
+        return x.reshape(x.size)
+
     def load4(array, index):
         *outer, j = index
         outer = tuple(outer)
@@ -68,6 +74,32 @@ else:
                    zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]
         return cgutils.get_item_pointer(context, builder, array_type, array, indices,
                                         wraparound=False)
+
+    def shared_address(builder, pointer):
+        """The 32-bit shared-memory address of a generic pointer into a shared array (what
+        ldmatrix and cp.async take): an LLVM address-space cast, which folds into the shared
+        array's own address, so that the offsets stay 32-bit sums (not the 64-bit generic
+        arithmetic and the cvta.to.shared a conversion in PTX would cost)."""
+        shared = builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, 3))
+        return builder.ptrtoint(shared, ir.IntType(32))
+
+    @intrinsic
+    def flat(typingctx, x):
+        # (Numba's x.reshape(n) calls a helper of its CPU runtime, which kernels lack)
+        if not (isinstance(x, types.Array) and x.layout == "C"):
+            return None
+        row = types.Array(x.dtype, 1, "C")
+
+        def codegen(context, builder, signature, args):
+            source = context.make_array(signature.args[0])(context, builder, args[0])
+            view = context.make_array(row)(context, builder)
+            context.populate_array(view, data=source.data,
+                                   shape=cgutils.pack_array(builder, [source.nitems]),
+                                   strides=cgutils.pack_array(builder, [source.itemsize]),
+                                   itemsize=source.itemsize, meminfo=None)
+            return view._getvalue()
+
+        return row(x), codegen
 
     def _element_pointer(context, builder, array_type, array, index_type, index):
         """LLVM <4 x float>* to array[index]."""

@@ -81,7 +81,7 @@ def versions(op):
 def load(path):
     """The version at `path`, imported as the module named by its file (v3_register_blocking).
     Its folder goes on sys.path, so that a version may import the helpers beside it
-    (matmul/asynccopy.py), and so that precompile's worker processes import it too."""
+    (attention/flash_tiles.py), and so that precompile's worker processes import it too."""
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
     return importlib.import_module(path.stem)

@@ -24,7 +24,7 @@ slots the FFMAs need.
 """
 from numba import cuda, float32
 
-from asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
+from nanoandrea.kernels.asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
 from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
 from nanoandrea.kernels.vector import load4, store4
 

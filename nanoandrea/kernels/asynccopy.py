@@ -1,8 +1,10 @@
-"""Asynchronous copies from global to shared memory (`cp.async`, sm_80 and later), for kernels
-(v7_cp_async_pipeline; copied from the package, which no longer carries them).
+"""Asynchronous copies from global to shared memory (`cp.async`, sm_80 and later): the
+tensor-core matmul's (matmul_bf16.py) and the ladder's v7 on.
 
     copy16_async(dst, (i, .., j), src, (r, .., c), valid)
         dst[i, .., j:j+4] = src[r, .., c:c+4] if valid else 0      16 bytes, started, not waited for
+                                                                   (float32 or uint32 arrays: four
+                                                                   floats, or 8 bf16 in pairs)
     copy4_async(dst, (i, .., j), src, (r, .., c), valid)
         dst[i, .., j] = src[r, .., c] if valid else 0              4 bytes: any alignment, and
                                                                    any place in dst (a transpose)
@@ -20,25 +22,26 @@ Numba has no API for it, so these are Numba intrinsics whose code is inline PTX 
 InlineAsm):
     cp.async.cg.shared.global [dst], [src], 16, src_size;    (src_size 0: 16 zero bytes written)
     cp.async.ca.shared.global [dst], [src], 4, src_size;     (4 bytes, through the L1 cache)
-The array pointers Numba holds are generic addresses; `cvta.to.shared` and `cvta.to.global` turn
-them into the state spaces the instruction takes. For the 16-byte copy the caller guarantees
+The array pointers Numba holds are generic addresses: the shared one becomes a 32-bit shared
+address by an LLVM address-space cast (vector.shared_address), the global one by
+`cvta.to.global`. For the 16-byte copy the caller guarantees
 16-byte alignment of both addresses; for either, even when valid is False, that src's index is
 inside the array (nothing is read then; the address stays legal).
 
 Under the CUDA simulator there is no PTX: the copy happens at once (a legal schedule of an
 asynchronous copy), and committing and waiting do nothing.
 """
-from nanoandrea.kernels.launch import SIMULATOR
+from .launch import SIMULATOR
 
 if SIMULATOR:
     def copy16_async(dst, dst_index, src, src_index, valid):
         *outer, j = dst_index
         *rows, c = src_index
         for e in range(4):
-            dst[tuple(outer) + (j + e,)] = src[tuple(rows) + (c + e,)] if valid else 0.0
+            dst[tuple(outer) + (j + e,)] = src[tuple(rows) + (c + e,)] if valid else 0
 
     def copy4_async(dst, dst_index, src, src_index, valid):
-        dst[dst_index] = src[src_index] if valid else 0.0
+        dst[dst_index] = src[src_index] if valid else 0
 
     def commit_copies():
         pass
@@ -54,28 +57,27 @@ else:
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
+    from .vector import shared_address
+
     I32, I64 = ir.IntType(32), ir.IntType(64)
     COPY = """{{
-    .reg .u64 shared_64, global_address;
-    .reg .u32 shared_address;
-    cvta.to.shared.u64 shared_64, $0;
-    cvt.u32.u64 shared_address, shared_64;
+    .reg .u64 global_address;
     cvta.to.global.u64 global_address, $1;
-    cp.async.{cache}.shared.global [shared_address], [global_address], {size}, $2;
+    cp.async.{cache}.shared.global [$0], [global_address], {size}, $2;
 }}"""
 
-    def _address(context, builder, array_type, array, index_type, index):
-        """array[index] (index: a tuple of integers, no wraparound) as a 64-bit integer."""
+    def _pointer(context, builder, array_type, array, index_type, index):
+        """array[index] (index: a tuple of integers, no wraparound), an LLVM pointer."""
         array = context.make_array(array_type)(context, builder, array)
         indices = [context.cast(builder, value, kind, types.intp) for value, kind in
                    zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]
-        pointer = cgutils.get_item_pointer(context, builder, array_type, array, indices,
-                                           wraparound=False)
-        return builder.ptrtoint(pointer, I64)
+        return cgutils.get_item_pointer(context, builder, array_type, array, indices,
+                                        wraparound=False)
 
     def _check(array, index):
-        if not (isinstance(array, types.Array) and array.dtype == types.float32):
-            raise TypeError(f"copy16_async, copy4_async need float32 arrays, got {array}")
+        if not (isinstance(array, types.Array) and array.dtype in (types.float32, types.uint32)):
+            raise TypeError(f"copy16_async, copy4_async need float32 or uint32 arrays, got "
+                            f"{array}")
         if not (isinstance(index, types.BaseTuple) and len(index) == array.ndim):
             raise TypeError(f"copy16_async, copy4_async need a tuple of {array.ndim} indices, "
                             f"got {index}")
@@ -98,13 +100,15 @@ else:
 
             def codegen(context, builder, signature, args):
                 kinds = signature.args
-                dst_address = _address(context, builder, kinds[0], args[0], kinds[1], args[1])
-                src_address = _address(context, builder, kinds[2], args[2], kinds[3], args[3])
+                dst_address = shared_address(builder, _pointer(context, builder, kinds[0],
+                                                               args[0], kinds[1], args[1]))
+                src_address = builder.ptrtoint(_pointer(context, builder, kinds[2], args[2],
+                                                        kinds[3], args[3]), I64)
                 is_valid = context.cast(builder, args[4], kinds[4], types.boolean)
                 source_size = builder.select(is_valid, ir.Constant(I32, size),
                                              ir.Constant(I32, 0))
-                _asm(builder, code, "l,l,r,~{memory}", [dst_address, src_address, source_size],
-                     [I64, I64, I32])
+                _asm(builder, code, "r,l,r,~{memory}", [dst_address, src_address, source_size],
+                     [I32, I64, I32])
 
             return types.void(dst, dst_index, src, src_index, valid), codegen
         return copy_async
