@@ -377,11 +377,13 @@ class World:
         return self.rank == 0
 
     def select_device(self):
-        """Make GPU local_rank this process's device, before anything else touches CUDA."""
+        """Make GPU local_rank this process's device, before anything else touches CUDA (GPU
+        0 when the launcher shows each rank one GPU, as Slurm's --gpus-per-task does)."""
         import cupy
         from numba import cuda
-        cuda.select_device(self.local_rank)
-        cupy.cuda.Device(self.local_rank).use()
+        device = 0 if len(cuda.gpus) == 1 else self.local_rank
+        cuda.select_device(device)
+        cupy.cuda.Device(device).use()
 
     def connect(self, backend):
         """The communicator for `backend`: NCCL on the GPU, sockets on the CPU."""

@@ -1,0 +1,133 @@
+"""What data-parallel communication costs a training step, measured on one GPU (a world of one).
+
+    python tools/ddp_overlap.py                          # andrea-12m, B=64 T=256
+    python tools/ddp_overlap.py --preset andrea-120m --batch-size 16 --block-size 1024
+
+With one rank NCCL's all-reduce moves no data between GPUs, but every call is still made and
+launched as on many: the bucket all-reduces (one NCCL group a layer, plus the embeddings' and
+the loss's) on the step's second stream inside the CUDA graph, or after the graph. So the
+difference to the plain step is what the buckets' launches and NCCL's kernels cost a step,
+the part of a multi-GPU step that does not shrink with more GPUs. Each variant is first
+checked against the plain step (the same losses, bit for bit), then timed: consecutive steps
+between two CUDA events, after warm-up, the median of 5 windows. Also timed alone: one
+all-reduce of the whole gradient buffer, and the bucketed all-reduces in a row.
+
+Rows: plain (no communicator), NCCL in the graph (train's default with several ranks), NCCL
+after the graph (--no-overlap-comm), NCCL in the graph with ZeRO-1 (--zero1).
+"""
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nanoandrea.backend import get_backend, resolve_precision   # noqa: E402
+from nanoandrea.config import get_preset                          # noqa: E402
+from nanoandrea.distributed import Address, GradientBuckets, World, _free_port  # noqa: E402
+from nanoandrea.model import GPT                                  # noqa: E402
+from nanoandrea.optim import AdamW, ShardedAdamW                  # noqa: E402
+from nanoandrea.step import TrainStep                             # noqa: E402
+
+VARIANTS = {"plain": None, "NCCL in the graph": (True, False),
+            "NCCL after the graph": (False, False), "NCCL in the graph, ZeRO-1": (True, True)}
+
+
+def make_step(args, backend, config, world, variant):
+    zero1 = variant is not None and variant[1]
+    model = GPT(config, backend, seed=1, moments=not zero1)
+    parallel = None
+    if variant is None:
+        optimizer = AdamW(model.params, lr=1e-4)
+    else:
+        communicator = world.communicator or world.connect(backend)
+        parallel = GradientBuckets(model.params, communicator)
+        optimizer = (ShardedAdamW(model.params, communicator, lr=1e-4) if zero1
+                     else AdamW(model.params, lr=1e-4))
+    step = TrainStep(model, optimizer, args.batch_size, config.block_size, args.grad_accum,
+                     parallel=parallel,
+                     communicate_in_graph=True if variant is None else variant[0])
+    return step, parallel
+
+
+def steps_ms(step, data, windows=5, per_window=10):
+    """Median ms per step over windows of consecutive steps (no wait for the GPU inside)."""
+    from numba import cuda
+    for micro in data[:3]:                       # eager, capture, first replay
+        step(micro, [1] * len(micro), 1e-4)
+    cuda.synchronize()
+    times = []
+    for _ in range(windows):
+        begin, end = cuda.event(), cuda.event()
+        begin.record()
+        for n in range(per_window):
+            step(data[n % len(data)], [n] * len(data[0]), 1e-4)
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(begin, end) / per_window)
+    return statistics.median(times)
+
+
+def all_reduce_ms(run, repeat=20):
+    from numba import cuda
+    run()
+    cuda.synchronize()
+    begin, end = cuda.event(), cuda.event()
+    begin.record()
+    for _ in range(repeat):
+        run()
+    end.record()
+    end.synchronize()
+    return cuda.event_elapsed_time(begin, end) / repeat
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="andrea-12m")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    parser.add_argument("--vocab-size", type=int, default=None)
+    args = parser.parse_args()
+    backend = get_backend("cuda", precision=resolve_precision(args.precision, "cuda"))
+    config = get_preset(args.preset, block_size=args.block_size, dropout=0.0,
+                        **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
+    world = World(0, 1, 0, Address("127.0.0.1", _free_port()))
+    from cupy.cuda import nccl
+    print(f"{args.preset}, B={args.batch_size} T={config.block_size} x {args.grad_accum}, "
+          f"matmuls {backend.precision}, NCCL {nccl.get_version()}, a world of one")
+    rng = np.random.default_rng(0)
+    data = [[(rng.integers(0, config.vocab_size, (args.batch_size, config.block_size)),) * 2
+             for _ in range(args.grad_accum)] for _ in range(4)]
+
+    reference, rows, buckets = None, [], None
+    for name, variant in VARIANTS.items():
+        step, parallel = make_step(args, backend, config, world, variant)
+        losses = [float(backend.to_host(step(micro, [n] * len(micro), 1e-4))[0])
+                  for n, micro in enumerate(data)]
+        if reference is None:
+            reference = losses
+        elif losses != reference:
+            sys.exit(f"{name}: losses {losses} differ from the plain step's {reference}")
+        rows.append((name, steps_ms(step, data)))
+        buckets = parallel or buckets
+        del step
+
+    store, communicator = buckets.store, buckets.communicator
+    whole = all_reduce_ms(lambda: communicator.all_reduce([store.grads]))
+    bucketed = all_reduce_ms(lambda: [communicator.all_reduce(
+        [store.grads[a:b] for a, b in ranges]) for ranges in buckets.ranges])
+    plain = rows[0][1]
+    tokens = args.batch_size * config.block_size * args.grad_accum
+    print(f"{'variant':28s} {'ms/step':>9s} {'cost':>9s} {'tokens/s':>11s}")
+    for name, ms in rows:
+        print(f"{name:28s} {ms:9.3f} {ms - plain:+9.3f} {tokens / ms * 1e3:11,.0f}")
+    print(f"one all-reduce of the {store.size:,} gradients: {whole:.3f} ms; "
+          f"{len(buckets.ranges)} buckets in a row: {bucketed:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
