@@ -196,6 +196,8 @@ class SocketCommunicator:
     them in rank order (so every run adds alike) and sends the result back. The CPU backend's
     communicator: the same calls as NCCL's, for tests and CPU runs, not for speed."""
 
+    capturable = True           # (nothing to capture: the NumPy backend has no graphs)
+
     def __init__(self, rendezvous):
         self.rendezvous = rendezvous
         self.rank, self.size = rendezvous.rank, rendezvous.size
@@ -239,9 +241,12 @@ class NcclCommunicator:
     arrays are one NCCL group: one launch. While kernels are only being recorded (precompile)
     nothing is sent."""
 
+    CAPTURABLE_FROM = 20906     # NCCL 2.9.6: collectives may be captured in a CUDA graph
+
     def __init__(self, rank, size, broadcast):
         from cupy.cuda import nccl
         self.nccl, self.rank, self.size = nccl, rank, size
+        self.capturable = nccl.get_version() >= self.CAPTURABLE_FROM
         unique_id = nccl.get_unique_id() if rank == 0 else None
         payload = broadcast(bytes(b & 0xFF for b in unique_id) if rank == 0 else b"")
         unique_id = tuple(b - 256 if b > 127 else b for b in payload)   # (signed chars)
@@ -360,6 +365,16 @@ class GradientBuckets:
         self.launched = [False] * len(self.names)
 
 
+def data_parallel(store, communicator, zero1=False, **hyperparameters):
+    """(optimizer, buckets) for a data-parallel TrainStep over the model's store: AdamW, or
+    under ZeRO-1 optim.ShardedAdamW (the store then made without m and v), and the gradient
+    buckets the step all-reduces."""
+    from .optim import AdamW, ShardedAdamW
+    optimizer = (ShardedAdamW(store, communicator, **hyperparameters) if zero1 else
+                 AdamW(store, **hyperparameters))
+    return optimizer, GradientBuckets(store, communicator)
+
+
 # --- the world: who this process is among the ranks ----------------------------------------------
 
 class World:
@@ -381,7 +396,11 @@ class World:
         0 when the launcher shows each rank one GPU, as Slurm's --gpus-per-task does)."""
         import cupy
         from numba import cuda
-        device = 0 if len(cuda.gpus) == 1 else self.local_rank
+        visible = len(cuda.gpus)
+        if self.local_rank >= visible > 1:
+            raise DistributedError(f"rank {self.rank}: its local rank is {self.local_rank} but "
+                                   f"this host shows {visible} GPUs (fewer ranks a host)")
+        device = 0 if visible == 1 else self.local_rank
         cuda.select_device(device)
         cupy.cuda.Device(device).use()
 
@@ -559,13 +578,16 @@ def launch(size, arguments, timeout=DEFAULT_TIMEOUT, environ=None, program=None)
              for r in range(size)]
     deadline = None
     while True:
-        codes = [p.poll() for p in ranks]
-        if all(code is not None for code in codes):
-            return next((code for code in codes if code), 0)
-        if deadline is None and any(code for code in codes if code is not None):
-            deadline = time.monotonic() + timeout + 10
-        if deadline is not None and time.monotonic() > deadline:
-            for p in ranks:
-                if p.poll() is None:
-                    p.kill()
-        time.sleep(0.1)
+        try:
+            codes = [p.poll() for p in ranks]
+            if all(code is not None for code in codes):
+                return next((code for code in codes if code), 0)
+            if deadline is None and any(code for code in codes if code is not None):
+                deadline = time.monotonic() + timeout + 10
+            if deadline is not None and time.monotonic() > deadline:
+                for p in ranks:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.1)
+        except KeyboardInterrupt:         # (Ctrl-C reaches the ranks too: they say it, once)
+            deadline = deadline or time.monotonic() + timeout + 10

@@ -36,7 +36,7 @@ from .backend import get_backend, resolve_precision
 from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from .config import ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
-from .distributed import DistributedError, GradientBuckets
+from .distributed import DistributedError, data_parallel
 from .heads import HeadsError, gradient_shares, plot_gradient_shares
 from .hf import InteropError
 from .kernels.dropout import mix32
@@ -218,14 +218,14 @@ class Trainer:
         self.model = GPT(self.config, self.backend, seed=o.seed, moments=not zero1)
         hyperparameters = dict(lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay,
                                grad_clip=o.grad_clip)
-        parallel = None
+        parallel, in_graph = None, o.overlap_comm
         if world is None:
             self.optimizer = AdamW(self.model.params, **hyperparameters)
         else:
             communicator = world.connect(self.backend)
-            parallel = GradientBuckets(self.model.params, communicator)
-            self.optimizer = (ShardedAdamW(self.model.params, communicator, **hyperparameters)
-                              if zero1 else AdamW(self.model.params, **hyperparameters))
+            self.optimizer, parallel = data_parallel(self.model.params, communicator, zero1,
+                                                     **hyperparameters)
+            in_graph = in_graph and communicator.capturable     # (else after the graph)
         self.batches = BatchSampler(self.dataset.splits["train"], o.batch_size,
                                     self.config.block_size, seed=o.seed,
                                     shard=(self.rank, self.ranks))
@@ -235,23 +235,27 @@ class Trainer:
         self.window = self.backend.zeros((o.log_interval,))    # each step's loss, on the device
         self.stepper = TrainStep(self.model, self.optimizer, self.rank_batch,
                                  self.config.block_size, o.grad_accum, cuda_graph=o.cuda_graph,
-                                 parallel=parallel, communicate_in_graph=o.overlap_comm)
+                                 parallel=parallel, communicate_in_graph=in_graph)
         self.history = {"step": [], "loss": [], "val_step": [], "val": []}
         self.tokens_per_step = o.batch_size * self.config.block_size * o.grad_accum
         self.peak = self._peak_flops()
 
     def _resolve_data(self):
-        """The prepared data folder; on several ranks rank 0 prepares it first (the others
-        then find it in the cache, on a disk they share)."""
+        """The prepared data folder (rank 0 prepares it, if need be, before the others look)."""
         o = self.options
+        return self._rank_0_first(lambda: resolve_data(o.data, o.tokenizer, o.vocab_size,
+                                                       report=self.report))
 
-        def resolve():
-            return resolve_data(o.data, o.tokenizer, o.vocab_size, report=self.report)
-        if self.world is None:
-            return resolve()
-        folder = resolve() if self.main else None
-        self.world.rendezvous.barrier()
-        return folder or resolve()
+    def _rank_0_first(self, action):
+        """action() here; on several ranks on rank 0 first, then on the others, which find
+        what it made (a prepared data folder, compiled kernels) in the caches on their shared
+        disk instead of all making it at once."""
+        result = action() if self.main else None
+        if self.world is not None:
+            self.world.rendezvous.barrier()
+            if not self.main:
+                result = action()
+        return result
 
     def _check_memory(self):
         need = estimate_step_bytes(self.config, self.rank_batch)
@@ -339,9 +343,7 @@ class Trainer:
                     f"out {self.out}")
         last_stop = o.max_steps if o.stop_at is None else min(o.max_steps, o.stop_at)
         if self.backend.name == "cuda" and not SIMULATOR:   # (a first run compiles them all)
-            compile_kernels(for_training(self.model, self.rank_batch, self.config.block_size,
-                                         o.grad_accum, self._compile_optimizer()),
-                            report=self.report)
+            self._compile()
         if self.step == 0 and last_stop > 0:
             self.evaluate(save=False)                 # the untrained model's loss, for the plot
         clock, steps_since, paused = time.perf_counter(), 0, 0.0
@@ -366,11 +368,13 @@ class Trainer:
             self.plot()
         return {"step": self.step, "best_val": self.best_val, "best_step": self.best_step}
 
-    def _compile_optimizer(self):
-        """An optimizer like the run's for the kernels' compile (precompile.for_training)."""
-        if isinstance(self.optimizer, ShardedAdamW):
-            return ShardedAdamW(self.model.params, self.optimizer.communicator)
-        return None
+    def _compile(self):
+        """Compile the kernels the run launches (with an optimizer like the run's)."""
+        optimizer = (ShardedAdamW(self.model.params, self.optimizer.communicator)
+                     if isinstance(self.optimizer, ShardedAdamW) else None)
+        self._rank_0_first(lambda: compile_kernels(
+            for_training(self.model, self.rank_batch, self.config.block_size,
+                         self.options.grad_accum, optimizer), report=self.report))
 
     def window_losses(self, steps):
         """The losses of the last `steps` steps, read from the device: waits for the GPU (the

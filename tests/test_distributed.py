@@ -124,6 +124,24 @@ def test_resume_on_the_same_and_on_another_number_of_ranks(corpus, tmp_path):
     assert_close_curves(curve(tmp_path / "parts3"), curve(tmp_path / "whole"))
 
 
+def mpi_available():
+    import importlib.util
+    return importlib.util.find_spec("mpi4py") is not None and shutil.which("mpirun") is not None
+
+
+@pytest.mark.skipif(not mpi_available(), reason="needs mpi4py and mpirun")
+def test_ranks_started_by_mpirun_train_as_one_process(corpus, tmp_path):
+    """mpirun -np 2: rank and size from MPI, rank 0's address broadcast over MPI."""
+    steps = ("--data", corpus, "--max-steps", "6", *RUN)
+    train(tmp_path, *steps, "--out", tmp_path / "one")
+    done = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", sys.executable, "-m",
+                           "nanoandrea", "train", *map(str, steps), "--out", tmp_path / "mpi"],
+                          env=environment(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "over 2 ranks" in done.stdout
+    assert_close_curves(curve(tmp_path / "mpi"), curve(tmp_path / "one"))
+
+
 def wait_for(condition, seconds, what):
     deadline = time.monotonic() + seconds
     while not condition():
@@ -271,8 +289,7 @@ def test_nccl_world_of_one_equals_the_plain_step(rng, communicate_in_graph, zero
     """andrea-mini, 5 steps (the graph captured at the second), 2 micro-batches: the losses
     and parameters of the NCCL step with a world of one are the plain step's, bit for bit,
     with the all-reduces inside the graph, after it, and under ZeRO-1."""
-    from nanoandrea.distributed import Address, World, _free_port
-    from nanoandrea.optim import ShardedAdamW
+    from nanoandrea.distributed import Address, World, _free_port, data_parallel
     from nanoandrea.step import TrainStep
     config = get_preset("andrea-mini", vocab_size=65, dropout=0.1)
     B, T, grad_accum = 8, 64, 2
@@ -286,10 +303,8 @@ def test_nccl_world_of_one_equals_the_plain_step(rng, communicate_in_graph, zero
         if world is None:
             optimizer = AdamW(model.params, lr=3e-3)
         else:
-            communicator = world.connect(backend)
-            parallel = GradientBuckets(model.params, communicator)
-            optimizer = (ShardedAdamW(model.params, communicator, lr=3e-3) if zero1 else
-                         AdamW(model.params, lr=3e-3))
+            optimizer, parallel = data_parallel(model.params, world.connect(backend), zero1,
+                                                lr=3e-3)
         step = TrainStep(model, optimizer, B, T, grad_accum, parallel=parallel,
                          communicate_in_graph=communicate_in_graph)
         losses = [float(backend.to_host(step(micro, [7 * n, 7 * n + 1], 3e-3))[0])
@@ -301,3 +316,16 @@ def test_nccl_world_of_one_equals_the_plain_step(rng, communicate_in_graph, zero
     nccl = run(World(0, 1, 0, Address("127.0.0.1", _free_port())))
     assert nccl[0] == plain[0]
     assert np.array_equal(nccl[1], plain[1])
+
+
+@pytest.mark.skipif(not GPU or not nccl_available(), reason="needs a GPU and CuPy's NCCL")
+@pytest.mark.parametrize("extra", [(), ("--zero1",), ("--no-overlap-comm",)])
+def test_train_on_one_gpu_through_nccl_equals_plain_train(corpus, tmp_path, extra):
+    """`train --gpus 1` (a rank of its own, NCCL, the all-reduces in the CUDA graph or after
+    it, ZeRO-1) logs the plain `train`'s numbers, bit for bit."""
+    steps = ("--data", corpus, "--max-steps", "12", "--preset", "andrea-mini", "--batch-size",
+             "8", "--block-size", "64", "--eval-iters", "2", "--log-interval", "1",
+             "--eval-interval", "6", "--dropout", "0.1", "--device", "cuda")
+    train(tmp_path, *steps, "--out", tmp_path / "plain")
+    train(tmp_path, *steps, "--out", tmp_path / "nccl", "--gpus", "1", *extra)
+    assert curve(tmp_path / "nccl") == curve(tmp_path / "plain")

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nanoandrea.backend import get_backend, resolve_precision   # noqa: E402
 from nanoandrea.config import get_preset                          # noqa: E402
-from nanoandrea.distributed import Address, GradientBuckets, World, _free_port  # noqa: E402
+from nanoandrea.distributed import Address, World, _free_port, data_parallel  # noqa: E402
 from nanoandrea.model import GPT                                  # noqa: E402
-from nanoandrea.optim import AdamW, ShardedAdamW                  # noqa: E402
+from nanoandrea.optim import AdamW                                # noqa: E402
 from nanoandrea.step import TrainStep                             # noqa: E402
 
 VARIANTS = {"plain": None, "NCCL in the graph": (True, False),
@@ -42,10 +42,8 @@ def make_step(args, backend, config, world, variant):
     if variant is None:
         optimizer = AdamW(model.params, lr=1e-4)
     else:
-        communicator = world.communicator or world.connect(backend)
-        parallel = GradientBuckets(model.params, communicator)
-        optimizer = (ShardedAdamW(model.params, communicator, lr=1e-4) if zero1
-                     else AdamW(model.params, lr=1e-4))
+        optimizer, parallel = data_parallel(
+            model.params, world.communicator or world.connect(backend), zero1, lr=1e-4)
     step = TrainStep(model, optimizer, args.batch_size, config.block_size, args.grad_accum,
                      parallel=parallel,
                      communicate_in_graph=True if variant is None else variant[0])
