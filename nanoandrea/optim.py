@@ -8,7 +8,10 @@ device, so nothing waits for the host.
 ZeRO-1 (`ShardedAdamW`, train --zero1): on R data-parallel ranks, whose averaged gradients are
 the same everywhere, each rank keeps m and v for one contiguous shard of the P parameters
 (1/R of AdamW's memory), updates only that shard, and the ranks then all-gather the
-parameters. The same kernel on a slice: the same numbers as AdamW over all of P.
+parameters. The same kernel on a slice: the same numbers as AdamW over all of P. The
+gradients are still all-reduced whole (distributed.GradientBuckets: the buckets follow the
+layers, the shards the ranks); a reduce-scatter into each rank's shard would move half the
+bytes, and is not done here.
 """
 import math
 
