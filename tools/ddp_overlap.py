@@ -16,13 +16,15 @@ Rows: plain (no communicator), NCCL in the graph (train's default with several r
 after the graph (--no-overlap-comm), NCCL in the graph with ZeRO-1 (--zero1).
 """
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import median_ms_per_call, warm_up_and_time_one        # noqa: E402
 
 from nanoandrea.backend import get_backend, resolve_precision   # noqa: E402
 from nanoandrea.config import get_preset                          # noqa: E402
@@ -50,35 +52,15 @@ def make_step(args, backend, config, world, variant):
     return step, parallel
 
 
-def steps_ms(step, data, windows=5, per_window=10):
+def steps_ms(step, data, per_window=10, windows=5):
     """Median ms per step over windows of consecutive steps (no wait for the GPU inside)."""
-    from numba import cuda
-    for micro in data[:3]:                       # eager, capture, first replay
-        step(micro, [1] * len(micro), 1e-4)
-    cuda.synchronize()
-    times = []
-    for _ in range(windows):
-        begin, end = cuda.event(), cuda.event()
-        begin.record()
-        for n in range(per_window):
-            step(data[n % len(data)], [n] * len(data[0]), 1e-4)
-        end.record()
-        end.synchronize()
-        times.append(cuda.event_elapsed_time(begin, end) / per_window)
-    return statistics.median(times)
+    calls = iter(range(10 ** 9))
 
-
-def all_reduce_ms(run, repeat=20):
-    from numba import cuda
-    run()
-    cuda.synchronize()
-    begin, end = cuda.event(), cuda.event()
-    begin.record()
-    for _ in range(repeat):
-        run()
-    end.record()
-    end.synchronize()
-    return cuda.event_elapsed_time(begin, end) / repeat
+    def one_step():
+        n = next(calls)
+        step(data[n % len(data)], [n] * len(data[0]), 1e-4)
+    warm_up_and_time_one(one_step, 3)           # eager, capture, replays
+    return median_ms_per_call(one_step, per_window, windows)
 
 
 def main():
@@ -115,9 +97,9 @@ def main():
         del step
 
     store, communicator = buckets.store, buckets.communicator
-    whole = all_reduce_ms(lambda: communicator.all_reduce([store.grads]))
-    bucketed = all_reduce_ms(lambda: [communicator.all_reduce(
-        [store.grads[a:b] for a, b in ranges]) for ranges in buckets.ranges])
+    whole = median_ms_per_call(lambda: communicator.all_reduce([store.grads]), 20, 5)
+    bucketed = median_ms_per_call(lambda: [communicator.all_reduce(
+        [store.grads[a:b] for a, b in ranges]) for ranges in buckets.ranges], 20, 5)
     plain = rows[0][1]
     tokens = args.batch_size * config.block_size * args.grad_accum
     print(f"{'variant':28s} {'ms/step':>9s} {'cost':>9s} {'tokens/s':>11s}")
