@@ -98,7 +98,8 @@ def train_command(resume, gpus, **given):
     """Train a model (default: andrea-12m on tiny Shakespeare)."""
     from .distributed import DEFAULT_TIMEOUT, launch, world_from_environment
     given = {k: v for k, v in given.items() if v is not None}
-    timeout = given.get("rank_timeout", DEFAULT_TIMEOUT)
+    timeout = given.get("rank_timeout", DEFAULT_TIMEOUT)   # (the launch's, not the run's:
+                                                           # a checkpoint does not keep it)
     if gpus is not None:            # this process starts the ranks, and trains on none of them
         if "RANK" in os.environ:
             raise click.UsageError("--gpus starts its own ranks: leave it out under torchrun "

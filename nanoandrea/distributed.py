@@ -244,7 +244,12 @@ class NcclCommunicator:
     CAPTURABLE_FROM = 20906     # NCCL 2.9.6: collectives may be captured in a CUDA graph
 
     def __init__(self, rank, size, broadcast):
-        from cupy.cuda import nccl
+        try:
+            from cupy.cuda import nccl
+            nccl.get_version()
+        except Exception as error:
+            raise DistributedError(f"rank {rank}: CuPy has no NCCL ({error}): pip install "
+                                   f"nvidia-nccl-cu12 (CUDA 12) or nvidia-nccl-cu13") from None
         self.nccl, self.rank, self.size = nccl, rank, size
         self.capturable = nccl.get_version() >= self.CAPTURABLE_FROM
         unique_id = nccl.get_unique_id() if rank == 0 else None

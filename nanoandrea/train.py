@@ -91,7 +91,6 @@ class TrainOptions:
     zero1: bool = False              # several ranks: each keeps AdamW's state for its shard
     overlap_comm: bool = True        # several ranks: all-reduce each layer's gradients as
                                      # backward finishes them, inside the CUDA graph (step.py)
-    rank_timeout: float = 60.0       # several ranks: a rank silent this long stops them all
 
 
 # What `train` uses on the CPU when the user did not choose: a run that finishes in minutes
