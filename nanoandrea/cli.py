@@ -96,7 +96,7 @@ def _train_options(f):
 @_train_options
 def train_command(resume, gpus, **given):
     """Train a model (default: andrea-12m on tiny Shakespeare)."""
-    from .distributed import DEFAULT_TIMEOUT, launch, world_from_environment
+    from .distributed import DEFAULT_TIMEOUT, start_ranks, world_from_environment
     given = {k: v for k, v in given.items() if v is not None}
     timeout = given.get("rank_timeout", DEFAULT_TIMEOUT)   # (the launch's, not the run's:
                                                            # a checkpoint does not keep it)
@@ -104,7 +104,7 @@ def train_command(resume, gpus, **given):
         if "RANK" in os.environ:
             raise click.UsageError("--gpus starts its own ranks: leave it out under torchrun "
                                    "or mpirun")
-        status = launch(gpus, _arguments(train_command, dict(given, resume=resume)), timeout)
+        status = start_ranks(gpus, _arguments(train_command, dict(given, resume=resume)), timeout)
         sys.exit(status)
     world = _run(lambda: world_from_environment(timeout))
     if world is None:

@@ -18,7 +18,7 @@ gradient in step.py is 1/(grad_accum * R)), so a communicator needs only a sum.
                       communicator's data, and the watchdog's heartbeats
 
 Who starts the ranks (`world_from_environment`):
-    train --gpus N    this module's `launch`: N fresh interpreters (never a fork of one that
+    train --gpus N    this module's `start_ranks`: N fresh interpreters (never a fork of one that
                       has touched CUDA) with the variables torchrun sets
     torchrun          RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (the rendezvous
                       listens on MASTER_PORT + 1: torchrun's own store holds MASTER_PORT)
@@ -43,6 +43,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from . import schedule
+from .kernels import launch
 
 DEFAULT_TIMEOUT = 60.0
 HEARTBEAT_SECONDS = 1.0
@@ -263,7 +266,6 @@ class NcclCommunicator:
 
     @staticmethod
     def _stream():
-        from .kernels import launch
         return None if launch._recording is not None else int(launch.current_stream())
 
     def all_reduce(self, arrays):
@@ -351,7 +353,6 @@ class GradientBuckets:
                     self.launch(bucket)
 
     def launch(self, bucket):
-        from . import schedule
         grads = self.store.grads
         with schedule.beside():
             self.communicator.all_reduce([grads[start:end] for start, end in self.ranges[bucket]])
@@ -360,7 +361,6 @@ class GradientBuckets:
     def finish(self, loss):
         """After backward: the buckets not launched yet (all of them when communication runs
         after the graph), then the step's loss summed over the ranks."""
-        from . import schedule
         for bucket, done in enumerate(self.launched):
             if not done:
                 self.launch(bucket)
@@ -566,7 +566,7 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def launch(size, arguments, timeout=DEFAULT_TIMEOUT, environ=None, program=None):
+def start_ranks(size, arguments, timeout=DEFAULT_TIMEOUT, environ=None, program=None):
     """train --gpus N: N fresh processes `python -m nanoandrea train ARGUMENTS` with the
     variables torchrun would set (ranks 0..N-1 on this host, GPU r for rank r), importing
     this same nanoandrea. Returns the

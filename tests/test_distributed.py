@@ -20,7 +20,7 @@ from nanoandrea import autograd
 from nanoandrea.backend import get_backend
 from nanoandrea.checkpoint import read_checkpoint
 from nanoandrea.config import get_preset
-from nanoandrea.distributed import GradientBuckets, launch
+from nanoandrea.distributed import GradientBuckets, start_ranks
 from nanoandrea.model import GPT
 from nanoandrea.optim import AdamW, shard_bounds
 
@@ -262,14 +262,14 @@ def test_shards_cover_the_buffer_aligned():
         assert max(np.diff(bounds)) - min(np.diff(bounds)) <= 4 + 4
 
 
-def test_launch_passes_the_failure_on(tmp_path):
+def test_start_ranks_passes_the_failure_on(tmp_path):
     """--gpus N's launcher: the ranks' environment, and the status of a failed rank."""
     script = tmp_path / "rank.py"
     script.write_text("import os, sys\n"
                       "print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'],"
                       " os.environ['MASTER_ADDR'], flush=True)\n"
                       "sys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
-    assert launch(2, [], timeout=1, program=[sys.executable, str(script)]) == 3
+    assert start_ranks(2, [], timeout=1, program=[sys.executable, str(script)]) == 3
 
 
 # --- on a GPU: NCCL with a world of one is the plain step ---------------------------------------
