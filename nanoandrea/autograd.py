@@ -20,10 +20,14 @@ does; `grad_slot`: a copy first).
 A gradient may still be in the making when the tape moves on (written on another stream:
 nanoandrea/schedule.py); its tensor's `grad_ready` is then a function that waits for it, called
 before the gradient is touched again.
+
+Data-parallel training averages the parameters' gradients while backward goes on: `recorded()`
+lists each node's inputs, and `backward(after_node=...)` calls a function with a node's inputs
+once the node has run, so it can tell when a parameter's last gradient has been written.
 """
 from contextlib import contextmanager
 
-_tape = []                      # (output, backward closure), in forward order
+_tape = []                      # (output, backward closure, inputs), in forward order
 _grad_enabled = True
 
 
@@ -49,16 +53,19 @@ class Tensor:
     def item(self):
         return float(self.numpy().reshape(-1)[0])
 
-    def backward(self, grad=None):
+    def backward(self, grad=None, after_node=None):
         """Backpropagate through everything on the tape, from this tensor with gradient `grad`
-        (a backend array of this shape; default: ones, as for a scalar loss)."""
+        (a backend array of this shape; default: ones, as for a scalar loss); after_node, if
+        given, is called with each node's inputs once the node is done."""
         if grad is None:
             grad = self.backend.empty(self.shape)
             self.backend.fill(grad, 1.0)
         self.grad = grad
-        for output, backward in reversed(_tape):
+        for output, backward, inputs in reversed(_tape):
             if output.grad is not None:
                 backward()
+            if after_node is not None:
+                after_node(inputs)
         _tape.clear()
 
     def __repr__(self):
@@ -69,8 +76,13 @@ def record(output, inputs, backward):
     """Called by an op: output depends on inputs through `backward` (a closure)."""
     if _grad_enabled and any(t.requires_grad for t in inputs):
         output.requires_grad = True
-        _tape.append((output, backward))
+        _tape.append((output, backward, inputs))
     return output
+
+
+def recorded():
+    """The inputs of every node on the tape, in forward order."""
+    return [inputs for _, _, inputs in _tape]
 
 
 def _ready(tensor):

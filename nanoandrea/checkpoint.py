@@ -116,10 +116,9 @@ def _fsync_folder(folder):
 def save_checkpoint(out_dir, links, model, optimizer, tokenizer, train_options, state):
     """Write a checkpoint folder of a training run and point each name in `links` ("ckpt",
     "best") at it."""
-    store = model.params
-    moments = {"m": store.backend.to_host(store.m), "v": store.backend.to_host(store.v)}
-    return write_checkpoint_files(out_dir, links, model.config, store.state_dict(), tokenizer,
-                                  train_options, state, moments, optimizer.step_count)
+    return write_checkpoint_files(out_dir, links, model.config, model.params.state_dict(),
+                                  tokenizer, train_options, state, optimizer.moments_to_host(),
+                                  optimizer.step_count)
 
 
 def write_checkpoint_files(out_dir, links, config, params, tokenizer, train_options, state,

@@ -3,6 +3,7 @@
 Errors a user can fix (bad data, an unknown preset, a missing checkpoint, a NaN loss, too little
 memory) end in one line and a non-zero exit, never a traceback.
 """
+import os
 import sys
 import time
 from pathlib import Path
@@ -75,6 +76,16 @@ def _train_options(f):
         click.option("--log-heads/--no-log-heads", default=None,
                      help="at each evaluation, each head's share of its layer's attention "
                           "gradient: metrics.jsonl and heads_grad.png [off]"),
+        click.option("--gpus", type=click.IntRange(min=1), help="data-parallel over N GPUs of "
+                     "this host, one process each (--device cpu: N processes); --batch-size "
+                     "is then the batch of all of them together"),
+        click.option("--zero1/--no-zero1", default=None, help="several ranks: each keeps "
+                     "AdamW's state for its shard of the parameters, then all-gathers them [off]"),
+        click.option("--overlap-comm/--no-overlap-comm", default=None, help="several ranks: "
+                     "all-reduce each layer's gradients as backward finishes them, inside the "
+                     "CUDA graph; off: after the graph [on]"),
+        click.option("--rank-timeout", type=click.FloatRange(min=1), help="several ranks: "
+                     "seconds a rank may be silent before every rank stops [60]"),
     ]
     for option in reversed(options):
         f = option(f)
@@ -83,22 +94,67 @@ def _train_options(f):
 
 @click.command("train")
 @_train_options
-def train_command(resume, **given):
+def train_command(resume, gpus, **given):
     """Train a model (default: andrea-12m on tiny Shakespeare)."""
-    from .train import resolve_options, train
+    from .distributed import DEFAULT_TIMEOUT, start_ranks, world_from_environment
     given = {k: v for k, v in given.items() if v is not None}
+    timeout = given.get("rank_timeout", DEFAULT_TIMEOUT)   # (the launch's, not the run's:
+                                                           # a checkpoint does not keep it)
+    if gpus is not None:            # this process starts the ranks, and trains on none of them
+        if "RANK" in os.environ:
+            raise click.UsageError("--gpus starts its own ranks: leave it out under torchrun "
+                                   "or mpirun")
+        status = start_ranks(gpus, _arguments(train_command, dict(given, resume=resume)), timeout)
+        sys.exit(status)
+    world = _run(lambda: world_from_environment(timeout))
+    if world is None:
+        _run(lambda: _train(given, resume))
+        return
+    try:
+        if given.get("device", "auto") != "cpu" and _gpu_available():
+            world.select_device()
+        _run(lambda: _train(given, resume, world))
+        world.close()
+    except BaseException as error:          # (an error line, and every rank stopped)
+        if world.size == 1:
+            raise
+        world.fail(error.message if isinstance(error, click.ClickException) else
+                   f"{type(error).__name__}: {error}")
 
-    def action():
-        options = resolve_options(given, resume=resume, report=_echo)
-        for name in ("batch_size", "block_size", "grad_accum", "max_steps", "log_interval",
-                     "eval_interval", "eval_iters"):
-            if getattr(options, name) < 1:
-                raise click.BadParameter(f"must be at least 1, got {getattr(options, name)}",
-                                         param_hint="--" + name.replace("_", "-"))
-        result = train(options, resume=resume, report=_echo)
+
+def _train(given, resume, world=None):
+    from .train import resolve_options, train
+    options = resolve_options(given, resume=resume, report=_echo)
+    for name in ("batch_size", "block_size", "grad_accum", "max_steps", "log_interval",
+                 "eval_interval", "eval_iters"):
+        if getattr(options, name) < 1:
+            raise click.BadParameter(f"must be at least 1, got {getattr(options, name)}",
+                                     param_hint="--" + name.replace("_", "-"))
+    result = train(options, resume=resume, report=_echo, world=world)
+    if world is None or world.main:
         _echo(f"done: {result['step']} steps, best val loss {result['best_val']:.4f} at step "
               f"{result['best_step']}; checkpoints in {options.out}/ckpt and {options.out}/best")
-    _run(action)
+
+
+def _gpu_available():
+    from .kernels.launch import gpu_available
+    return gpu_available()
+
+
+def _arguments(command, values):
+    """The command line that gives `command` these option values (a rank's, from --gpus)."""
+    arguments = []
+    for param in command.params:
+        value = values.get(param.name)
+        if value is None or not isinstance(param, click.Option):
+            continue
+        if param.is_flag and param.secondary_opts:          # --x/--no-x
+            arguments.append(param.opts[0] if value else param.secondary_opts[0])
+        elif param.is_flag:
+            arguments += [param.opts[0]] if value else []
+        else:
+            arguments += [param.opts[0], str(value)]
+    return arguments
 
 
 @click.command("sample")

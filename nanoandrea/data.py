@@ -156,17 +156,23 @@ class Dataset:
 class BatchSampler:
     """Random windows of T+1 tokens (inputs and next-token targets), nanoGPT style.
 
-    Its random state is part of the checkpoint, so a resumed run draws the same batches."""
+    Its random state is part of the checkpoint, so a resumed run draws the same batches.
+    shard=(rank, ranks): every rank draws the same batch_size starts and reads its own
+    batch_size / ranks of them (data-parallel training: the ranks' shards are one batch)."""
 
-    def __init__(self, tokens, batch_size, block_size, seed):
+    def __init__(self, tokens, batch_size, block_size, seed, shard=(0, 1)):
         self.tokens = tokens
         self.batch_size = batch_size
+        self.shard = shard
         self.block_size = block_size
         self.rng = np.random.default_rng(seed)
         self.drawn = 0
 
     def next(self):
         starts = self.rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
+        rank, ranks = self.shard
+        rows = self.batch_size // ranks
+        starts = starts[rank * rows:(rank + 1) * rows]
         window = np.stack([np.asarray(self.tokens[s:s + self.block_size + 1]) for s in starts])
         self.drawn += 1
         window = window.astype(np.int32)

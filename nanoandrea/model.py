@@ -31,12 +31,13 @@ from .params import ParameterStore
 
 
 class GPT:
-    def __init__(self, config: GPTConfig, backend=None, seed=1337):
+    def __init__(self, config: GPTConfig, backend=None, seed=1337, moments=True):
         """seed: GPT-2's initialisation from this seed; None: the parameters are zeros, for a
-        model whose weights are loaded next (a checkpoint)."""
+        model whose weights are loaded next (a checkpoint). moments: whether the parameter
+        store holds AdamW's m and v (ZeRO-1 keeps a shard of them elsewhere: params.py)."""
         self.config = config.validate()
         self.backend = backend or get_backend()
-        self.params = ParameterStore(self.config, self.backend)
+        self.params = ParameterStore(self.config, self.backend, moments)
         if seed is not None:
             self.params.initialize(seed)
         self.dropout_seed = self.backend.to_device(np.zeros(1, dtype=np.int64))

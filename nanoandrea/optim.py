@@ -4,6 +4,14 @@ One optimizer step is three kernels whatever the model size: the global gradient
 deterministic reductions) and one AdamW kernel over all P parameters. The step's lr and bias
 corrections travel to the device as one 8-float vector, and clipping reads the norm on the
 device, so nothing waits for the host.
+
+ZeRO-1 (`ShardedAdamW`, train --zero1): on R data-parallel ranks, whose averaged gradients are
+the same everywhere, each rank keeps m and v for one contiguous shard of the P parameters
+(1/R of AdamW's memory), updates only that shard, and the ranks then all-gather the
+parameters. The same kernel on a slice: the same numbers as AdamW over all of P. The
+gradients are still all-reduced whole (distributed.GradientBuckets: the buckets follow the
+layers, the shards the ranks); a reduce-scatter into each rank's shard would move half the
+bytes, and is not done here.
 """
 import math
 
@@ -52,6 +60,57 @@ class AdamW:
     def grad_norm(self):
         """The global gradient norm of the last step (before clipping); waits for the device."""
         return float(self.backend.to_host(self.norm)[0])
+
+    def moments_to_host(self):
+        """{"m", "v"}: AdamW's state over all P parameters, host arrays (for a checkpoint)."""
+        return {"m": self.backend.to_host(self.store.m), "v": self.backend.to_host(self.store.v)}
+
+    def load_moments(self, m, v):
+        """Restore the state moments_to_host gave (host arrays [P])."""
+        self.backend.copy_from_host(self.store.m, m)
+        self.backend.copy_from_host(self.store.v, v)
+
+
+def shard_bounds(size, ranks, align=4):
+    """[b_0 = 0, b_1, ..., b_R = size]: rank r's shard of a flat buffer is [b_r, b_r+1), every
+    bound a multiple of `align` (the views' 16-byte alignment) but the last."""
+    return [min(size, size * r // ranks // align * align) for r in range(ranks)] + [size]
+
+
+class ShardedAdamW(AdamW):
+    """AdamW under ZeRO-1: this rank's m and v cover its shard [lo, hi) of the parameters; the
+    update writes that shard, then `communicator.all_gather` hands every rank every shard.
+    The gradient norm is over all of P (every rank holds the averaged gradients)."""
+
+    def __init__(self, store, communicator, **hyperparameters):
+        super().__init__(store, **hyperparameters)
+        self.communicator = communicator
+        self.bounds = shard_bounds(store.size, communicator.size)
+        self.lo, self.hi = self.bounds[communicator.rank], self.bounds[communicator.rank + 1]
+        self.m = self.backend.zeros((self.hi - self.lo,))
+        self.v = self.backend.zeros((self.hi - self.lo,))
+        self.n_decay = min(max(store.n_decay - self.lo, 0), self.hi - self.lo)
+
+    def update(self):
+        store, lo, hi = self.store, self.lo, self.hi
+        self.backend.grad_norm(self.norm, store.grads, self.partials)
+        self.backend.adamw_update(store.params[lo:hi], store.grads[lo:hi], self.m, self.v,
+                                  self.hyper, self.norm, self.n_decay)
+        self.communicator.all_gather(store.params, self.bounds)
+
+    def moments_to_host(self):
+        """The whole m and v, gathered from every rank's shard (every rank calls it)."""
+        moments = {}
+        for name, shard in (("m", self.m), ("v", self.v)):
+            whole = self.backend.zeros((self.store.size,))
+            self.backend.copy(whole[self.lo:self.hi], shard)
+            self.communicator.all_gather(whole, self.bounds)
+            moments[name] = self.backend.to_host(whole)
+        return moments
+
+    def load_moments(self, m, v):
+        self.backend.copy_from_host(self.m, m[self.lo:self.hi])
+        self.backend.copy_from_host(self.v, v[self.lo:self.hi])
 
 
 def learning_rate(step, max_lr, min_lr, warmup_steps, max_steps):

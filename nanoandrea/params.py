@@ -2,6 +2,9 @@
 
     buffer[0] params   buffer[1] grads   buffer[2] m   buffer[3] v        buffer: [4, P]
 
+(Under ZeRO-1, optim.ShardedAdamW, each rank keeps m and v for its shard only: the buffer is
+then [2, P], and m and v are None.)
+
 (P is the parameter count rounded up: every view starts on a 16-byte boundary.)
 
 Each parameter is a Tensor whose data is a view params[offset:offset+n].reshape(shape) and whose
@@ -69,7 +72,7 @@ def parameter_layout(config):
 
 
 class ParameterStore:
-    def __init__(self, config, backend):
+    def __init__(self, config, backend, moments=True):
         self.config = config
         self.backend = backend
         self.layout = parameter_layout(config)
@@ -81,8 +84,9 @@ class ParameterStore:
             if spec.decay:
                 self.n_decay = offset      # the decayed matrices (and their padding) come first
         self.size = offset                 # padding entries stay 0: no gradient ever moves them
-        self.buffer = backend.zeros((4, self.size))
-        self.params, self.grads, self.m, self.v = (self.buffer[i] for i in range(4))
+        self.buffer = backend.zeros((4 if moments else 2, self.size))
+        self.params, self.grads = self.buffer[0], self.buffer[1]
+        self.m, self.v = (self.buffer[2], self.buffer[3]) if moments else (None, None)
         self.tensors = {spec.name: Tensor(self._view(self.params, spec), backend,
                                           requires_grad=True, grad=self._view(self.grads, spec),
                                           name=spec.name)

@@ -39,14 +39,15 @@ def for_sampling(model):
     return kernels_of(lambda: generate(model, np.zeros((1, 1), np.int64), 2, temperature=0))
 
 
-def for_training(model, batch_size, block_size, grad_accum=1):
+def for_training(model, batch_size, block_size, grad_accum=1, optimizer=None):
     """What a training run of `model` launches: a step (forward, backward, AdamW), an
-    evaluation and a sample. (A step of its own, with an optimizer of its own: the model's
-    parameters and the run's optimizer are untouched, since no kernel runs.)"""
+    evaluation and a sample. (A step of its own, with an optimizer of its own, a new AdamW
+    unless given: the model's parameters and the run's optimizer are untouched, since no
+    kernel runs.)"""
     from .optim import AdamW
     from .step import TrainStep
-    step = TrainStep(model, AdamW(model.params), batch_size, block_size, grad_accum,
-                     cuda_graph=False)
+    step = TrainStep(model, optimizer or AdamW(model.params), batch_size, block_size,
+                     grad_accum, cuda_graph=False)
     ids = np.zeros((batch_size, block_size), np.int64)
     needed = kernels_of(lambda: step([(ids, ids)] * grad_accum, [0] * grad_accum, 1e-3))
     needed |= kernels_of(lambda: model.loss(ids, ids))

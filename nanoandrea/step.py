@@ -24,17 +24,28 @@ then on replayed with one call:
 
 `cuda_graph=False` (train --no-cuda-graph) runs every step eagerly; the results are the same
 bit for bit, which tests/test_cli.py checks on the GPU.
+
+Data-parallel (`parallel`, a distributed.GradientBuckets): the loss's gradient is
+1/(grad_accum * ranks), each layer's gradient bucket is all-reduced (summed) as the last
+micro-batch's backward finishes it, then the loss, then the update. Where the communication
+goes in a captured step (`communicate_in_graph`):
+    True    inside the graph: the buckets' all-reduces on the second stream, beside the rest
+            of backward (NCCL 2.9 and later may be captured when its stream is part of the
+            capture, as the second stream is); the update, and ZeRO-1's all-gather, after
+    False   beside it: the graph holds forward and backward only; the all-reduces (all at
+            the end: no overlap) and the update run eagerly after each replay, a few launches
+The same kernels and the same sums either way.
 """
 import numpy as np
 
-from . import schedule
+from . import autograd, schedule
 from .batch import TokenBatch
 from .kernels import launch
 
 
 class TrainStep:
     def __init__(self, model, optimizer, batch_size, block_size, grad_accum=1, train=True,
-                 cuda_graph=True, second_stream=True):
+                 cuda_graph=True, second_stream=True, parallel=None, communicate_in_graph=True):
         self.model = model
         self.optimizer = optimizer
         self.backend = backend = model.backend
@@ -45,8 +56,11 @@ class TrainStep:
                         for _ in range(grad_accum)]
         self.seeds = backend.to_device(np.zeros(grad_accum, dtype=np.int64))
         self.loss = backend.zeros((1,))                 # the step's loss, summed over micro-batches
-        self.loss_grad = backend.zeros((1,))            # d(mean over micro-batches)/d(loss)
-        backend.fill(self.loss_grad, 1.0 / grad_accum)
+        self.parallel = parallel
+        self.communicate_in_graph = communicate_in_graph
+        ranks = 1 if parallel is None else parallel.communicator.size
+        self.loss_grad = backend.zeros((1,))            # d(mean over micro-batches and ranks)
+        backend.fill(self.loss_grad, 1.0 / (grad_accum * ranks))        # /d(loss)
         self.graph = None
         self.arena_bytes = None
         self.stream = self.side_stream = None
@@ -83,18 +97,32 @@ class TrainStep:
             if self.graph is None:
                 self._capture()
             self.graph.launch(stream=self.stream)
+            if self.parallel is not None and not self.communicate_in_graph:
+                self._communicate_and_update()
         return self.loss
 
-    def _body(self):
-        """The step itself: every launch in here is what the graph records."""
+    def _body(self, communicate=True):
+        """The step itself: every launch in here is what the graph records. communicate=False:
+        without the data-parallel communication and the update (they follow the graph)."""
+        parallel = self.parallel if communicate else None
         self.optimizer.zero_grad()
         for micro, batch in enumerate(self.batches):
             self.model.dropout_seed = self.seeds[micro:micro + 1]
             _, loss = self.model.forward(batch, train=self.train, loss_grad=self.loss_grad)
             schedule.join()             # (the W^T copies the backward reads)
-            loss.backward(self.loss_grad)
+            last = parallel is not None and micro == len(self.batches) - 1
+            if last:                    # (each bucket's all-reduce as backward completes it)
+                parallel.arm(autograd.recorded())
+            loss.backward(self.loss_grad, after_node=parallel.after_node if last else None)
             schedule.join()             # (the weight gradients)
             self.backend.add_into(self.loss, loss.data, accumulate=micro > 0)
+        if self.parallel is None:
+            self.optimizer.update()
+        elif communicate:
+            self._communicate_and_update()
+
+    def _communicate_and_update(self):
+        self.parallel.finish(self.loss)
         self.optimizer.update()
 
     def _capture(self):
@@ -104,10 +132,10 @@ class TrainStep:
             self.stream.begin_capture()
             try:
                 if self.side_stream is None:
-                    self._body()
+                    self._body(self.communicate_in_graph)
                 else:
                     with schedule.second_stream(self.side_stream):
-                        self._body()
+                        self._body(self.communicate_in_graph)
             finally:
                 self.graph = self.stream.end_capture()
         cupy.get_default_memory_pool().free_all_blocks()    # the eager step's cached blocks

@@ -14,6 +14,12 @@ evaluation), loss.png, samples.txt (a sample at every evaluation but the first),
 losses equal, step by step, those of a run never interrupted: the batches, the dropout masks
 and the evaluation batches all come from random states saved in the checkpoint or derived from
 the step.
+
+On several ranks (train --gpus N, torchrun, mpirun: nanoandrea/distributed.py) --batch-size is
+the batch of all ranks together, each rank training on its batch_size / N rows of it, so a
+run's batches, schedule and (within float32 rounding) losses are the same whatever N is, and a
+checkpoint of N ranks resumes on M. Rank 0 alone logs, evaluates, samples and writes
+checkpoints. Dropout draws each rank's masks from a seed of its own.
 """
 import dataclasses
 import json
@@ -30,12 +36,13 @@ from .backend import get_backend, resolve_precision
 from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from .config import ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
+from .distributed import DistributedError, data_parallel
 from .heads import HeadsError, gradient_shares, plot_gradient_shares
 from .hf import InteropError
 from .kernels.dropout import mix32
 from .kernels.launch import SIMULATOR, gpu_available
 from .model import GPT
-from .optim import AdamW, learning_rate
+from .optim import AdamW, ShardedAdamW, learning_rate
 from .precompile import compile_kernels, for_training
 from .step import TrainStep
 from .tokenizer import TokenizerError
@@ -81,6 +88,9 @@ class TrainOptions:
     imported_from: str = None        # the Hugging Face folder an imported checkpoint came from
     log_heads: bool = False          # at each evaluation, each head's share of its layer's
                                      # attention gradient (metrics, heads_grad.png)
+    zero1: bool = False              # several ranks: each keeps AdamW's state for its shard
+    overlap_comm: bool = True        # several ranks: all-reduce each layer's gradients as
+                                     # backward finishes them, inside the CUDA graph (step.py)
 
 
 # What `train` uses on the CPU when the user did not choose: a run that finishes in minutes
@@ -148,9 +158,11 @@ def model_config(options, vocab_size):
                       dropout=options.dropout, **shape)
 
 
-def dropout_seed(seed, step, micro):
-    """The dropout masks of (step, micro-batch): a hash, so a resumed run draws the same ones."""
-    return mix32(mix32(seed) ^ mix32(step * 64 + micro + 1))
+def dropout_seed(seed, step, micro, rank=0):
+    """The dropout masks of (step, micro-batch): a hash, so a resumed run draws the same ones;
+    on rank r > 0 of several, hashed again with r (each rank's rows get masks of their own)."""
+    mixed = mix32(mix32(seed) ^ mix32(step * 64 + micro + 1))
+    return mixed if rank == 0 else mix32(mixed ^ mix32(rank))
 
 
 def flops_per_token(config):
@@ -183,41 +195,81 @@ def _available_bytes(backend):
 
 
 class Trainer:
-    def __init__(self, options: TrainOptions, report=print):
+    def __init__(self, options: TrainOptions, report=print, world=None):
+        """world: this process's rank among several (distributed.World), or None."""
         self.options = o = options
-        self.report = report
+        self.world = world
+        self.ranks, self.rank = (1, 0) if world is None else (world.size, world.rank)
+        self.main = self.rank == 0
+        self.report = report if self.main else (lambda message: None)
+        if o.batch_size % self.ranks:
+            raise TrainingError(f"--batch-size {o.batch_size} is the batch of all {self.ranks} "
+                                f"ranks together: make it a multiple of {self.ranks}")
+        self.rank_batch = o.batch_size // self.ranks          # each rank's rows of a batch
         self.out = Path(o.out)
         self.backend = get_backend("cuda" if o.device == "cuda" else "numpy",
                                    precision=o.precision)
-        self.dataset = Dataset(resolve_data(o.data, o.tokenizer, o.vocab_size, report=report))
+        self.dataset = Dataset(self._resolve_data())
         self.config = model_config(o, self.dataset.vocab_size)
         self.dataset.check_block_size(self.config.block_size)
         self._check_memory()
-        self.model = GPT(self.config, self.backend, seed=o.seed)
-        self.optimizer = AdamW(self.model.params, lr=o.lr, betas=(o.beta1, o.beta2),
-                               weight_decay=o.weight_decay, grad_clip=o.grad_clip)
+        zero1 = world is not None and o.zero1
+        self.model = GPT(self.config, self.backend, seed=o.seed, moments=not zero1)
+        hyperparameters = dict(lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay,
+                               grad_clip=o.grad_clip)
+        parallel, in_graph = None, o.overlap_comm
+        if world is None:
+            self.optimizer = AdamW(self.model.params, **hyperparameters)
+        else:
+            communicator = world.connect(self.backend)
+            self.optimizer, parallel = data_parallel(self.model.params, communicator, zero1,
+                                                     **hyperparameters)
+            in_graph = in_graph and communicator.capturable     # (else after the graph)
         self.batches = BatchSampler(self.dataset.splits["train"], o.batch_size,
-                                    self.config.block_size, seed=o.seed)
+                                    self.config.block_size, seed=o.seed,
+                                    shard=(self.rank, self.ranks))
         self.step = 0
         self.best_val = math.inf
         self.best_step = None
         self.window = self.backend.zeros((o.log_interval,))    # each step's loss, on the device
-        self.stepper = TrainStep(self.model, self.optimizer, o.batch_size,
-                                 self.config.block_size, o.grad_accum, cuda_graph=o.cuda_graph)
+        self.stepper = TrainStep(self.model, self.optimizer, self.rank_batch,
+                                 self.config.block_size, o.grad_accum, cuda_graph=o.cuda_graph,
+                                 parallel=parallel, communicate_in_graph=in_graph)
         self.history = {"step": [], "loss": [], "val_step": [], "val": []}
         self.tokens_per_step = o.batch_size * self.config.block_size * o.grad_accum
         self.peak = self._peak_flops()
 
+    def _resolve_data(self):
+        """The prepared data folder (rank 0 prepares it, if need be, before the others look)."""
+        o = self.options
+        return self._rank_0_first(lambda: resolve_data(o.data, o.tokenizer, o.vocab_size,
+                                                       report=self.report))
+
+    def _rank_0_first(self, action):
+        """action() here; on several ranks on rank 0 first, then on the others, which find
+        what it made (a prepared data folder, compiled kernels) in the caches on their shared
+        disk instead of all making it at once."""
+        result = action() if self.main else None
+        if self.world is not None:
+            self.world.rendezvous.barrier()
+            if not self.main:
+                result = action()
+        return result
+
     def _check_memory(self):
-        need = estimate_step_bytes(self.config, self.options.batch_size)
+        need = estimate_step_bytes(self.config, self.rank_batch)
         have = _available_bytes(self.backend)
         if have is not None and need > have:
             where = "the GPU has" if self.backend.name == "cuda" else "the machine has"
             raise TrainingError(
                 f"batch too large for memory: a step needs about {need / 2**30:.1f} GiB and "
                 f"{where} {have / 2**30:.1f} GiB free: lower --batch-size "
-                f"({self.options.batch_size}) or --block-size ({self.config.block_size}), "
+                f"({self.options.batch_size}{self._per_rank()}) or --block-size "
+                f"({self.config.block_size}), "
                 f"and use --grad-accum to keep the tokens per step")
+
+    def _per_rank(self):
+        return "" if self.world is None else f", {self.rank_batch} a rank"
 
     def _peak_flops(self):
         if self.backend.name != "cuda":
@@ -245,8 +297,7 @@ class Trainer:
             self.report(f"fine-tuning {state['imported_from']} (imported) from "
                         f"{self.out / 'ckpt'}, with a fresh optimizer state")
             return
-        self.backend.copy_from_host(store.m, saved["m"])
-        self.backend.copy_from_host(store.v, saved["v"])
+        self.optimizer.load_moments(saved["m"], saved["v"])
         self.optimizer.step_count = saved["step_count"]
         self.step = state["step"]
         self.best_val = state["best_val"]
@@ -259,7 +310,7 @@ class Trainer:
     def _truncate_metrics(self, step):
         """Drop the lines a crashed run logged after its checkpoint: they will be logged again."""
         path = self.out / "metrics.jsonl"
-        if path.exists():
+        if path.exists() and self.main:
             lines = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= step]
             path.write_text("".join(l + "\n" for l in lines))
 
@@ -268,7 +319,8 @@ class Trainer:
         o = self.options
         lr = learning_rate(self.step, o.lr, o.min_lr, o.warmup_steps, o.max_steps)
         batches = [self.batches.next() for _ in range(o.grad_accum)]
-        seeds = [dropout_seed(o.seed, self.step, micro) for micro in range(o.grad_accum)]
+        seeds = [dropout_seed(o.seed, self.step, micro, self.rank)
+                 for micro in range(o.grad_accum)]
         loss = self.stepper(batches, seeds, lr)
         slot = self.window[self.step % o.log_interval:][:1]
         self.backend.add_into(slot, loss)
@@ -277,16 +329,20 @@ class Trainer:
 
     def run(self):
         o = self.options
-        self.out.mkdir(parents=True, exist_ok=True)
+        if self.main:
+            self.out.mkdir(parents=True, exist_ok=True)
         total = parameter_breakdown(self.config)[-1][1]
         self.report(f"{o.preset}: {total:,} parameters, {self.config}, backend "
                     f"{self.backend.name}, matmuls {self.backend.precision}")
+        ranks = "" if self.world is None else (
+            f", over {self.ranks} ranks ({self.rank_batch} sequences each"
+            f"{', ZeRO-1' if isinstance(self.optimizer, ShardedAdamW) else ''})")
         self.report(f"{self.tokens_per_step:,} tokens per step ({o.batch_size} x "
-                    f"{self.config.block_size} x {o.grad_accum}), {o.max_steps} steps, out {self.out}")
+                    f"{self.config.block_size} x {o.grad_accum}{ranks}), {o.max_steps} steps, "
+                    f"out {self.out}")
         last_stop = o.max_steps if o.stop_at is None else min(o.max_steps, o.stop_at)
         if self.backend.name == "cuda" and not SIMULATOR:   # (a first run compiles them all)
-            compile_kernels(for_training(self.model, o.batch_size, self.config.block_size,
-                                         o.grad_accum), report=self.report)
+            self._compile()
         if self.step == 0 and last_stop > 0:
             self.evaluate(save=False)                 # the untrained model's loss, for the plot
         clock, steps_since, paused = time.perf_counter(), 0, 0.0
@@ -307,8 +363,17 @@ class Trainer:
                 started = time.perf_counter()
                 self.evaluate(save=True)
                 paused += time.perf_counter() - started
-        self.plot()
+        if self.main:
+            self.plot()
         return {"step": self.step, "best_val": self.best_val, "best_step": self.best_step}
+
+    def _compile(self):
+        """Compile the kernels the run launches (with an optimizer like the run's)."""
+        optimizer = (ShardedAdamW(self.model.params, self.optimizer.communicator)
+                     if isinstance(self.optimizer, ShardedAdamW) else None)
+        self._rank_0_first(lambda: compile_kernels(
+            for_training(self.model, self.rank_batch, self.config.block_size,
+                         self.options.grad_accum, optimizer), report=self.report))
 
     def window_losses(self, steps):
         """The losses of the last `steps` steps, read from the device: waits for the GPU (the
@@ -316,9 +381,11 @@ class Trainer:
         o = self.options
         first = self.step - steps                     # 0-based index of the window's first step
         slots = [(first + i) % o.log_interval for i in range(steps)]
-        return self.backend.to_host(self.window)[slots] / o.grad_accum
+        return self.backend.to_host(self.window)[slots] / (o.grad_accum * self.ranks)
 
     def log(self, lr, losses, seconds_per_step, steps):
+        if not self.main:
+            return
         first = self.step - steps
         bad = np.flatnonzero(~np.isfinite(losses))
         if bad.size:
@@ -327,7 +394,8 @@ class Trainer:
                                 f"(try a lower --lr)")
         loss = float(losses.mean())
         tokens_per_s = self.tokens_per_step / seconds_per_step
-        mfu = (flops_per_token(self.config) * tokens_per_s / self.peak) if self.peak else None
+        mfu = (flops_per_token(self.config) * tokens_per_s / (self.peak * self.ranks)
+               if self.peak else None)
         norm = self.optimizer.grad_norm()
         self.history["step"].append(self.step)
         self.history["loss"].append(loss)
@@ -345,7 +413,8 @@ class Trainer:
     # --- evaluation, samples, checkpoints --------------------------------------------------
     def estimate_loss(self, split):
         """Mean loss over eval_iters batches drawn from a generator seeded by the step, so the
-        training batches never depend on when evaluations happen."""
+        training batches never depend on when evaluations happen. (On several ranks rank 0
+        alone evaluates, a rank's rows of a batch at a time.)"""
         o = self.options
         sampler = BatchSampler(self.dataset.splits[split], o.batch_size, self.config.block_size,
                                seed=mix32(o.seed + 7919 * self.step + (split == "val")))
@@ -354,11 +423,17 @@ class Trainer:
                                show_eta=False) as bar:
             for _ in bar:
                 x, y = sampler.next()
-                total += self.model.loss(x, y)
+                for rows in range(0, o.batch_size, self.rank_batch):
+                    part = slice(rows, rows + self.rank_batch)
+                    total += self.model.loss(x[part], y[part]) / self.ranks
         return total / o.eval_iters
 
     def evaluate(self, save):
         o = self.options
+        if not self.main:                   # (ZeRO-1: the checkpoint gathers every shard)
+            if save and isinstance(self.optimizer, ShardedAdamW):
+                self.optimizer.moments_to_host()
+            return
         train_loss, val_loss = self.estimate_loss("train"), self.estimate_loss("val")
         if not (math.isfinite(val_loss) and math.isfinite(train_loss)):
             raise TrainingError(f"the loss is {val_loss} at step {self.step}: stopped; the last "
@@ -434,8 +509,8 @@ def _explain_memory_error(error, options):
     return error
 
 
-def train(options: TrainOptions, resume=False, report=print):
-    trainer = Trainer(options, report)
+def train(options: TrainOptions, resume=False, report=print, world=None):
+    trainer = Trainer(options, report, world)
     if resume:
         trainer.resume()
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # NaNs are caught
@@ -443,7 +518,7 @@ def train(options: TrainOptions, resume=False, report=print):
 
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingError, TokenizerError,
-               InteropError, HeadsError)
+               InteropError, HeadsError, DistributedError)
 
 
 def main():

@@ -11,6 +11,9 @@
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
 #               matmuls and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train`
+#     ddp       data-parallel with a world of one: NCCL's step against the plain one
+#               (tests/test_distributed.py), and what its communication costs a step
+#               (tools/ddp_overlap.py, andrea-12m and andrea-120m)
 # Each step has a time limit of its own (STEP_TIMEOUT, seconds), so that one slow step leaves
 # the others their time. Where numba-cuda needs a NumPy older than the machine's, a wheel of it
 # in .whl/ is installed into /tmp/site first.
@@ -65,6 +68,14 @@ for step in "${steps[@]}"; do
       tail -25 "$OUT/train.log"
       cp /tmp/shakespeare/metrics.jsonl /tmp/shakespeare/loss.png /tmp/shakespeare/samples.txt \
           "$OUT/" 2>/dev/null ;;
+    ddp)
+      python3 -c 'from cupy.cuda import nccl; print("NCCL", nccl.get_version())'
+      limit python3 -m pytest -v -rf tests/test_distributed.py > "$OUT/ddp-tests.log" 2>&1
+      grep -E "PASSED|FAILED|SKIPPED|ERROR|[0-9]+ (passed|failed)" "$OUT/ddp-tests.log" | tail -20
+      limit python3 tools/ddp_overlap.py > "$OUT/ddp-overlap.log" 2>&1
+      limit python3 tools/ddp_overlap.py --preset andrea-120m --batch-size 16 --block-size 1024 \
+          >> "$OUT/ddp-overlap.log" 2>&1
+      cat "$OUT/ddp-overlap.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done
