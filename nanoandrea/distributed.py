@@ -257,8 +257,11 @@ class NcclCommunicator:
         self.capturable = nccl.get_version() >= self.CAPTURABLE_FROM
         unique_id = nccl.get_unique_id() if rank == 0 else None
         payload = broadcast(bytes(b & 0xFF for b in unique_id) if rank == 0 else b"")
-        unique_id = tuple(b - 256 if b > 127 else b for b in payload)   # (signed chars)
-        self.comm = nccl.NcclCommunicator(size, unique_id, rank)
+        try:                    # CuPy 14 takes the id's 128 bytes; older CuPy a tuple of
+            self.comm = nccl.NcclCommunicator(size, payload, rank)      # signed chars
+        except TypeError:
+            self.comm = nccl.NcclCommunicator(
+                size, tuple(b - 256 if b > 127 else b for b in payload), rank)
 
     @staticmethod
     def _pointer(array):

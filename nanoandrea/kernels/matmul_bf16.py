@@ -16,15 +16,20 @@ to 8. Every copy the kernel makes is then a whole, aligned 16 bytes, whatever C 
 pad's zeros add nothing to a sum. A float32 operand given to matmul_bf16 is rounded first.
 
 The fast kernel, matmul_bf16_kernel(transpose_a, transpose_b, epilogue):
-  block tile   a 128 x 128 tile of out, 8 warps (2 down, 4 across), each warp a 64 x 32 tile
-               of it: 4 x 4 tiles of 16 x 8, one `mma.sync.m16n8k16` each per 16 of k, its
-               float32 sums in the registers of the warp's lanes (tensorcores.py says which)
+  block tile   a 128 x 128 tile of out, 4 warps (2 down, 2 across), each warp a 64 x 64 tile
+               of it: 4 x 8 tiles of 16 x 8, one `mma.sync.m16n8k16` each per 16 of k, its
+               float32 sums in the registers of the warp's lanes (tensorcores.py says which):
+               128 a lane, so two blocks a multiprocessor. (A warp of 64 x 32 reads a third
+               more shared memory a flop, and measured no faster: docs/perf.md)
   pipeline     K advances 32 at a time. Each slice of op(a) and op(b) is copied from device
                to shared memory by cp.async (asynccopy.py), 16 bytes a copy, in the operand's
                own orientation (k-major or not), STAGES slices ahead: while the warps multiply
                slice t, slices t+1 and t+2 are on their way, and no register holds them
   fragments    ldmatrix hands each lane its fragment of a 16 x 16 square, with .trans where
                the slice lies the other way, so a transposed operand costs nothing
+  integers     the loop has ~5 instructions an mma to spare: offsets are shifts, masks and
+               sums (no signed // or %), shared addresses 32-bit, and fragments come out of
+               ldmatrix in the order the mma takes them (else each mma moves registers)
   swizzle      the 8 rows one ldmatrix reads must fall in 8 different groups of 4 banks: each
                row's 16-byte chunks are stored permuted, chunk c of row r at c XOR (a few bits
                of r) (`swizzled`), instead of padding the rows (which would not fit three stages
