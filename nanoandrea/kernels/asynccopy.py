@@ -54,9 +54,9 @@ if SIMULATOR:
 else:
     from llvmlite import ir
     from numba import types
-    from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
+    from .vector import item_pointer as _pointer
     from .vector import shared_address
 
     I32, I64 = ir.IntType(32), ir.IntType(64)
@@ -65,14 +65,6 @@ else:
     cvta.to.global.u64 global_address, $1;
     cp.async.{cache}.shared.global [$0], [global_address], {size}, $2;
 }}"""
-
-    def _pointer(context, builder, array_type, array, index_type, index):
-        """array[index] (index: a tuple of integers, no wraparound), an LLVM pointer."""
-        array = context.make_array(array_type)(context, builder, array)
-        indices = [context.cast(builder, value, kind, types.intp) for value, kind in
-                   zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]
-        return cgutils.get_item_pointer(context, builder, array_type, array, indices,
-                                        wraparound=False)
 
     def _check(array, index):
         if not (isinstance(array, types.Array) and array.dtype in (types.float32, types.uint32)):
