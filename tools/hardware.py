@@ -5,7 +5,8 @@
 (a) One fused [C,C] projection against H separate [C,D] per-head products, the same total
     work (2 M C^2 flops), at andrea-12m's shape (C=384, 12 heads of 32) and andrea-120m's (768,
     12 of 64), M = 16384 rows (B x T of a training batch): ours on the tensor cores
-    (kernels/matmul_bf16.py, float32 operands rounded to bf16) and cuBLAS bf16 (torch).
+    (kernels/matmul_bf16.py, its operands rounded to bf16 once beforehand, as the model rounds
+    them) and cuBLAS bf16 (torch).
 (b) Causal attention, forward + backward, TFLOP/s at head sizes 32, 64, 72 and 128 on
     [32, 12, 512, D]: ours (float32 FFMA: the fast kernels take D = 32 and 64, any other D
     the reference kernel) and torch's scaled_dot_product_attention in bf16 (tensor cores)
@@ -32,7 +33,7 @@ from numba import cuda  # noqa: E402
 
 from bench import event_time_ms, relative_error, require, warm_up_clocks  # noqa: E402
 from nanoandrea.kernels import attention, launch  # noqa: E402
-from nanoandrea.kernels.matmul_bf16 import matmul_bf16  # noqa: E402
+from nanoandrea.kernels.matmul_bf16 import matmul_bf16, rounded  # noqa: E402
 
 ROWS = []
 
@@ -74,8 +75,9 @@ def fused_against_per_head():
         heads = [w[:, h * D:(h + 1) * D].contiguous() for h in range(H)]
         out = torch.empty(M, C, device="cuda")
         outs = [torch.empty(M, D, device="cuda") for _ in range(H)]
-        X, W, OUT = (cuda.as_cuda_array(t) for t in (x, w, out))
-        HEADS, OUTS = [cuda.as_cuda_array(t) for t in heads], [cuda.as_cuda_array(t) for t in outs]
+        OUT, OUTS = cuda.as_cuda_array(out), [cuda.as_cuda_array(t) for t in outs]
+        X, W = (rounded(cuda.as_cuda_array(t)) for t in (x, w))
+        HEADS = [rounded(cuda.as_cuda_array(t)) for t in heads]
         xb, wb, heads_b = x.bfloat16(), w.bfloat16(), [t.bfloat16() for t in heads]
 
         def ours_fused():
