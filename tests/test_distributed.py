@@ -334,3 +334,20 @@ def test_train_on_one_gpu_through_nccl_equals_plain_train(corpus, tmp_path, extr
     train(tmp_path, *steps, "--out", tmp_path / "plain")
     train(tmp_path, *steps, "--out", tmp_path / "nccl", "--gpus", "1", *extra)
     assert curve(tmp_path / "nccl") == curve(tmp_path / "plain")
+
+
+def test_pytorch_ddp_baseline_keeps_its_ranks_equal(tmp_path):
+    """tools/torch_ddp.py (issue 30's baseline) under torchrun, 2 CPU ranks on gloo: it trains,
+    reports tokens/s, and both ranks end with the same parameters (DDP averaged them)."""
+    from nanoandrea.distributed import _free_port
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(_free_port()), str(ROOT / "tools" / "torch_ddp.py"),
+         "--preset", "andrea-mini", "--batch-size", "4", "--block-size", "32", "--vocab-size",
+         "65", "--steps", "3", "--warmup", "1", "--precision", "fp32", "--device", "cpu"],
+        env=environment(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    sums = sorted(line.split(":")[1].split(",")[0] for line in done.stdout.splitlines()
+                  if line.startswith("rank "))
+    assert len(sums) == 2 and sums[0] == sums[1], done.stdout
+    assert "PyTorch DDP, 2 ranks (cpu)" in done.stdout and "tokens/s" in done.stdout

@@ -14,6 +14,10 @@
 #     ddp       data-parallel with a world of one: NCCL's step against the plain one
 #               (tests/test_distributed.py), and what its communication costs a step
 #               (tools/ddp_overlap.py, andrea-12m and andrea-120m)
+#     two-gpus  issue 30, on a machine of two GPUs: 20 steps of andrea-12m on two against one
+#               (the same global batch; metrics.jsonl side by side), andrea-120m tokens/s on
+#               one GPU and on two, PyTorch DDP beside it (tools/torch_ddp.py under torchrun),
+#               and a rank killed mid-run
 # Each step has a time limit of its own (STEP_TIMEOUT, seconds), so that one slow step leaves
 # the others their time. Where numba-cuda needs a NumPy older than the machine's, a wheel of it
 # in .whl/ is installed into /tmp/site first.
@@ -76,6 +80,31 @@ for step in "${steps[@]}"; do
       limit python3 tools/ddp_overlap.py --preset andrea-120m --batch-size 16 --block-size 1024 \
           >> "$OUT/ddp-overlap.log" 2>&1
       cat "$OUT/ddp-overlap.log" ;;
+    two-gpus)
+      export NCCL_NVLS_ENABLE=0           # (NVLink multicast stays off on these machines)
+      equal="--max-steps 20 --log-interval 1 --eval-interval 1000 --eval-iters 2 --dropout 0"
+      limit python3 -m nanoandrea.train $equal --out /tmp/one > "$OUT/two-equal-1.log" 2>&1
+      limit python3 -m nanoandrea.train $equal --gpus 2 --out /tmp/two > "$OUT/two-equal-2.log" 2>&1
+      python3 - /tmp/one/metrics.jsonl /tmp/two/metrics.jsonl <<'PY'
+import json, sys
+one, two = ({r["step"]: r["loss"] for r in map(json.loads, open(p)) if "loss" in r}
+            for p in sys.argv[1:])
+worst = max(abs(two[s] / one[s] - 1) for s in one)
+print(f"20 steps, 2 GPUs against 1: {len(one)} losses, the largest relative difference {worst:.2e}")
+PY
+      big="--preset andrea-120m --block-size 1024 --max-steps 60 --eval-interval 1000 --eval-iters 2"
+      limit python3 -m nanoandrea.train $big --batch-size 16 --out /tmp/big1 > "$OUT/two-120m-1.log" 2>&1
+      limit python3 -m nanoandrea.train $big --batch-size 32 --gpus 2 --out /tmp/big2 > "$OUT/two-120m-2.log" 2>&1
+      grep "^step    60 " "$OUT/two-120m-1.log" "$OUT/two-120m-2.log"
+      limit torchrun --nproc_per_node 2 tools/torch_ddp.py --preset andrea-120m --batch-size 16 \
+          --block-size 1024 --precision bf16 --steps 30 > "$OUT/two-torch-ddp.log" 2>&1
+      tail -3 "$OUT/two-torch-ddp.log"
+      # a rank killed mid-run: the other stops within --rank-timeout, naming it
+      python3 -m nanoandrea.train $equal --max-steps 2000 --gpus 2 --rank-timeout 30 \
+          --out /tmp/kill > "$OUT/two-kill.log" 2>&1 &
+      sleep 60; pkill -9 -f "nanoandrea.*--rank" -n; wait; tail -3 "$OUT/two-kill.log"
+      limit python3 -m nanoandrea.train $equal --max-steps 2000 --resume --out /tmp/kill --stop-at 30 \
+          > "$OUT/two-kill-resume.log" 2>&1; tail -2 "$OUT/two-kill-resume.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done
