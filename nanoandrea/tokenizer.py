@@ -28,11 +28,11 @@ END_OF_TEXT = "<|endoftext|>"  # GPT-2's token after each document; never made b
 
 # Where text can be cut and each part encoded alone with the same pieces: no piece of GPT-2's
 # pattern holds a character that is not whitespace followed by one that is (a letter, number or
-# punctuation run stops at whitespace; a whitespace piece is whitespace only). An ASCII letter or
-# digit followed by a space or a newline is such a place under every regex engine's \s. "(?r)"
-# searches from the right: the last such place before a limit.
-LAST_CUT = regex.compile(r"(?r)[0-9A-Za-z](?=[ \n])")
-NEXT_CUT = regex.compile(r"[0-9A-Za-z](?=[ \n])")
+# punctuation run stops at whitespace; a whitespace piece is whitespace only). A letter, number,
+# punctuation mark or symbol followed by a space or a newline is such a place under every regex
+# engine's \s. "(?r)" searches from the right: the last such place before a limit.
+LAST_CUT = regex.compile(r"(?r)[\p{L}\p{N}\p{P}\p{S}](?=[ \n])")
+NEXT_CUT = regex.compile(r"[\p{L}\p{N}\p{P}\p{S}](?=[ \n])")
 
 
 def cut_before(text: str, limit: int, start: int = 0) -> int | None:
