@@ -64,11 +64,15 @@ class Corpus:
         self.text_field = text_field
         self.strict = strict
         self.total_bytes = sum(path.stat().st_size for path, _ in self.files)
+        self.one_document = len(self.files) == 1 and self.files[0][1] == "txt"
+        self.rewind()
+
+    def rewind(self):
+        """Start the counts again, for the next pass."""
         self.bytes_read = 0          # of the files on disk (compressed bytes for .gz)
-        self.skipped = {"not JSON": 0, f'no "{text_field}" string': 0}
+        self.skipped = {"not JSON": 0, f'no "{self.text_field}" string': 0}
         self.first_skipped = None    # "file:line" of the first line skipped
         self.replaced = {}           # path -> byte sequences that were not UTF-8
-        self.one_document = len(self.files) == 1 and self.files[0][1] == "txt"
         self.has_text = False        # whether a segment so far held more than whitespace
 
     # --- .txt ---------------------------------------------------------------------------
@@ -114,7 +118,7 @@ class Corpus:
         """The characters of a one-document corpus (a pass over its blocks)."""
         path = self.files[0][0]
         count = sum(len(block) for block in self._text_blocks(path))
-        self.bytes_read, self.replaced = 0, {}
+        self.rewind()
         return count
 
     # --- .jsonl, .jsonl.gz --------------------------------------------------------------
@@ -223,9 +227,8 @@ class Corpus:
                     read = (self._text_blocks(path, start) if kind == "txt"
                             else self._documents(path, kind, start))
                     texts += _take(read, window)
-        self.bytes_read, self.replaced, self.strict = 0, {}, strict
-        self.skipped = dict.fromkeys(self.skipped, 0)
-        self.first_skipped = None
+        self.strict = strict
+        self.rewind()
         return texts
 
     def report_skipped(self, report):

@@ -66,7 +66,7 @@ def _train(corpus, kind, vocab_size, report):
         characters = {"\n"}
         for text, _, _ in corpus.segments():
             characters.update(text)
-        corpus.bytes_read = 0
+        corpus.rewind()
         return train_tokenizer("char", "".join(characters))
     sample = "\n".join(corpus.sample(SAMPLE_CHARACTERS))
     report(f"training a {vocab_size}-token BPE on {len(sample) / 1e6:,.1f}M characters"
