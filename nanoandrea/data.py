@@ -103,7 +103,7 @@ def encode_segments(segments, tokenizer=None, dtype=None):
         elif ends and not text.endswith("\n"):
             ids += newline
         counts.append(len(ids) - before)
-    return np.array(ids, dtype=dtype or _worker["dtype"]), counts
+    return np.fromiter(ids, dtype=dtype or _worker["dtype"], count=len(ids)), counts
 
 
 def _tasks(corpus):
