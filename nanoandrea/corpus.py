@@ -33,8 +33,7 @@ class DataError(ValueError):
 
 def file_format(path) -> str | None:
     name = Path(path).name.lower()
-    return next((suffix[1:] for suffix in SUFFIXES[1:] if name.endswith(suffix)), None) or (
-        "txt" if name.endswith(".txt") else None)
+    return next((suffix[1:] for suffix in SUFFIXES if name.endswith(suffix)), None)
 
 
 def corpus_files(source) -> list[tuple[Path, str]]:
@@ -131,8 +130,8 @@ class Corpus:
                     lines.readline()                     # the line the window starts inside
                 seen = raw.tell()
                 for number, line in enumerate(lines, 1):
-                    self.bytes_read += raw.tell() - seen
-                    seen = raw.tell()
+                    now = raw.tell()
+                    self.bytes_read, seen = self.bytes_read + now - seen, now
                     text = self._text_of(line, path, number)
                     if text is not None:
                         yield text

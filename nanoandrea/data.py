@@ -47,7 +47,9 @@ LAYOUT = 2                       # meta.json's "version": 2 is the sharded layou
 def _fingerprint(source, tokenizer_kind, vocab_size):
     digest = hashlib.sha256(f"{LAYOUT}:{tokenizer_kind}:{vocab_size}:".encode())
     for path, _ in corpus_files(source):
-        digest.update(path.read_bytes())
+        with open(path, "rb") as file:
+            while block := file.read(1 << 20):
+                digest.update(block)
     return digest.hexdigest()[:16]
 
 
@@ -251,7 +253,7 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
     seconds = time.perf_counter() - started
     report(f"prepared {meta['tokens']['train']:,} train and {meta['tokens']['val']:,} val tokens "
            f"({writers['train'].documents:,} and {writers['val'].documents:,} documents), "
-           f"vocabulary {tokenizer.vocab_size}, in {seconds:.1f} s "
+           f"vocabulary {tokenizer.vocab_size}, tokenized in {seconds:.1f} s "
            f"({corpus.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s)")
     return out_dir
 
