@@ -238,3 +238,13 @@ def test_a_failure_while_writing_leaves_the_old_output_and_no_new(tmp_path, monk
     assert run("prepare", source, "--out", tmp_path / "new", "--tokenizer", "bpe",
                "--vocab-size", "300").exit_code == 0
     assert END_OF_TEXT in (tmp_path / "new" / "tokenizer.json").read_text()
+
+
+def test_a_vocabulary_past_uint16_gets_uint32_shards(tmp_path):
+    text = "".join(map(chr, range(0xE000, 0xE000 + 70_000)))     # 70,000 distinct characters
+    (tmp_path / "wide.txt").write_text(text, encoding="utf-8")
+    dataset = Dataset(prepare(tmp_path / "wide.txt", tmp_path / "out", report=quiet))
+    assert dataset.meta["dtype"] == "uint32" and dataset.vocab_size == 70_001  # (and "\n")
+    assert dataset.splits["val"][:].dtype == np.uint32
+    ids = np.concatenate([dataset.splits["train"][:], dataset.splits["val"][:]])
+    assert dataset.tokenizer.decode(ids) == text + "\n" and ids.max() == 70_000
