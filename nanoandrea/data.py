@@ -91,21 +91,27 @@ def _start_worker(tokenizer_dict, dtype):
 
 def encode_segments(segments, tokenizer=None, dtype=None):
     """The ids of [(text, ends), ...] in one array, and each segment's count of them. A
-    document's last segment gets the end-of-text token (a char tokenizer's: a newline, unless
-    the text ends in one). Runs in a worker, with the worker's tokenizer."""
+    document's last segment gets the end-of-text token (a tokenizer without one, as a char
+    tokenizer: a newline, unless the text ends in one). Runs in a worker, with its tokenizer."""
     tokenizer = tokenizer or _worker["tokenizer"]
-    fast = tokenizer._fast() if isinstance(tokenizer, BPETokenizer) else None
-    newline = None if tokenizer.end_of_text is not None else tokenizer.encode("\n").tolist()
-    ids, counts = [], []
+    if isinstance(tokenizer, BPETokenizer):         # tiktoken, one thread: a worker a core
+        def encode(text):
+            return tokenizer.encode_fast(text, threads=1)
+    else:
+        encode = tokenizer.encode
+    if tokenizer.end_of_text is not None:
+        end = np.array([tokenizer.end_of_text])
+    else:
+        end = tokenizer.encode("\n")
+    pieces, counts = [], []
     for text, ends in segments:
-        before = len(ids)
-        ids += fast.encode_ordinary(text) if fast else tokenizer.encode(text).tolist()
-        if ends and newline is None:
-            ids.append(tokenizer.end_of_text)
-        elif ends and not text.endswith("\n"):
-            ids += newline
-        counts.append(len(ids) - before)
-    return np.fromiter(ids, dtype=dtype or _worker["dtype"], count=len(ids)), counts
+        segment = [encode(text)]
+        if ends and (tokenizer.end_of_text is not None or not text.endswith("\n")):
+            segment.append(end)
+        pieces += segment
+        counts.append(sum(map(len, segment)))
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    return ids.astype(dtype or _worker["dtype"]), counts
 
 
 def _tasks(corpus):
