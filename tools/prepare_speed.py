@@ -3,6 +3,7 @@ tiktoken's GPT-2 encoding built from the same local vocab.json + merges.txt on t
 
     python tools/prepare_speed.py --gpt2-files GPT2_DIR [--megabytes 200] [--workers N]
                                   [--format jsonl] [--keep CORPUS_DIR] [--no-baseline]
+    python tools/prepare_speed.py --vocab-size 32768 ...    # a BPE trained on a sample instead
 
 It writes a corpus with tools/make_corpus.py under a temporary folder (or uses --keep's folder,
 made if missing), runs `python -m nanoandrea prepare CORPUS --out SHARDS --gpt2-files GPT2_DIR`
@@ -12,6 +13,8 @@ into memory and times tiktoken on them two ways: encode_ordinary a document at a
 thread) and encode_ordinary_batch over a thread a core; reading the files is not counted for
 tiktoken, while prepare's time holds all of its work (start-up, reading, decoding, encoding,
 writing). Last, it checks that the shards hold tiktoken's ids, each document ended by 50256.
+GPT-2's files: tools/gpt2_files.py. With --vocab-size, prepare trains its own BPE on a sample
+of the corpus (its time counted) and there is no baseline.
 """
 import argparse
 import json
@@ -107,30 +110,38 @@ def check_shards(shards, encoded):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gpt2-files", required=True, help="a folder with vocab.json, merges.txt")
+    parser.add_argument("--gpt2-files", help="a folder with vocab.json, merges.txt")
+    parser.add_argument("--vocab-size", type=int, help="train a BPE of this size instead")
     parser.add_argument("--megabytes", type=float, default=200)
     parser.add_argument("--format", default="jsonl", choices=["jsonl", "jsonl.gz", "txt"])
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--keep", help="the corpus's folder (kept; made if missing)")
     parser.add_argument("--no-baseline", action="store_true", help="prepare only (its memory)")
     args = parser.parse_args()
+    if not (args.gpt2_files or args.vocab_size):
+        parser.error("give --gpt2-files (tools/gpt2_files.py makes them) or --vocab-size")
     with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
         corpus = Path(args.keep or Path(scratch) / "corpus")
         if not corpus.exists():
             write_corpus(corpus, args.megabytes, args.format)
         size = sum(p.stat().st_size for p in corpus.rglob("*") if p.is_file()) / MEGABYTE
         shards = Path(scratch) / "shards"
+        tokenizer = (["--tokenizer", "bpe", "--vocab-size", str(args.vocab_size)]
+                     if args.vocab_size else ["--gpt2-files", args.gpt2_files])
         seconds, peak, output = run_watched(
             [sys.executable, "-m", "nanoandrea", "prepare", str(corpus), "--out", str(shards),
-             "--gpt2-files", args.gpt2_files, "--workers", str(args.workers)])
+             *tokenizer, "--workers", str(args.workers)])
         meta = json.loads((shards / "meta.json").read_text())
         tokens = sum(meta["tokens"].values())
         print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, corpus {size:,.1f} MB "
-              f"({args.format}), GPT-2's vocabulary ({meta['vocab_size']} tokens)")
+              f"({args.format}), " + ("a BPE trained on a sample" if args.vocab_size else
+                                      "GPT-2's vocabulary") + f" ({meta['vocab_size']} tokens)")
         print(f"  nanoandrea prepare, {args.workers} workers, files to shards: {seconds:7.1f} s "
               f"{size / seconds:7.2f} MB/s, {tokens:,} tokens, peak resident memory "
               f"{peak / 2**20:,.0f} MiB")
-        if args.no_baseline:
+        print("  " + "\n  ".join(line for line in output.splitlines() if line.startswith(
+            ("training a", "prepared"))))
+        if args.no_baseline or args.vocab_size:
             return
         documents = read_documents(corpus)
         text_size = sum(len(d.encode()) for d in documents) / MEGABYTE
