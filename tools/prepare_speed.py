@@ -3,6 +3,7 @@ tiktoken's GPT-2 encoding built from the same local vocab.json + merges.txt on t
 
     python tools/prepare_speed.py --gpt2-files GPT2_DIR [--megabytes 200] [--workers N]
                                   [--format jsonl] [--keep CORPUS_DIR] [--no-baseline]
+                                  [--repeat N]
     python tools/prepare_speed.py --vocab-size 32768 ...    # a BPE trained on a sample instead
 
 It writes a corpus with tools/make_corpus.py under a temporary folder (or uses --keep's folder,
@@ -12,7 +13,9 @@ its workers, summed) every 50 ms from /proc. Then, in this process, it reads the
 into memory and times tiktoken on them two ways: encode_ordinary a document at a time (one
 thread) and encode_ordinary_batch over a thread a core; reading the files is not counted for
 tiktoken, while prepare's time holds all of its work (start-up, reading, decoding, encoding,
-writing). Last, it checks that the shards hold tiktoken's ids, each document ended by 50256.
+writing). With --repeat N, prepare and tiktoken run in turn N times and the best time of each
+counts (on a shared machine the load changes from minute to minute). Last, it checks that the
+shards hold tiktoken's ids, each document ended by 50256.
 GPT-2's files: tools/gpt2_files.py. With --vocab-size, prepare trains its own BPE on a sample
 of the corpus (its time counted) and there is no baseline.
 """
@@ -117,6 +120,7 @@ def main():
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--keep", help="the corpus's folder (kept; made if missing)")
     parser.add_argument("--no-baseline", action="store_true", help="prepare only (its memory)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each, alternated")
     args = parser.parse_args()
     if not (args.gpt2_files or args.vocab_size):
         parser.error("give --gpt2-files (tools/gpt2_files.py makes them) or --vocab-size")
@@ -128,40 +132,62 @@ def main():
         shards = Path(scratch) / "shards"
         tokenizer = (["--tokenizer", "bpe", "--vocab-size", str(args.vocab_size)]
                      if args.vocab_size else ["--gpt2-files", args.gpt2_files])
-        seconds, peak, output = run_watched(
-            [sys.executable, "-m", "nanoandrea", "prepare", str(corpus), "--out", str(shards),
-             *tokenizer, "--workers", str(args.workers)])
+        command = [sys.executable, "-m", "nanoandrea", "prepare", str(corpus), "--out",
+                   str(shards), *tokenizer, "--workers", str(args.workers)]
+        baseline = None if args.no_baseline or args.vocab_size else Baseline(corpus,
+                                                                             args.gpt2_files)
+        runs = []                   # (prepare's seconds, tiktoken's one thread, its threads)
+        for _ in range(args.repeat):            # alternated, so both see the same load
+            seconds, peak, output = run_watched(command)
+            runs.append((seconds, peak, *(baseline.times() if baseline else ())))
+        seconds, peak = min(r[0] for r in runs), max(r[1] for r in runs)
         meta = json.loads((shards / "meta.json").read_text())
-        tokens = sum(meta["tokens"].values())
-        print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, corpus {size:,.1f} MB "
-              f"({args.format}), " + ("a BPE trained on a sample" if args.vocab_size else
-                                      "GPT-2's vocabulary") + f" ({meta['vocab_size']} tokens)")
+        print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, load average "
+              f"{os.getloadavg()[0]:.1f}, corpus {size:,.1f} MB ({args.format}), " +
+              ("a BPE trained on a sample" if args.vocab_size else "GPT-2's vocabulary") +
+              f" ({meta['vocab_size']} tokens); the best of {args.repeat} run(s)")
         print(f"  nanoandrea prepare, {args.workers} workers, files to shards: {seconds:7.1f} s "
-              f"{size / seconds:7.2f} MB/s, {tokens:,} tokens, peak resident memory "
-              f"{peak / 2**20:,.0f} MiB")
+              f"{size / seconds:7.2f} MB/s, {sum(meta['tokens'].values()):,} tokens, peak "
+              f"resident memory {peak / 2**20:,.0f} MiB")
         print("  " + "\n  ".join(line for line in output.splitlines() if line.startswith(
             ("training a", "prepared"))))
-        if args.no_baseline or args.vocab_size:
+        if baseline is None:
             return
-        documents = read_documents(corpus)
-        text_size = sum(len(d.encode()) for d in documents) / MEGABYTE
-        encoding = gpt2_encoding(args.gpt2_files)
-        started = time.perf_counter()
-        encoded = [encoding.encode_ordinary(d) for d in documents]
-        one = time.perf_counter() - started
-        started = time.perf_counter()
-        batch = encoding.encode_ordinary_batch(documents, num_threads=os.cpu_count())
-        threads = time.perf_counter() - started
-        print(f"  (the text: {text_size:,.1f} MB of UTF-8 in {len(documents):,} documents)")
+        one, threads = min(r[2] for r in runs), min(r[3] for r in runs)
+        text = baseline.megabytes
+        print(f"  (the text: {text:,.1f} MB of UTF-8 in {len(baseline.documents):,} documents)")
         print(f"  tiktoken gpt2, encode_ordinary, 1 thread:         {one:7.1f} s "
-              f"{text_size / one:7.2f} MB/s")
+              f"{text / one:7.2f} MB/s")
         print(f"  tiktoken gpt2, encode_ordinary_batch, {os.cpu_count()} threads: {threads:7.1f} s "
-              f"{text_size / threads:7.2f} MB/s")
+              f"{text / threads:7.2f} MB/s")
         print(f"  prepare / tiktoken: {one / seconds:.2f}x one thread, {threads / seconds:.2f}x "
-              f"{os.cpu_count()} threads (MB/s of text: prepare {text_size / seconds:.2f})")
-        same = batch == encoded and check_shards(shards, encoded)
+              f"{os.cpu_count()} threads (MB/s of text: prepare {text / seconds:.2f})")
+        print("  each run (prepare, tiktoken 1 thread, threads): " + ", ".join(
+            f"({r[0]:.1f}, {r[2]:.1f}, {r[3]:.1f}) s" for r in runs))
+        same = baseline.same_ids() and check_shards(shards, baseline.encoded)
         print(f"  the shards hold tiktoken's ids: {'yes' if same else 'NO'}")
         sys.exit(0 if same else 1)
+
+
+class Baseline:
+    """tiktoken's gpt2 on the corpus's documents, read into memory once (not timed)."""
+
+    def __init__(self, corpus, gpt2_files):
+        self.documents = read_documents(corpus)
+        self.megabytes = sum(len(d.encode()) for d in self.documents) / MEGABYTE
+        self.encoding = gpt2_encoding(gpt2_files)
+
+    def times(self):
+        started = time.perf_counter()
+        self.encoded = [self.encoding.encode_ordinary(d) for d in self.documents]
+        one = time.perf_counter() - started
+        started = time.perf_counter()
+        self.batch = self.encoding.encode_ordinary_batch(self.documents,
+                                                         num_threads=os.cpu_count())
+        return one, time.perf_counter() - started
+
+    def same_ids(self):
+        return self.batch == self.encoded
 
 
 if __name__ == "__main__":
