@@ -80,6 +80,19 @@ def run_watched(command):
     return seconds, peak[0], output
 
 
+def cores_delivered():
+    """The cores two CPU-bound processes get here now: 2 x one's time alone / their time
+    together (2.0 on two idle cores; other work on the machine makes it less)."""
+    loop = [sys.executable, "-c", "x = 0\nfor i in range(10_000_000): x += i"]
+    started = time.perf_counter()
+    subprocess.run(loop, check=True)
+    alone = time.perf_counter() - started
+    started = time.perf_counter()
+    for child in [subprocess.Popen(loop) for _ in range(2)]:
+        child.wait()
+    return 2 * alone / (time.perf_counter() - started)
+
+
 def gpt2_encoding(folder):
     """tiktoken's "gpt2" Encoding, its files read from folder rather than fetched."""
     import tiktoken
@@ -136,16 +149,20 @@ def main():
                    str(shards), *tokenizer, "--workers", str(args.workers)]
         baseline = None if args.no_baseline or args.vocab_size else Baseline(corpus,
                                                                              args.gpt2_files)
+        cores = [cores_delivered()]
         runs = []                   # (prepare's seconds, tiktoken's one thread, its threads)
         for _ in range(args.repeat):            # alternated, so both see the same load
             seconds, peak, output = run_watched(command)
             runs.append((seconds, peak, *(baseline.times() if baseline else ())))
+            cores.append(cores_delivered())
         seconds, peak = min(r[0] for r in runs), max(r[1] for r in runs)
         meta = json.loads((shards / "meta.json").read_text())
         print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, load average "
               f"{os.getloadavg()[0]:.1f}, corpus {size:,.1f} MB ({args.format}), " +
               ("a BPE trained on a sample" if args.vocab_size else "GPT-2's vocabulary") +
               f" ({meta['vocab_size']} tokens); the best of {args.repeat} run(s)")
+        print(f"  cores two processes got, before and after each run: "
+              f"{', '.join(f'{c:.2f}' for c in cores)}")
         print(f"  nanoandrea prepare, {args.workers} workers, files to shards: {seconds:7.1f} s "
               f"{size / seconds:7.2f} MB/s, {sum(meta['tokens'].values()):,} tokens, peak "
               f"resident memory {peak / 2**20:,.0f} MiB")
