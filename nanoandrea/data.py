@@ -186,20 +186,27 @@ class ShardWriter:
 
 
 def _write_splits(encoded, staging, shard_tokens, progress):
-    """Each document's ids to train or val (module docstring); returns the two writers."""
+    """Each document's ids to train or val (module docstring); returns the two writers. The
+    segments of a task that go to one split in a row are one write."""
     writers = {name: ShardWriter(staging, name, shard_tokens) for name in ("train", "val")}
-    split = "train"
+    split, tokens = "train", {"train": 0, "val": 0}
     try:
         for ids, counts, starts in encoded:
-            offsets = np.cumsum([0, *counts])
+            offsets, runs = np.cumsum([0, *counts]), []       # runs: [split, begin, end]
             for start, begin, end in zip(starts, offsets[:-1], offsets[1:]):
                 if start == "auto":
-                    val, train = writers["val"].tokens, writers["train"].tokens
-                    split = "val" if val < VAL_FRACTION * (val + train) else "train"
+                    val = tokens["val"] < VAL_FRACTION * (tokens["train"] + tokens["val"])
+                    split = "val" if val else "train"
                 elif start is not None:
                     split = start
                 writers[split].documents += start == "auto"
-                writers[split].write(ids[begin:end])
+                tokens[split] += end - begin
+                if runs and runs[-1][0] == split:
+                    runs[-1][2] = end
+                else:
+                    runs.append([split, begin, end])
+            for run_split, begin, end in runs:
+                writers[run_split].write(ids[begin:end])
             progress()
     finally:
         for writer in writers.values():
