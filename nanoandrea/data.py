@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -84,7 +85,11 @@ _worker = {}
 
 
 def _start_worker(tokenizer_dict, dtype):
+    """A worker leaves Ctrl-C to the main process, which stops the pool and cleans up: a
+    terminal sends SIGINT to every process of the job, and a worker's traceback would follow
+    the one line of `Error:`."""
     from .tokenizer import TOKENIZER_CLASSES
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     tokenizer = TOKENIZER_CLASSES[tokenizer_dict["type"]].from_dict(tokenizer_dict)
     _worker.update(tokenizer=tokenizer, dtype=dtype)
 
