@@ -248,3 +248,17 @@ def test_a_vocabulary_past_uint16_gets_uint32_shards(tmp_path):
     assert dataset.splits["val"][:].dtype == np.uint32
     ids = np.concatenate([dataset.splits["train"][:], dataset.splits["val"][:]])
     assert dataset.tokenizer.decode(ids) == text + "\n" and ids.max() == 70_000
+
+
+def test_a_folder_of_the_first_layout_is_still_read(tmp_path):
+    """train.bin and val.bin, a meta.json without "splits": what prepare wrote before shards."""
+    from nanoandrea.tokenizer import save_tokenizer
+    tokenizer = CharTokenizer.train(SHAKESPEARE[:5000])
+    ids = {"train": tokenizer.encode(SHAKESPEARE[:4000]), "val": tokenizer.encode(SHAKESPEARE[4000:5000])}
+    for name, split in ids.items():
+        split.astype(np.uint16).tofile(tmp_path / f"{name}.bin")
+    save_tokenizer(tokenizer, tmp_path / "tokenizer.json")
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "tokens": {
+        name: len(split) for name, split in ids.items()}, "tokenizer": "char"}))
+    dataset = Dataset(tmp_path)
+    assert all(np.array_equal(dataset.splits[name][:], ids[name]) for name in ids)
