@@ -39,7 +39,8 @@ def _train_options(f):
     options = [
         click.option("--preset", help="model preset: tiny, andrea-mini, andrea-12m, andrea-120m "
                      "[andrea-12m on a GPU, andrea-mini on the CPU]"),
-        click.option("--data", help="a text file, a folder of .txt files, or a prepared folder "
+        click.option("--data", help="a prepared folder, or a corpus (a .txt file, .jsonl, "
+                     ".jsonl.gz or parquet files, a folder of them) to prepare and cache "
                      "[the embedded tiny Shakespeare]"),
         click.option("--tokenizer", type=click.Choice(["char", "bpe"]), help="[char]"),
         click.option("--vocab-size", type=int, help="BPE vocabulary size"),
@@ -251,16 +252,32 @@ def compile_command(preset, batch_size, block_size, workers, precision):
 @click.command("prepare")
 @click.argument("source", type=click.Path())
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="folder for train.bin, val.bin, tokenizer.json, meta.json")
+              help="folder for the token shards, tokenizer.json and meta.json (docs/data.md)")
 @click.option("--tokenizer", default="char", show_default=True, type=click.Choice(["char", "bpe"]))
-@click.option("--vocab-size", type=int, help="BPE vocabulary size")
+@click.option("--vocab-size", type=int, help="BPE vocabulary size, the end-of-text token included")
 @click.option("--gpt2-files", type=click.Path(file_okay=False),
               help="a folder with GPT-2's vocab.json and merges.txt: use that BPE, do not train one")
-def prepare_command(source, out_dir, tokenizer, vocab_size, gpt2_files):
-    """Tokenize a text file or a folder of .txt files into train/val token files."""
-    from .data import prepare
-    _run(lambda: prepare(source, out_dir, tokenizer, vocab_size, report=_echo,
-                         gpt2_files=gpt2_files))
+@click.option("--text-field", default="text", show_default=True,
+              help="the field of a .jsonl line, or the parquet column, that holds the text")
+@click.option("--strict", is_flag=True, help="refuse a .jsonl line that is not JSON or lacks "
+              "the text field [count and skip it]")
+@click.option("--workers", type=click.IntRange(min=1), help="encoding processes [one a core]")
+@click.option("--shard-tokens", type=click.IntRange(min=1),
+              help="tokens a shard file holds at most [100,000,000]")
+def prepare_command(source, out_dir, tokenizer, vocab_size, gpt2_files, text_field, strict,
+                    workers, shard_tokens):
+    """Tokenize a corpus (a .txt file, .jsonl, .jsonl.gz or parquet files, or a folder of them)
+    into train/val token shards."""
+    from .data import SHARD_TOKENS, prepare
+
+    def action():
+        try:
+            prepare(source, out_dir, tokenizer, vocab_size, report=_echo, gpt2_files=gpt2_files,
+                    text_field=text_field, strict=strict, workers=workers,
+                    shard_tokens=shard_tokens or SHARD_TOKENS)
+        except KeyboardInterrupt:
+            raise click.ClickException(f"interrupted; {out_dir} was not written") from None
+    _run(action)
 
 
 @click.command("info")

@@ -1,112 +1,312 @@
-"""Data: read a corpus, tokenize it into train/val token files, and draw training batches.
+"""Data: tokenize a corpus into train/val token shards, and draw training batches.
 
-A prepared data folder holds
-    train.bin, val.bin   the token ids, uint16 (uint32 when the vocabulary needs it), read
-                         through numpy.memmap so a corpus larger than memory is fine
-    tokenizer.json       the tokenizer that made them (docs/tokenizer.md)
-    meta.json            dtype, token counts, tokenizer kind, the source's fingerprint
-`resolve_data` accepts either such a folder or raw text (a .txt file or a folder of them), which
-it prepares once into a cache folder keyed by the source's contents and the tokenizer settings.
+    corpus (nanoandrea.corpus: .txt, .jsonl, .jsonl.gz, parquet) -> segments, a few MB at a time
+      -> worker processes encode them (tiktoken for a BPE: the reference's ids)
+      -> each document's ids, its end-of-text token last, go to train or val shard files
+
+A prepared data folder (docs/data.md) holds
+    train-00000.bin ...   the token ids, uint16 (uint32 when the vocabulary needs it), at most
+    val-00000.bin ...     SHARD_TOKENS a file, read through numpy.memmap
+    tokenizer.json        the tokenizer that made them (docs/tokenizer.md)
+    meta.json             the index: each split's shards and token counts, the dtype, the
+                          tokenizer's kind and end-of-text id, the source and its fingerprint
+It is written in a temporary folder beside DIR and renamed to DIR when complete, so an
+interrupted `prepare` leaves no folder that `train --data DIR` could take for a prepared one.
+The val split is held-out documents: a document goes to val when val holds less than
+VAL_FRACTION of the tokens so far. A corpus of one document (a .txt file, as tiny Shakespeare)
+keeps its last VAL_FRACTION of characters for val instead.
+
+`resolve_data` accepts either such a folder or a corpus, which it prepares once into a cache
+folder keyed by the corpus's contents and the tokenizer settings.
 """
+import errno
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
+from collections import deque
 from pathlib import Path
 
 import click
 import numpy as np
 
+from .corpus import Corpus, DataError, corpus_files
 from .tokenizer import BPETokenizer, load_tokenizer, save_tokenizer, train_tokenizer
 
 DEFAULT_CORPUS = Path(__file__).parent / "data" / "tinyshakespeare.txt"
 VAL_FRACTION = 0.1
-
-
-class DataError(ValueError):
-    """Bad data input; the message is one line a user can act on."""
-
-
-def read_corpus(source, report=print):
-    """The text of a .txt file, or of every .txt file in a folder (sorted, joined by newlines).
-
-    Bytes that are not UTF-8 are decoded as U+FFFD and reported, not fatal."""
-    source = Path(source)
-    if not source.exists():
-        raise DataError(f"data not found: {source}")
-    if source.is_dir():
-        files = sorted(p for p in source.rglob("*.txt") if p.is_file())
-        if not files:
-            raise DataError(f"no .txt files in the folder {source}")
-    else:
-        files = [source]
-    texts = []
-    for path in files:
-        raw = path.read_bytes()
-        text = raw.decode("utf-8", errors="replace")
-        bad = text.count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
-        if bad:
-            report(f"warning: {path}: {bad} byte sequence(s) that are not UTF-8 were replaced by U+FFFD")
-        texts.append(text)
-    text = "\n".join(texts)
-    if not text.strip():
-        raise DataError(f"the data is empty: {source}")
-    return text
-
+SHARD_TOKENS = 100_000_000       # tokens a shard file holds at most (200 MB in uint16)
+TASK_CHARACTERS = 1 << 22        # text a worker encodes at a time
+SAMPLE_CHARACTERS = 32_000_000   # what a BPE is trained on: a sample of a larger corpus
+LAYOUT = 2                       # meta.json's "version": 2 is the sharded layout
 
 def _fingerprint(source, tokenizer_kind, vocab_size):
-    digest = hashlib.sha256(f"{tokenizer_kind}:{vocab_size}:".encode())
-    source = Path(source)
-    for path in ([source] if source.is_file() else sorted(source.rglob("*.txt"))):
-        digest.update(path.read_bytes())
+    digest = hashlib.sha256(f"{LAYOUT}:{tokenizer_kind}:{vocab_size}:".encode())
+    for path, _ in corpus_files(source):
+        with open(path, "rb") as file:
+            while block := file.read(1 << 20):
+                digest.update(block)
     return digest.hexdigest()[:16]
 
 
-def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=print,
-            gpt2_files=None):
-    """Tokenize a text file or folder into out_dir (written to a temporary folder, then renamed).
+def _load_gpt2(gpt2_files):
+    files = [Path(gpt2_files) / name for name in ("vocab.json", "merges.txt")]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise DataError(f"GPT-2 tokenizer files not found: {', '.join(missing)}")
+    return BPETokenizer.from_gpt2_files(*files)
 
-    The tokenizer is trained on the text, or, with gpt2_files (a folder holding GPT-2's
-    vocab.json and merges.txt), loaded from those files."""
-    text = read_corpus(source, report)
+
+def _train(corpus, kind, vocab_size, report):
+    """A char tokenizer from every character of the corpus (a pass over it) and the newline
+    that ends its documents; a BPE with an end-of-text token from a sample of the corpus."""
+    if kind == "char":
+        characters = {"\n"}
+        for text, _, _ in corpus.segments():
+            characters.update(text)
+        corpus.rewind()
+        return train_tokenizer("char", "".join(characters))
+    sample = "\n".join(corpus.sample(SAMPLE_CHARACTERS))
+    report(f"training a {vocab_size}-token BPE on {len(sample) / 1e6:,.1f}M characters"
+           f"{' sampled from the corpus' if corpus.total_bytes > SAMPLE_CHARACTERS else ''}")
+    with click.progressbar(length=100, label="training the tokenizer", file=sys.stderr) as bar:
+        return train_tokenizer(kind, sample, vocab_size, end_of_text=True,
+                               progress=lambda done, total: bar.update(
+                                   int(100 * done / max(total, 1)) - bar.pos))
+
+
+# --- the worker processes ----------------------------------------------------------------------
+_worker = {}
+
+
+def _start_worker(tokenizer_dict, dtype):
+    """A worker leaves Ctrl-C to the main process, which stops the pool and cleans up: a
+    terminal sends SIGINT to every process of the job, and a worker's traceback would follow
+    the one line of `Error:`."""
+    from .tokenizer import TOKENIZER_CLASSES
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tokenizer = TOKENIZER_CLASSES[tokenizer_dict["type"]].from_dict(tokenizer_dict)
+    _worker.update(tokenizer=tokenizer, dtype=dtype)
+
+
+def encode_segments(segments, tokenizer=None, dtype=None):
+    """The ids of [(text, ends), ...] in one array, and each segment's count of them. A
+    document's last segment gets the end-of-text token (a tokenizer without one, as a char
+    tokenizer: a newline, unless the text ends in one). Runs in a worker, with its tokenizer."""
+    tokenizer = tokenizer or _worker["tokenizer"]
+    if isinstance(tokenizer, BPETokenizer):         # tiktoken, one thread: a worker a core
+        def encode(text):
+            return tokenizer.encode_fast(text, threads=1)
+    else:
+        encode = tokenizer.encode
+    if tokenizer.end_of_text is not None:
+        end = np.array([tokenizer.end_of_text])
+    else:
+        end = tokenizer.encode("\n")
+    pieces, counts = [], []
+    for text, ends in segments:
+        segment = [encode(text)]
+        if ends and (tokenizer.end_of_text is not None or not text.endswith("\n")):
+            segment.append(end)
+        pieces += segment
+        counts.append(sum(map(len, segment)))
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    return ids.astype(dtype or _worker["dtype"]), counts
+
+
+def _tasks(corpus):
+    """[(text, ends), ...] of about TASK_CHARACTERS, with each segment's start marker."""
+    task, starts, size = [], [], 0
+    for text, start, ends in corpus.segments():
+        task.append((text, ends))
+        starts.append(start)
+        size += len(text)
+        if size >= TASK_CHARACTERS:
+            yield task, starts
+            task, starts, size = [], [], 0
+    if task:
+        yield task, starts
+
+
+def _encoded(corpus, tokenizer, dtype, workers):
+    """(ids, counts, starts) of each task in order, encoded by `workers` spawned processes
+    (fork is unsafe once CUDA may be initialised) with at most two tasks each in flight, so
+    memory holds a few tasks whatever the corpus's size; workers=1 encodes in this process."""
+    if workers == 1:
+        for task, starts in _tasks(corpus):
+            yield *encode_segments(task, tokenizer, dtype), starts
+        return
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, _start_worker, (tokenizer.to_dict(), dtype)) as pool:
+        pending = deque()
+        for task, starts in _tasks(corpus):
+            pending.append((pool.apply_async(encode_segments, (task,)), starts))
+            if len(pending) >= 2 * workers:
+                result, starts = pending.popleft()
+                yield *result.get(), starts
+        while pending:
+            result, starts = pending.popleft()
+            yield *result.get(), starts
+
+
+# --- the shards --------------------------------------------------------------------------------
+class ShardWriter:
+    """A split's token ids, appended to files split-00000.bin, ... of shard_tokens each."""
+
+    def __init__(self, folder, split, shard_tokens):
+        self.folder, self.split, self.shard_tokens = folder, split, shard_tokens
+        self.shards, self.file, self.in_file = [], None, 0
+        self.tokens = self.documents = 0
+
+    def write(self, ids):
+        while ids.size:
+            if self.file is None or self.in_file == self.shard_tokens:
+                self._next_file()
+            part, ids = ids[:self.shard_tokens - self.in_file], ids[self.shard_tokens - self.in_file:]
+            self.file.write(part.tobytes())
+            self.in_file += part.size
+            self.tokens += part.size
+            self.shards[-1]["tokens"] = self.in_file
+
+    def _next_file(self):
+        self.close()
+        name = f"{self.split}-{len(self.shards):05d}.bin"
+        self.file, self.in_file = open(self.folder / name, "wb"), 0
+        self.shards.append({"file": name, "tokens": 0})
+
+    def close(self):
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            self.file = None
+
+    def index(self):
+        return {"tokens": self.tokens, "documents": self.documents, "shards": self.shards}
+
+
+def _write_splits(encoded, staging, shard_tokens, progress):
+    """Each document's ids to train or val (module docstring); returns the two writers. The
+    segments of a task that go to one split in a row are one write."""
+    writers = {name: ShardWriter(staging, name, shard_tokens) for name in ("train", "val")}
+    split, tokens = "train", {"train": 0, "val": 0}
+    try:
+        for ids, counts, starts in encoded:
+            offsets, runs = np.cumsum([0, *counts]), []       # runs: [split, begin, end]
+            for start, begin, end in zip(starts, offsets[:-1], offsets[1:]):
+                if start == "auto":
+                    val = tokens["val"] < VAL_FRACTION * (tokens["train"] + tokens["val"])
+                    split = "val" if val else "train"
+                elif start is not None:
+                    split = start
+                writers[split].documents += start == "auto"
+                tokens[split] += end - begin
+                if runs and runs[-1][0] == split:
+                    runs[-1][2] = end
+                else:
+                    runs.append([split, begin, end])
+            for run_split, begin, end in runs:
+                writers[run_split].write(ids[begin:end])
+            progress()
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return writers
+
+
+def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=print,
+            gpt2_files=None, text_field="text", strict=False, workers=None,
+            shard_tokens=SHARD_TOKENS):
+    """Tokenize a corpus into out_dir (written to a temporary folder, then renamed).
+
+    The tokenizer is trained on the corpus (a BPE on a sample of it), or, with gpt2_files (a
+    folder holding GPT-2's vocab.json and merges.txt), loaded from those files."""
+    corpus = Corpus(source, text_field, strict)
     out_dir = Path(out_dir)
     if gpt2_files is not None:
-        files = [Path(gpt2_files) / name for name in ("vocab.json", "merges.txt")]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise DataError(f"GPT-2 tokenizer files not found: {', '.join(missing)}")
-        tokenizer = BPETokenizer.from_gpt2_files(*files)
+        tokenizer = _load_gpt2(gpt2_files)
         tokenizer_kind = f"bpe from {gpt2_files}"
-    report(f"preparing {source} -> {out_dir} ({len(text):,} characters, {tokenizer_kind} tokenizer)")
+    workers = min(workers or os.cpu_count() or 1,          # (a worker costs a second to start:
+                  1 + corpus.total_bytes // TASK_CHARACTERS)   # a small corpus takes none)
+    report(f"preparing {source} -> {out_dir} ({len(corpus.files):,} file(s), "
+           f"{corpus.total_bytes / 1e6:,.1f} MB, {tokenizer_kind} tokenizer, {workers} "
+           f"worker(s))")
     if gpt2_files is None:
-        with click.progressbar(length=100, label="training the tokenizer", file=sys.stderr) as bar:
-            tokenizer = train_tokenizer(tokenizer_kind, text, vocab_size,
-                                        progress=lambda done, total: bar.update(
-                                            int(100 * done / max(total, 1)) - bar.pos))
+        tokenizer = _train(corpus, tokenizer_kind, vocab_size, report)
     dtype = np.uint16 if tokenizer.vocab_size <= 2 ** 16 else np.uint32
-    split = int(len(text) * (1 - VAL_FRACTION))
-    parts = {"train": text[:split], "val": text[split:]}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
-    counts = {}
-    with click.progressbar(parts.items(), label="tokenizing", file=sys.stderr) as bar:
-        for name, part in bar:
-            ids = getattr(tokenizer, "encode_fast", tokenizer.encode)(part)
-            ids.astype(dtype).tofile(staging / f"{name}.bin")
-            counts[name] = int(ids.size)
-    save_tokenizer(tokenizer, staging / "tokenizer.json")
-    meta = {"dtype": np.dtype(dtype).name, "tokens": counts, "tokenizer": tokenizer.kind,
-            "vocab_size": tokenizer.vocab_size, "source": str(source),
-            "fingerprint": _fingerprint(source, tokenizer_kind, vocab_size)}
-    (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(staging, out_dir)
-    report(f"prepared {counts['train']:,} train and {counts['val']:,} val tokens, "
-           f"vocabulary {tokenizer.vocab_size}")
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        started = time.perf_counter()
+        with click.progressbar(length=max(corpus.total_bytes, 1), label="tokenizing",
+                               file=sys.stderr, show_eta=True,
+                               item_show_func=lambda rate: rate) as bar:
+            def progress():
+                seconds = time.perf_counter() - started
+                bar.update(corpus.bytes_read - bar.pos,
+                           f"{corpus.bytes_read / 1e6 / max(seconds, 1e-9):.1f} MB/s")
+            writers = _write_splits(_encoded(corpus, tokenizer, dtype, workers), staging,
+                                    shard_tokens, progress)
+        corpus.report_skipped(report)
+        _check_splits(writers, corpus)
+        save_tokenizer(tokenizer, staging / "tokenizer.json")
+        meta = {"format": "nanoandrea-data", "version": LAYOUT, "dtype": np.dtype(dtype).name,
+                "tokens": {name: w.tokens for name, w in writers.items()},
+                "splits": {name: w.index() for name, w in writers.items()},
+                "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+                "end_of_text": tokenizer.end_of_text, "source": str(source),
+                "skipped": corpus.skipped,
+                "fingerprint": _fingerprint(source, tokenizer_kind, vocab_size)}
+        _write_meta(staging, meta)
+        _replace(staging, out_dir)
+    except OSError as error:
+        raise _writing_error(error, out_dir) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    report(f"prepared {meta['tokens']['train']:,} train and {meta['tokens']['val']:,} val tokens "
+           f"({writers['train'].documents:,} and {writers['val'].documents:,} documents), "
+           f"vocabulary {tokenizer.vocab_size}, tokenized in {seconds:.1f} s "
+           f"({corpus.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s)")
     return out_dir
+
+
+def _check_splits(writers, corpus):
+    if not corpus.has_text:
+        raise DataError(f"the data is empty: {corpus.source}")
+    if writers["val"].tokens == 0:
+        raise DataError(f"{corpus.source} has one document: none is left to hold out for val "
+                        f"(add documents, or give one .txt file, whose end is held out)")
+
+
+def _write_meta(staging, meta):
+    with open(staging / "meta.json", "w") as file:
+        file.write(json.dumps(meta, indent=1))
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _replace(staging, out_dir):
+    """staging becomes out_dir; an older out_dir is moved aside first and deleted after."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.replace(out_dir, old)
+    os.replace(staging, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _writing_error(error, out_dir):
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DataError(f"the disk is full writing {out_dir}: nothing was written (free "
+                         f"space and run again)")
+    return DataError(f"cannot write {out_dir}: {error.strerror or error}")
 
 
 def is_prepared(folder):
@@ -128,8 +328,34 @@ def resolve_data(data, tokenizer_kind="char", vocab_size=None, cache_dir=None, r
     return prepare(data, cache, tokenizer_kind, vocab_size, report)
 
 
+class TokenShards:
+    """A split's shard files read as one sequence: len() and slices that may span shards (a
+    slice inside one shard is a view of its memmap)."""
+
+    def __init__(self, arrays, dtype):
+        self.arrays, self.dtype = arrays, dtype
+        self.ends = np.cumsum([len(a) for a in arrays], dtype=np.int64)   # where each ends
+
+    def __len__(self):
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def __getitem__(self, index):
+        start, stop, step = index.indices(len(self))
+        if step != 1:
+            raise IndexError("token shards take contiguous slices only")
+        parts, shard = [], int(np.searchsorted(self.ends, start, side="right"))
+        while start < stop:
+            begin = self.ends[shard] - len(self.arrays[shard])     # the shard's first token
+            end = min(stop, int(self.ends[shard]))
+            parts.append(self.arrays[shard][start - begin:end - begin])
+            start, shard = end, shard + 1
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
+
+
 class Dataset:
-    """The token files of a prepared folder, and the tokenizer that made them."""
+    """The token shards of a prepared folder, and the tokenizer that made them."""
 
     def __init__(self, folder):
         folder = Path(folder)
@@ -139,8 +365,20 @@ class Dataset:
         self.meta = json.loads((folder / "meta.json").read_text())
         self.tokenizer = load_tokenizer(folder / "tokenizer.json")
         dtype = np.dtype(self.meta["dtype"])
-        self.splits = {name: np.memmap(folder / f"{name}.bin", dtype=dtype, mode="r")
-                       for name in ("train", "val")}
+        self.splits = {name: TokenShards([self._open(file, dtype) for file in self._files(name)],
+                                         dtype) for name in ("train", "val")}
+
+    def _files(self, split):
+        """The split's shard files (a folder of the first layout: train.bin and val.bin)."""
+        if "splits" not in self.meta:
+            return [f"{split}.bin"]
+        return [shard["file"] for shard in self.meta["splits"][split]["shards"]]
+
+    def _open(self, name, dtype):
+        path = self.folder / name
+        if not path.is_file():
+            raise DataError(f"{path} is missing: {self.folder} is not a complete prepared folder")
+        return np.memmap(path, dtype=dtype, mode="r")
 
     @property
     def vocab_size(self):

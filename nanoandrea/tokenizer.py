@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import regex
@@ -24,6 +25,35 @@ FORMAT_VERSION = 1
 # GPT-2's pre-tokenizer: splits text into pieces (a letter run with its leading space, a number
 # run, a punctuation run, whitespace, English contractions). BPE merges never cross these borders.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+END_OF_TEXT = "<|endoftext|>"  # GPT-2's token after each document; never made by encoding text
+
+# Where text can be cut and each part encoded alone with the same pieces: no piece of GPT-2's
+# pattern holds a character that is not whitespace followed by one that is (a letter, number or
+# punctuation run stops at whitespace; a whitespace piece is whitespace only). A letter, number,
+# punctuation mark or symbol followed by a space or a newline is such a place under every regex
+# engine's \s. "(?r)" searches from the right: the last such place before a limit.
+LAST_CUT = regex.compile(r"(?r)[\p{L}\p{N}\p{P}\p{S}](?=[ \n])")
+NEXT_CUT = regex.compile(r"[\p{L}\p{N}\p{P}\p{S}](?=[ \n])")
+
+
+def cut_before(text: str, limit: int, start: int = 0) -> int | None:
+    """The last place in text[start + 1:limit + 1] where GPT-2's pieces allow a cut (LAST_CUT),
+    else the first one after limit, else None (the text from start cannot be cut)."""
+    match = LAST_CUT.search(text, start, limit + 1) or NEXT_CUT.search(text, limit)
+    return match.end() if match else None
+
+
+def encoding_parts(text: str, size: int = 1 << 16) -> list[str]:
+    """text cut into parts of about `size` characters that encode, one by one, to its ids."""
+    parts, start = [], 0
+    while len(text) - start > size:
+        cut = cut_before(text, start + size, start)
+        if cut is None:
+            break
+        parts.append(text[start:cut])
+        start = cut
+    parts.append(text[start:])
+    return parts
 
 
 class TokenizerError(ValueError):
@@ -83,6 +113,7 @@ def _check_header(d, kind: str) -> None:
 class CharTokenizer:
     """One token per character; the vocabulary is the sorted set of the corpus's characters."""
     kind = "char"
+    end_of_text = None  # a char tokenizer has no end-of-text token: documents end in a newline
 
     def __init__(self, chars: str):
         self.chars = chars  # the vocabulary in id order: id i is chars[i]
@@ -181,7 +212,9 @@ class BPETokenizer:
 
     Vocabulary: ids 0..255 are the single bytes in GPT-2's byte order (BYTE_OF_ID: id 0 is '!',
     id 220 is the space), then id 256 + k is the k-th merge (left id, right id), the
-    concatenation of its two parts. Encoding splits the text with the pre-tokenizing regex, turns
+    concatenation of its two parts; with end_of_text, the last id (256 + the number of merges,
+    GPT-2's 50256) is END_OF_TEXT, which `prepare` puts after each document and which encoding text
+    never makes. Encoding splits the text with the pre-tokenizing regex, turns
     each piece into byte ids and applies merges by rank: repeatedly merge the adjacent pair that was
     learned first, until no learned pair is left. This is GPT-2's algorithm, so with GPT-2's files
     (from_gpt2_files) the ids are GPT-2's ids.
@@ -189,7 +222,8 @@ class BPETokenizer:
     kind = "bpe"
     CACHE_LIMIT = 1 << 20  # pieces whose encoding is remembered before the cache is emptied
 
-    def __init__(self, merges: list[tuple[int, int]], pattern: str = GPT2_PATTERN):
+    def __init__(self, merges: list[tuple[int, int]], pattern: str = GPT2_PATTERN,
+                 end_of_text: bool = False):
         self.merges = [tuple(pair) for pair in merges]
         self.pattern = pattern
         self.compiled_pattern = regex.compile(pattern)
@@ -197,11 +231,15 @@ class BPETokenizer:
         self.token_bytes = [bytes([byte]) for byte in BYTE_OF_ID]  # id -> the bytes it stands for
         for left, right in self.merges:
             self.token_bytes.append(self.token_bytes[left] + self.token_bytes[right])
+        self.end_of_text = len(self.token_bytes) if end_of_text else None  # its id, or None
+        self.decoded_bytes = self.token_bytes + [END_OF_TEXT.encode()] * bool(end_of_text)
         self.cache = {}  # piece of text -> its token ids
 
     @classmethod
-    def train(cls, text: str, vocab_size: int, progress=None) -> "BPETokenizer":
-        """Learn vocab_size - 256 merges from text.
+    def train(cls, text: str, vocab_size: int, progress=None, end_of_text=False
+              ) -> "BPETokenizer":
+        """Learn vocab_size - 256 merges from text (one fewer with end_of_text, whose token
+        takes the last id).
 
         The text is split into pieces by the regex once and each distinct piece is counted. Each
         step merges the most frequent adjacent pair (counted over all pieces, times their
@@ -213,8 +251,9 @@ class BPETokenizer:
         early (smaller vocabulary) if every piece has become a single token. progress, if given, is
         called as progress(merges_done, merges_wanted) about a hundred times.
         """
-        if vocab_size < 256:
-            raise TokenizerError(f"a byte-level BPE vocabulary needs at least the 256 bytes; "
+        if vocab_size < 256 + end_of_text:
+            raise TokenizerError(f"a byte-level BPE vocabulary needs at least the 256 bytes"
+                                 f"{' and the end-of-text token' * end_of_text}; "
                                  f"vocab_size={vocab_size} is too small")
         piece_counts = Counter(regex.findall(GPT2_PATTERN, text))
         pieces = [list(piece.encode("utf-8").translate(BYTE_TO_ID_TABLE)) for piece in piece_counts]
@@ -227,7 +266,7 @@ class BPETokenizer:
         heap = [(-count, *pair) for pair, count in pair_counts.items()]
         heapq.heapify(heap)
 
-        merges, merges_wanted = [], vocab_size - 256
+        merges, merges_wanted = [], vocab_size - 256 - end_of_text
         while len(merges) < merges_wanted and heap:
             negative_count, left, right = heapq.heappop(heap)
             pair = (left, right)
@@ -253,11 +292,11 @@ class BPETokenizer:
                     del pair_counts[changed_pair]
             if progress is not None and len(merges) % max(1, merges_wanted // 100) == 0:
                 progress(len(merges), merges_wanted)
-        return cls(merges)
+        return cls(merges, end_of_text=end_of_text)
 
     @property
     def vocab_size(self) -> int:
-        return 256 + len(self.merges)
+        return len(self.decoded_bytes)
 
     def _encode_piece(self, piece: str) -> list[int]:
         """Token ids of one pre-tokenized piece: its bytes, then merges applied by rank.
@@ -310,18 +349,26 @@ class BPETokenizer:
             ids.extend(piece_ids)
         return np.array(ids, dtype=np.int64)
 
-    def encode_fast(self, text: str) -> np.ndarray:
+    def encode_fast(self, text: str, threads: int | None = None) -> np.ndarray:
         """encode(text), the same ids, through tiktoken (Rust) where it is installed and the
         pattern is GPT-2's; else encode itself. This class stays the readable definition; the
         library is what runs at scale (`prepare`), and tests/test_tokenizer.py holds the two
-        equal (tools/encode_speed.py measures both, and the `tokenizers` library's BPE)."""
+        equal (tools/encode_speed.py measures both, and the `tokenizers` library's BPE). The
+        text goes in parts cut where no piece spans the cut (encoding_parts), over `threads`
+        threads [one a core]. tiktoken's encode_to_numpy hands back its buffer of ids, with no
+        Python int made for each; with no special token allowed, "<|endoftext|>" in the text is
+        ordinary text, as encode_ordinary has it."""
         fast = self._fast()
         if fast is None:
             return self.encode(text)
-        lines = text.splitlines(keepends=True)       # (pieces never cross a line's end, so
-        chunks = ["".join(lines[i:i + 256]) for i in range(0, len(lines), 256)]  # chunks of
-        encoded = fast.encode_ordinary_batch(chunks, num_threads=os.cpu_count() or 1)  # lines
-        return np.array([i for chunk in encoded for i in chunk], dtype=np.int64)  # are exact)
+
+        def encode(part):
+            return fast.encode_to_numpy(part, disallowed_special=()).astype(np.int64)
+        parts = encoding_parts(text)
+        if len(parts) == 1:
+            return encode(text)
+        with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+            return np.concatenate(list(pool.map(encode, parts)))
 
     def _fast(self):
         """tiktoken's Encoding of these merges: its ranks are our ids (GPT-2's layout), so its
@@ -334,19 +381,21 @@ class BPETokenizer:
         except ImportError:
             return None
         if self.pattern == GPT2_PATTERN and len(set(self.token_bytes)) == len(self.token_bytes):
+            special = {END_OF_TEXT: self.end_of_text} if self.end_of_text is not None else {}
             self._fast_encoding = tiktoken.Encoding(
-                f"nanoandrea-bpe-{self.vocab_size}", pat_str=self.pattern, special_tokens={},
+                f"nanoandrea-bpe-{self.vocab_size}", pat_str=self.pattern, special_tokens=special,
                 mergeable_ranks={data: i for i, data in enumerate(self.token_bytes)})
         return self._fast_encoding
 
     def decode(self, ids) -> str:
         """Text of ids. Ids that end inside a multi-byte character (this happens while sampling,
         one token at a time) decode with errors="replace": the broken bytes become '\ufffd'."""
-        data = b"".join(self.token_bytes[i] for i in _id_list(ids, self.vocab_size))
+        data = b"".join(self.decoded_bytes[i] for i in _id_list(ids, self.vocab_size))
         return data.decode("utf-8", errors="replace")
 
     def to_dict(self) -> dict:
-        return {**_header(self.kind), "byte_order": "gpt2", "pattern": self.pattern,
+        end = {"end_of_text": END_OF_TEXT} if self.end_of_text is not None else {}
+        return {**_header(self.kind), "byte_order": "gpt2", "pattern": self.pattern, **end,
                 "merges": [list(pair) for pair in self.merges]}
 
     @classmethod
@@ -356,6 +405,9 @@ class BPETokenizer:
             raise TokenizerError(f'unknown "byte_order" {d.get("byte_order")!r} (expected "gpt2")')
         if not isinstance(d.get("pattern"), str) or not isinstance(d.get("merges"), list):
             raise TokenizerError('a bpe tokenizer needs "pattern" (a string) and "merges" (a list)')
+        if d.get("end_of_text", END_OF_TEXT) != END_OF_TEXT:
+            raise TokenizerError(f'"end_of_text" is {d["end_of_text"]!r}; the one known is '
+                                 f'{END_OF_TEXT!r}')
         for k, pair in enumerate(d["merges"]):
             if not (isinstance(pair, list) and len(pair) == 2
                     and all(isinstance(i, int) and 0 <= i < 256 + k for i in pair)):
@@ -365,7 +417,7 @@ class BPETokenizer:
             regex.compile(d["pattern"])
         except regex.error as error:
             raise TokenizerError(f'"pattern" is not a valid regex: {error}') from None
-        return cls(d["merges"], d["pattern"])
+        return cls(d["merges"], d["pattern"], end_of_text="end_of_text" in d)
 
     def to_gpt2_files(self, directory) -> tuple[str, str]:
         """Write GPT-2's vocab.json and merges.txt into directory (made if missing); returns
@@ -378,6 +430,8 @@ class BPETokenizer:
         vocab_path = os.path.join(directory, "vocab.json")
         merges_path = os.path.join(directory, "merges.txt")
         vocab = {string: i for i, string in enumerate(token_strings)}
+        if self.end_of_text is not None:
+            vocab[END_OF_TEXT] = self.end_of_text
         _write_atomically(vocab_path, json.dumps(vocab, ensure_ascii=False))
         lines = [f"{token_strings[left]} {token_strings[right]}\n" for left, right in self.merges]
         _write_atomically(merges_path, "#version: 0.2\n" + "".join(lines))
@@ -389,8 +443,9 @@ class BPETokenizer:
         "left right" merge per line, in rank order).
 
         The ids must be GPT-2's layout, which ours is: the 256 bytes in GPT-2 byte order, then the
-        k-th merge's token at 256 + k. Vocabulary entries beyond that (GPT-2's "<|endoftext|>",
-        50256) are not byte sequences and are left out: encode never produces them.
+        k-th merge's token at 256 + k. GPT-2's "<|endoftext|>" (50256), right after the merges,
+        is the end-of-text token; other entries beyond the merges are not byte sequences and are
+        left out: encode never produces them.
         """
         with open(vocab_json_path, encoding="utf-8") as file:
             vocab = json.load(file)
@@ -409,7 +464,7 @@ class BPETokenizer:
                                      f"{vocab_json_path} (its parts must be there and the merged "
                                      f"token must have id {256 + k})")
             merges.append((vocab[left], vocab[right]))
-        return cls(merges)
+        return cls(merges, end_of_text=vocab.get(END_OF_TEXT) == 256 + len(merges))
 
     def __repr__(self):
         return f"BPETokenizer(vocab_size={self.vocab_size})"
@@ -418,14 +473,16 @@ class BPETokenizer:
 TOKENIZER_CLASSES = {CharTokenizer.kind: CharTokenizer, BPETokenizer.kind: BPETokenizer}
 
 
-def train_tokenizer(kind: str, text: str, vocab_size: int | None = None, progress=None):
-    """Train a "char" tokenizer (vocab_size is ignored: the corpus sets it) or a "bpe" one."""
+def train_tokenizer(kind: str, text: str, vocab_size: int | None = None, progress=None,
+                    end_of_text: bool = False):
+    """Train a "char" tokenizer (vocab_size is ignored: the corpus sets it; it has no end-of-text
+    token) or a "bpe" one (with END_OF_TEXT as its last id if end_of_text)."""
     if kind == "char":
         return CharTokenizer.train(text)
     if kind == "bpe":
         if vocab_size is None:
             raise TokenizerError("a bpe tokenizer needs a vocab_size (at least 256)")
-        return BPETokenizer.train(text, vocab_size, progress)
+        return BPETokenizer.train(text, vocab_size, progress, end_of_text)
     raise TokenizerError(f"unknown tokenizer kind {kind!r}; expected one of "
                          f"{sorted(TOKENIZER_CLASSES)}")
 

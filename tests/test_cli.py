@@ -153,7 +153,7 @@ def test_sample_prepare_and_info(corpus, tmp_path):
     assert result.exit_code == 0, result.output
     meta = json.loads((prepared / "meta.json").read_text())
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 300
-    tokens = np.fromfile(prepared / "train.bin", dtype=np.uint16)
+    tokens = np.fromfile(prepared / "train-00000.bin", dtype=np.uint16)
     assert tokens.size == meta["tokens"]["train"] and tokens.max() < 300
     result = run("train", "--data", prepared, "--out", tmp_path / "bpe", "--device", "cpu",
                  *TINY, "--max-steps", "3", "--eval-interval", "3")
@@ -164,7 +164,7 @@ def test_sample_prepare_and_info(corpus, tmp_path):
     again = tmp_path / "prepared-gpt2"
     result = run("prepare", folder, "--out", again, "--gpt2-files", tmp_path / "gpt2")
     assert result.exit_code == 0, result.output
-    assert np.array_equal(np.fromfile(again / "train.bin", dtype=np.uint16), tokens)
+    assert np.array_equal(np.fromfile(again / "train-00000.bin", dtype=np.uint16), tokens)
     assert_user_error(run("prepare", folder, "--out", again, "--gpt2-files", tmp_path),
                       "GPT-2 tokenizer files not found")
 

@@ -394,3 +394,33 @@ def test_the_fast_bpe_gives_the_reference_ids():
     for text in FAST_TEXTS + [corpus[200000:260000]]:
         assert np.array_equal(tokenizer.encode_fast(text), tokenizer.encode(text)), text[:40]
     assert tokenizer.encode_fast("").dtype == np.int64
+
+
+def test_the_fast_bpe_cuts_text_only_where_no_piece_spans_the_cut():
+    """Long text of whitespace runs (which cross line ends: "  \\n\\n\\n" is one piece) goes to
+    tiktoken in parts; each cut must leave the pieces, and so the ids, as they are."""
+    from nanoandrea.tokenizer import encoding_parts
+    tokenizer = BPETokenizer.train(CORPUS[:30000] + " \n\n\n  \n\n \n" * 300, 400)
+    rng = random.Random(0)
+    for _ in range(5):
+        text = "".join(rng.choice(["a", "b7", " ", "\n", "\n\n", "  ", "é", "日本", "'s"])
+                       for _ in range(100_000))
+        parts = encoding_parts(text, size=5000)
+        assert len(parts) > 10 and "".join(parts) == text
+        assert np.array_equal(tokenizer.encode_fast(text), tokenizer.encode(text))
+
+
+def test_the_end_of_text_token_is_the_last_id_and_text_never_makes_it(tmp_path):
+    from nanoandrea.tokenizer import END_OF_TEXT
+    tok = train_tokenizer("bpe", CORPUS[:20_000], 300, end_of_text=True)
+    assert tok.vocab_size == 300 and len(tok.merges) == 43 and tok.end_of_text == 299
+    assert tok.decode([tok.end_of_text]) == END_OF_TEXT
+    text = f"the end{END_OF_TEXT}and after"
+    ids = tok.encode(text)
+    assert tok.end_of_text not in ids.tolist() and tok.decode(ids) == text
+    assert np.array_equal(tok.encode_fast(text), ids)
+    for loaded in [load_tokenizer(save_tokenizer(tok, tmp_path)),
+                   BPETokenizer.from_gpt2_files(*tok.to_gpt2_files(tmp_path / "gpt2"))]:
+        assert loaded.to_dict() == tok.to_dict() and loaded.end_of_text == 299
+    assert BPETokenizer.train(CORPUS[:20_000], 300).end_of_text is None    # as before
+    assert CharTokenizer.train("ab").end_of_text is None

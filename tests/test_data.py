@@ -1,0 +1,264 @@
+"""prepare and the prepared folder: every format gives the same documents, each ending with the
+end-of-text token; val is held-out documents; workers, blocks and shards change no token; train
+reads the shards as one sequence and resumes across them; bad input is one `Error:` line and
+leaves no output behind."""
+import errno
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+
+from nanoandrea import corpus as corpus_module
+from nanoandrea import data
+from nanoandrea.data import DEFAULT_CORPUS, VAL_FRACTION, BatchSampler, Dataset, prepare
+from nanoandrea.tokenizer import END_OF_TEXT, BPETokenizer, CharTokenizer
+from test_cli import assert_user_error, resume_matches_uninterrupted, run
+
+SHAKESPEARE = DEFAULT_CORPUS.read_text(encoding="utf-8")
+OTHER = ["héllo wörld — ελληνικά", "русский текст, 123", "日本語の文章です。", "emoji 😀🎉 ✓",
+         "\ttabs\x00and bytes\x7f", "  leading and trailing  \n\n\n"]
+DOCUMENTS = [SHAKESPEARE[i * 1500:(i + 1) * 1500 - 300 * (i % 3)] + OTHER[i % len(OTHER)]
+             for i in range(60)]
+
+
+def quiet(message):
+    pass
+
+
+@pytest.fixture(scope="module")
+def gpt2_files(tmp_path_factory):
+    """A small BPE with an end-of-text token, as GPT-2's files: every format's prepare uses it."""
+    folder = tmp_path_factory.mktemp("gpt2")
+    BPETokenizer.train(SHAKESPEARE[:40_000] + "".join(OTHER), 400, end_of_text=True
+                       ).to_gpt2_files(folder)
+    return folder
+
+
+def write_formats(folder):
+    """The same DOCUMENTS as .txt files, a .jsonl, a .jsonl.gz and (with pyarrow) parquet."""
+    texts = folder / "texts"
+    for i, document in enumerate(DOCUMENTS):
+        (texts / f"{i // 10}").mkdir(parents=True, exist_ok=True)
+        (texts / f"{i // 10}" / f"{i:03d}.txt").write_text(document, encoding="utf-8")
+    lines = "".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(DOCUMENTS))
+    (folder / "docs.jsonl").write_text(lines, encoding="utf-8")
+    with gzip.open(folder / "docs.jsonl.gz", "wt", encoding="utf-8") as file:
+        file.write(lines)
+    sources = {"txt folder": texts, "jsonl": folder / "docs.jsonl",
+               "jsonl.gz": folder / "docs.jsonl.gz"}
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({"text": DOCUMENTS}), folder / "docs.parquet", row_group_size=7)
+        sources["parquet"] = folder / "docs.parquet"
+    except ImportError:
+        pass
+    return sources
+
+
+def documents_of(tokens, tokenizer):
+    """The texts between end-of-text tokens (each document ends with one)."""
+    ids = np.asarray(tokens[:], dtype=np.int64)
+    assert ids[-1] == tokenizer.end_of_text
+    documents = np.split(ids, np.flatnonzero(ids == tokenizer.end_of_text) + 1)[:-1]
+    return [tokenizer.decode(document[:-1]) for document in documents]
+
+
+def test_every_format_gives_the_documents_each_ended_and_val_held_out(tmp_path, gpt2_files):
+    streams = {}
+    for name, source in write_formats(tmp_path).items():
+        out = prepare(source, tmp_path / f"out-{name.replace(' ', '-')}", report=quiet,
+                      gpt2_files=gpt2_files, workers=1)
+        dataset = Dataset(out)
+        tokenizer = dataset.tokenizer
+        assert tokenizer.end_of_text == 399 and dataset.meta["end_of_text"] == 399
+        train = documents_of(dataset.splits["train"], tokenizer)
+        val = documents_of(dataset.splits["val"], tokenizer)
+        assert sorted(train + val) == sorted(DOCUMENTS)                 # whole documents
+        assert len(val) == dataset.meta["splits"]["val"]["documents"] >= 4
+        share = len(dataset.splits["val"]) / (len(dataset.splits["val"]) + len(dataset.splits["train"]))
+        assert VAL_FRACTION * 0.8 < share < VAL_FRACTION * 1.2
+        # the ids are the reference's, document by document
+        want = np.concatenate([np.append(tokenizer.encode(d), 399) for d in train])
+        assert np.array_equal(dataset.splits["train"][:], want)
+        streams[name] = (dataset.splits["train"][:].tolist(), dataset.splits["val"][:].tolist())
+    assert all(stream == streams["jsonl"] for stream in streams.values()), list(streams)
+
+
+def test_workers_blocks_and_shards_change_no_token(tmp_path, gpt2_files, monkeypatch):
+    source = write_formats(tmp_path)["jsonl"]
+    one = Dataset(prepare(source, tmp_path / "one", report=quiet, gpt2_files=gpt2_files,
+                          workers=1))
+    monkeypatch.setattr(data, "TASK_CHARACTERS", 10_000)        # tasks enough for two workers
+    sharded = prepare(source, tmp_path / "two", report=quiet, gpt2_files=gpt2_files, workers=2,
+                      shard_tokens=2_000)
+    two = Dataset(sharded)
+    shards = two.meta["splits"]["train"]["shards"]
+    assert len(shards) > 5 and all(s["tokens"] <= 2_000 for s in shards)
+    assert sum(s["tokens"] for s in shards) == len(two.splits["train"])
+    for split in ("train", "val"):
+        a, b = one.splits[split], two.splits[split]
+        assert len(a) == len(b) and np.array_equal(a[:], b[:])
+        for start in (0, 1_999, 2_000, 3_500, len(a) - 300):            # windows across shards
+            assert np.array_equal(a[start:start + 300], b[start:start + 300])
+    batches = [BatchSampler(d.splits["train"], 8, 256, seed=3) for d in (one, two)]
+    for _ in range(5):
+        (x1, y1), (x2, y2) = (sampler.next() for sampler in batches)
+        assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+
+
+def test_a_long_text_file_in_blocks_encodes_as_the_whole(tmp_path, gpt2_files, monkeypatch):
+    """One .txt document, read in small blocks cut where the pre-tokenizer cuts: the ids of the
+    whole text's head and tail (its last tenth is val), the bytes that are not UTF-8 replaced."""
+    monkeypatch.setattr(corpus_module, "BLOCK", 1_000)
+    text = "".join(SHAKESPEARE[i:i + 900] + OTHER[i % 6] + "\n  \n\n\n " for i in range(0, 60_000, 900))
+    path = tmp_path / "one.txt"
+    path.write_bytes(text.encode() + b"caf\xe9 \xff\n")
+    text += "caf\ufffd \ufffd\n"
+    messages = []
+    dataset = Dataset(prepare(path, tmp_path / "out", report=messages.append,
+                              gpt2_files=gpt2_files, workers=1))
+    split = int(len(text) * (1 - VAL_FRACTION))
+    tokenizer = dataset.tokenizer
+    assert np.array_equal(dataset.splits["train"][:], tokenizer.encode(text[:split]))
+    assert np.array_equal(dataset.splits["val"][:], np.append(tokenizer.encode(text[split:]), 399))
+    assert any("2 byte sequence(s) that are not UTF-8" in m for m in messages)
+
+
+def test_the_default_corpus_splits_as_before(tmp_path):
+    """tiny Shakespeare, one document: train is its first 90% of characters, val the rest, char
+    ids, one shard each: the batches the default run has always drawn."""
+    dataset = Dataset(data.resolve_data(None, cache_dir=tmp_path, report=quiet))
+    split = int(len(SHAKESPEARE) * (1 - VAL_FRACTION))
+    tokenizer = CharTokenizer.train(SHAKESPEARE)
+    assert dataset.tokenizer.to_dict() == tokenizer.to_dict()
+    assert np.array_equal(dataset.splits["train"][:], tokenizer.encode(SHAKESPEARE[:split]))
+    assert np.array_equal(dataset.splits["val"][:], tokenizer.encode(SHAKESPEARE[split:]))
+    assert dataset.meta["dtype"] == "uint16" and len(dataset.meta["splits"]["train"]["shards"]) == 1
+
+
+def test_bpe_training_samples_a_large_corpus(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "SAMPLE_CHARACTERS", 64 * 200)
+    source = write_formats(tmp_path)["jsonl"]
+    taken = []
+    original = data.train_tokenizer
+    monkeypatch.setattr(data, "train_tokenizer",
+                        lambda kind, text, *a, **k: taken.append(text) or original(kind, text, *a, **k))
+    dataset = Dataset(prepare(source, tmp_path / "out", "bpe", 300, report=quiet, workers=1))
+    assert dataset.vocab_size == 300 and dataset.tokenizer.end_of_text == 299
+    assert len(taken[0]) < 64 * 200 + 64 * 2 < sum(map(len, DOCUMENTS)) / 5
+    sampled = [i for i, document in enumerate(DOCUMENTS) if document[:100] in taken[0]]
+    assert len(sampled) > 30 and sampled[0] == 0 and sampled[-1] > 55       # spread out
+
+
+def test_train_resumes_exactly_over_a_sharded_folder(tmp_path, gpt2_files):
+    source = write_formats(tmp_path)["jsonl"]
+    result = run("prepare", source, "--out", tmp_path / "prepared", "--tokenizer", "char",
+                 "--shard-tokens", "3000")
+    assert result.exit_code == 0, result.output
+    assert len(Dataset(tmp_path / "prepared").meta["splits"]["train"]["shards"]) > 10
+    resume_matches_uninterrupted(tmp_path / "prepared", tmp_path, "cpu")
+
+
+# --- bad input: one line, and no output -------------------------------------------------------
+
+def left_behind(folder):
+    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name or ".old-" in p.name)
+
+
+def test_bad_records_are_counted_and_skipped_or_refused(tmp_path):
+    lines = [json.dumps({"text": d}) for d in DOCUMENTS[:20]]
+    lines[3], lines[7] = "{not json", json.dumps({"body": "no text field"})
+    source = tmp_path / "bad.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    result = run("prepare", source, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning")]
+    assert warnings == [f'warning: skipped 2 record(s) (1 not JSON, 1 no "text" string); the '
+                        f'first at {source}:4 (--strict refuses them)']
+    assert Dataset(tmp_path / "out").meta["skipped"] == {"not JSON": 1, 'no "text" string': 1}
+    assert_user_error(run("prepare", source, "--out", tmp_path / "strict", "--strict"),
+                      f"{source}:4: not JSON")
+    assert not (tmp_path / "strict").exists() and left_behind(tmp_path) == []
+    assert_user_error(run("prepare", source, "--out", tmp_path / "field", "--text-field", "body"),
+                      "has one document")
+
+
+def test_unusable_sources_are_one_line(tmp_path, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.md").write_text("not a corpus file")
+    assert_user_error(run("prepare", tmp_path / "empty", "--out", tmp_path / "out"),
+                      "no text in the folder")
+    broken = tmp_path / "broken.jsonl.gz"
+    whole = gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS).encode())
+    broken.write_bytes(whole[:len(whole) // 2])                       # (cut short)
+    assert_user_error(run("prepare", broken, "--out", tmp_path / "out"), f"cannot read {broken}")
+    locked = tmp_path / "locked.txt"
+    locked.write_text("some text")
+
+    def no_permission(path, *args, **kwargs):
+        if str(path) == str(locked):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return open(path, *args, **kwargs)
+    monkeypatch.setattr(corpus_module, "open", no_permission, raising=False)
+    assert_user_error(run("prepare", locked, "--out", tmp_path / "out"),
+                      f"cannot read {locked}: Permission denied")
+    pytest.importorskip("pyarrow")
+    (tmp_path / "fake.parquet").write_text("not parquet")
+    assert_user_error(run("prepare", tmp_path / "fake.parquet", "--out", tmp_path / "out"),
+                      "not a readable parquet file")
+    assert not (tmp_path / "out").exists() and left_behind(tmp_path) == []
+
+
+@pytest.mark.parametrize("failure", ["disk full", "interrupt"])
+def test_a_failure_while_writing_leaves_the_old_output_and_no_new(tmp_path, monkeypatch, failure):
+    source = write_formats(tmp_path)["jsonl"]
+    out = tmp_path / "out"
+    assert run("prepare", source, "--out", out).exit_code == 0
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    writes = []
+
+    def failing_write(self, ids):
+        writes.append(ids.size)
+        if len(writes) == 3:                      # (a few writes in)
+            if failure == "interrupt":
+                raise KeyboardInterrupt
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, ids)
+    original = data.ShardWriter.write
+    monkeypatch.setattr(data.ShardWriter, "write", failing_write)
+    result = run("prepare", source, "--out", out, "--tokenizer", "bpe", "--vocab-size", "300")
+    message = "the disk is full writing" if failure == "disk full" else "interrupted;"
+    assert_user_error(result, message)
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+    assert left_behind(tmp_path) == []
+    monkeypatch.setattr(data.ShardWriter, "write", original)
+    assert run("prepare", source, "--out", tmp_path / "new", "--tokenizer", "bpe",
+               "--vocab-size", "300").exit_code == 0
+    assert END_OF_TEXT in (tmp_path / "new" / "tokenizer.json").read_text()
+
+
+def test_a_vocabulary_past_uint16_gets_uint32_shards(tmp_path):
+    text = "".join(map(chr, range(0xE000, 0xE000 + 70_000)))     # 70,000 distinct characters
+    (tmp_path / "wide.txt").write_text(text, encoding="utf-8")
+    dataset = Dataset(prepare(tmp_path / "wide.txt", tmp_path / "out", report=quiet))
+    assert dataset.meta["dtype"] == "uint32" and dataset.vocab_size == 70_001  # (and "\n")
+    assert dataset.splits["val"][:].dtype == np.uint32
+    ids = np.concatenate([dataset.splits["train"][:], dataset.splits["val"][:]])
+    assert dataset.tokenizer.decode(ids) == text + "\n" and ids.max() == 70_000
+
+
+def test_a_folder_of_the_first_layout_is_still_read(tmp_path):
+    """train.bin and val.bin, a meta.json without "splits": what prepare wrote before shards."""
+    from nanoandrea.tokenizer import save_tokenizer
+    tokenizer = CharTokenizer.train(SHAKESPEARE[:5000])
+    ids = {"train": tokenizer.encode(SHAKESPEARE[:4000]), "val": tokenizer.encode(SHAKESPEARE[4000:5000])}
+    for name, split in ids.items():
+        split.astype(np.uint16).tofile(tmp_path / f"{name}.bin")
+    save_tokenizer(tokenizer, tmp_path / "tokenizer.json")
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "tokens": {
+        name: len(split) for name, split in ids.items()}, "tokenizer": "char"}))
+    dataset = Dataset(tmp_path)
+    assert all(np.array_equal(dataset.splits[name][:], ids[name]) for name in ids)
