@@ -5,6 +5,7 @@ global batch, resume on another number of ranks, and stop together when one dies
 On a GPU: the NCCL path with a world of one is the plain step, bit for bit."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -347,7 +348,6 @@ def test_pytorch_ddp_baseline_keeps_its_ranks_equal(tmp_path):
          "65", "--steps", "3", "--warmup", "1", "--precision", "fp32", "--device", "cpu"],
         env=environment(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    sums = sorted(line.split(":")[1].split(",")[0] for line in done.stdout.splitlines()
-                  if line.startswith("rank "))
-    assert len(sums) == 2 and sums[0] == sums[1], done.stdout
+    sums = dict(re.findall(r"rank (\d): parameters' sum (\S+),", done.stdout))
+    assert sorted(sums) == ["0", "1"] and sums["0"] == sums["1"], done.stdout
     assert "PyTorch DDP, 2 ranks (cpu)" in done.stdout and "tokens/s" in done.stdout

@@ -82,8 +82,10 @@ def main():
     synchronize()
     seconds = time.perf_counter() - start
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
-    print(f"rank {rank}: parameters' sum {checksum:.10e}, last loss {float(loss.detach()):.4f}",
-          flush=True)
+    # (one write a line: the ranks share the terminal)
+    sys.stdout.write(f"rank {rank}: parameters' sum {checksum:.10e}, "
+                     f"last loss {float(loss.detach()):.4f}\n")
+    sys.stdout.flush()
     if rank == 0:
         tokens = args.steps * args.batch_size * args.block_size * ranks
         print(f"PyTorch DDP, {ranks} ranks ({device.type}), {args.preset} B={args.batch_size} a "
