@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nanoandrea.train import TrainOptions, resolve_options, train  # noqa: E402
+from nanoandrea.train import resolve_options, train  # noqa: E402
 
 
 def main():
