@@ -83,6 +83,21 @@ if SIMULATOR:
         values, lane = warp_values(value)
         return _butterfly(values, lane, WARP // 2, lambda x, y: x + y)
 
+    def _quad(value, combine):
+        # lanes 4g .. 4g+3 meet: xor 1, then xor 2, as the shuffles below
+        values, lane = warp_values(value)
+        for offset in (1, 2):
+            values = [combine(values[i], values[i ^ offset]) for i in range(WARP)]
+        return values[lane]
+
+    @cuda.jit(device=True)
+    def quad_max(value):
+        return _quad(value, max)
+
+    @cuda.jit(device=True)
+    def quad_sum(value):
+        return _quad(value, lambda x, y: x + y)
+
     @cuda.jit(device=True)
     def warp_barrier():
         # no syncwarp in the simulator: the block's barrier, which is stronger (callers reach
@@ -106,6 +121,19 @@ else:
             value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
             offset //= 2
         return value
+
+    @inlined
+    def quad_max(value):
+        # the max of `value` over the 4 lanes 4g .. 4g+3 (one row of an mma accumulator, in
+        # tensorcores.py's layout), to each of them
+        value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
+        return max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 2))
+
+    @inlined
+    def quad_sum(value):
+        # likewise the sum, in the same order on every lane
+        value += cuda.shfl_xor_sync(0xFFFFFFFF, value, 1)
+        return value + cuda.shfl_xor_sync(0xFFFFFFFF, value, 2)
 
 
 # Column sums of a [rows, columns] matrix, in two deterministic stages:

@@ -1,0 +1,84 @@
+"""The tensor-core attention (kernels/attention_bf16.py) against its NumPy twin: attention of
+q, k, v (and dout) rounded to bf16, in float64. What is left between them is the rounding of
+P and dS to bf16 inside the kernels: bf16's tolerance, ~1e-2 of the result's norm. A fragment
+in the wrong lane or register is an error of order 1."""
+import numpy as np
+import pytest
+
+from conftest import GPU, relative_error
+from nanoandrea.kernels import attention, attention_bf16
+from test_kernels import DeviceHeads, device, device_at, poisoned, recording_launches
+
+TOLERANCE = 1.5e-2
+
+
+def check_attention_bf16(rng, B, H, T, D, dropout_p, in_concat=False):
+    seed = np.array([4242], dtype=np.int64)
+    drop = dict(dropout_p=dropout_p, seed=device(seed, np.int64), site=3)
+    drop_numpy = dict(drop, seed=seed)
+    q, k, v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(4))
+    out, lse = DeviceHeads(np.full((B, H, T, D), np.nan), in_concat), poisoned((B, H, T))
+    dq_q, dk_q, dv_q = (device_at(x.astype(np.float32), 0) for x in (q, k, v))
+    d_dout = DeviceHeads(dout.astype(np.float32), in_concat).array
+    attention_bf16.attention_forward_bf16(out.array, lse, dq_q, dk_q, dv_q, **drop)
+    want_out, want_lse = np.empty((B, H, T, D)), np.empty((B, H, T))
+    attention_bf16.attention_forward_bf16_numpy(want_out, want_lse, q, k, v, **drop_numpy)
+    assert relative_error(out.host(), want_out) < TOLERANCE
+    assert relative_error(lse.copy_to_host(), want_lse) < 1e-3     # (float32 all the way)
+
+    for accumulate in (False, True):
+        priors = [rng.standard_normal((B, H, T, D)).astype(np.float32) if accumulate else
+                  np.full((B, H, T, D), np.nan) for _ in range(3)]
+        grads = [DeviceHeads(prior, in_concat) for prior in priors]
+        attention_bf16.attention_backward_bf16(*[g.array for g in grads], poisoned((B, H, T)),
+                                               d_dout, dq_q, dk_q, dv_q, out.array, lse,
+                                               accumulate, **drop)
+        want = [prior.astype(np.float64) for prior in priors]
+        attention_bf16.attention_backward_bf16_numpy(*want, np.empty((B, H, T)), dout, q, k, v,
+                                                     want_out, want_lse, accumulate,
+                                                     **drop_numpy)
+        for got, expected, name in zip(grads, want, ("dq", "dk", "dv")):
+            assert relative_error(got.host(), expected) < TOLERANCE, name
+
+
+# (in the simulator a block is 32 rows and a tile 16: T = 33 is two blocks of rows, three tiles,
+# the last one row)
+@pytest.mark.parametrize("D,dropout_p", [(32, 0.0), (32, 0.3), (64, 0.3)] if not GPU else
+                         [(D, p) for D in attention_bf16.HEAD_SIZES for p in (0.0, 0.3)])
+@pytest.mark.parametrize("B,H,T", [(1, 1, 33)] if not GPU else [(4, 12, 256), (1, 2, 1000)])
+def test_attention_bf16(rng, D, dropout_p, B, H, T):
+    check_attention_bf16(rng, B, H, T, D, dropout_p)
+
+
+def test_attention_bf16_writes_the_heads_concat(rng):
+    check_attention_bf16(rng, 1, 2, 20 if not GPU else 300, 32, 0.2, in_concat=True)
+
+
+def test_attention_bf16_takes_the_tensor_cores(rng, monkeypatch):
+    """D = 64 runs the three kernels here; D = 72 (no kernel of its size) attention.py's
+    float32 reference kernels, correct to float32's tolerance."""
+    B, H, T = 1, 1, 9
+    for D, expected in ((64, [attention_bf16.forward_kernel(64, False),
+                              attention_bf16.dq_kernel(64, False),
+                              attention_bf16.dkdv_kernel(64, False)]),
+                        (72, [attention.attention_forward_reference_kernel,
+                              attention.attention_backward_reference_kernel])):
+        launched = recording_launches(monkeypatch, attention_bf16)
+        launched_fp32 = recording_launches(monkeypatch, attention)
+        q, k, v, dout = (device(rng.standard_normal((B, H, T, D))) for _ in range(4))
+        out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
+        attention_bf16.attention_forward_bf16(out, lse, q, k, v)
+        grads = [poisoned((B, H, T, D)) for _ in range(3)]
+        attention_bf16.attention_backward_bf16(*grads, poisoned((B, H, T)), dout, q, k, v, out,
+                                               lse)
+        assert all(any(kernel is x for x in launched + launched_fp32) for kernel in expected)
+        host = [x.copy_to_host().astype(np.float64) for x in (q, k, v, dout)]
+        want_out, want_lse = np.empty((B, H, T, D)), np.empty((B, H, T))
+        attention.attention_forward_numpy(want_out, want_lse, *host[:3])
+        tolerance = 1e-5 if D == 72 else TOLERANCE
+        assert relative_error(out.copy_to_host(), want_out) < tolerance
+        want = [np.empty((B, H, T, D)) for _ in range(3)]
+        attention.attention_backward_numpy(*want, np.empty((B, H, T)), host[3], *host[:3],
+                                           want_out, want_lse)
+        for got, expected_grad in zip(grads, want):
+            assert relative_error(got.copy_to_host(), expected_grad) < tolerance
