@@ -6,20 +6,22 @@ and its NumPy twin `name_numpy`. A Backend gathers one side of every pair, plus 
     NumPy  ndarrays on the CPU, float32 or float64 (float64 for the gradient checks)
 The model and the autograd only ever call `backend.<op>(...)`, `backend.empty(...)`, ...
 
-A backend also has a precision, the matmuls' (every other op is float32 whatever it says):
-    fp32   the float32 kernels (matmul.py)
-    bf16   the operands of every matmul rounded to bf16, their sums float32: on the GPU the
-           tensor cores (matmul_bf16.py), on the CPU its NumPy twin. `operand(x)` rounds an
-           operand once (a Bf16Matrix), where a product first reads it; the backward's
-           products read the same copy
+A backend also has a precision, the matmuls' and attention's (every other op is float32
+whatever it says):
+    fp32   the float32 kernels (matmul.py, attention.py)
+    bf16   the operands of every matmul and of attention's products rounded to bf16, their
+           sums, the softmax and its statistics float32: on the GPU the tensor cores
+           (matmul_bf16.py, attention_bf16.py), on the CPU their NumPy twins. `operand(x)`
+           rounds a matmul's operand once (a Bf16Matrix), where a product first reads it; the
+           backward's products read the same copy
 The parameters, their gradients and AdamW's state stay float32 either way. bf16 needs no loss
 scaling: it keeps float32's 8-bit exponent, so a gradient as small as 1e-38 is still a
 number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss scaling).
 """
 import numpy as np
 
-from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding, gelu,
-                      heads, kvcache, layernorm, matmul, matmul_bf16, reduce)
+from .kernels import (adamw, attention, attention_bf16, crossentropy, dropout, elementwise,
+                      embedding, gelu, heads, kvcache, layernorm, matmul, matmul_bf16, reduce)
 from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
@@ -53,6 +55,8 @@ class Backend:
                 setattr(self, op, getattr(module, op + suffix))
         if precision == "bf16":
             self.matmul = getattr(matmul_bf16, "matmul_bf16" + suffix)
+            for op in ("attention_forward", "attention_backward"):
+                setattr(self, op, getattr(attention_bf16, op + "_bf16" + suffix))
         # whether the matmul multiplies by a copy of W^T it makes (the step makes it beside)
         self.copies_b_transposed = (lambda *shape: False) if name != "cuda" else (
             matmul_bf16 if precision == "bf16" else matmul).copies_b_transposed

@@ -19,7 +19,8 @@ Sections:
              between two events, as a training run has them (no wait for the GPU per step)
 --precision bf16: the matmuls on the tensor cores (kernels/matmul_bf16.py) against cuBLAS bf16
 (torch.matmul of bf16 tensors), checked against the float32 product of the bf16-rounded
-operands; e2e against PyTorch under torch.autocast(bfloat16). Attention stays float32.
+operands; attention (kernels/attention_bf16.py) against SDPA on bf16 tensors; e2e against
+PyTorch under torch.autocast(bfloat16).
   train      andrea-12m on tiny Shakespeare for a few steps: the loss must fall
   sample     andrea-120m generating 24 tokens after a 1000-token prompt (greedy, batch 1 and
              8): with the key/value cache, without it, and Hugging Face transformers'
@@ -43,6 +44,7 @@ import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from nanoandrea.kernels import attention as attention_kernels  # noqa: E402
+from nanoandrea.kernels import attention_bf16  # noqa: E402
 from nanoandrea.kernels import matmul as matmul_kernels  # noqa: E402
 from nanoandrea.kernels import matmul_bf16 as matmul_bf16_kernels  # noqa: E402
 from nanoandrea.train import PEAK_FLOPS, flops_per_token  # noqa: E402
@@ -279,47 +281,61 @@ def gelu_backward_pair(args, short, m, n, k, DY, W, out_dx):
 def bench_attention(args):
     import torch
     import torch.nn.functional as F
-    print("attention: causal, float32, against torch scaled_dot_product_attention")
+    bf16 = args.precision == "bf16"
+    print(f"attention: causal, {'bf16 (ours: kernels/attention_bf16.py)' if bf16 else 'float32'}"
+          f", against torch scaled_dot_product_attention in the same precision")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    for B, H, T, D in [(16, 12, 1024, 64), (64, 12, 256, 32), (16, 12, 1024, 72)]:
+    # in bf16 ours reads float32 q, k, v, dout (rounded as staged), SDPA bf16 copies of them
+    forward_of = attention_bf16.attention_forward_bf16 if bf16 else attention_kernels.attention_forward
+    backward_of = (attention_bf16.attention_backward_bf16 if bf16
+                   else attention_kernels.attention_backward)
+    limits = (2e-2, 2e-2) if bf16 else (1e-4, 1e-3)      # (ours, SDPA) against float64
+    shapes = [(16, 12, 1024, 64), (64, 12, 256, 32)] + ([] if bf16 else [(16, 12, 1024, 72)])
+    for B, H, T, D in shapes:
         if args.shapes and not any(f"{T}x{D}" == name for name in args.shapes.split(",")):
             continue                        # (--shapes 1024x64,256x32: attention's T x D)
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", generator=gen) for _ in range(4))
+        if bf16:                            # (the same values on both sides: rounded once)
+            q, k, v, dout = (t.bfloat16().float() for t in (q, k, v, dout))
         qs, ks, vs = (t.clone().requires_grad_(True) for t in (q, k, v))
+        tq, tk, tv, tdout, tqs, tks, tvs = (t.bfloat16() if bf16 else t
+                                            for t in (q, k, v, dout, qs, ks, vs))
         out, lse, delta = (cuda.device_array(s, np.float32) for s in
                            ((B, H, T, D), (B, H, T), (B, H, T)))
         dq, dk, dv = (cuda.device_array((B, H, T, D), np.float32) for _ in range(3))
         label = f"[{B},{H},{T},{D}]"
         Q, K, V, DOUT = (cuda.as_cuda_array(t) for t in (q, k, v, dout))
         kernels = ["fast"] if D in attention_kernels.FAST_HEAD_SIZES else []
-        if D not in attention_kernels.FAST_HEAD_SIZES or T <= 256:
+        if not bf16 and (D not in attention_kernels.FAST_HEAD_SIZES or T <= 256):
             kernels.append("reference")         # (where it is not too slow to wait for)
         for kernel in kernels:
-            def forward(kernel=kernel):
-                attention_kernels.attention_forward(out, lse, Q, K, V, kernel=kernel)
+            kernel_arg = "auto" if bf16 else kernel
 
-            def backward(kernel=kernel):
-                attention_kernels.attention_backward(dq, dk, dv, delta, DOUT, Q, K, V, out, lse,
-                                                     kernel=kernel)
+            def forward(kernel=kernel_arg):
+                forward_of(out, lse, Q, K, V, kernel=kernel)
+
+            def backward(kernel=kernel_arg):
+                backward_of(dq, dk, dv, delta, DOUT, Q, K, V, out, lse, kernel=kernel)
             for array in (out, dq, dk, dv):         # poisoned: an element left unwritten fails
                 torch.as_tensor(array, device="cuda").fill_(float("nan"))
             forward()
             backward()
-            ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+            ref = F.scaled_dot_product_attention(tqs, tks, tvs, is_causal=True)
             # autograd.grad, not .backward(): the timing loops below run backward again and
             # again, and .grad would accumulate them (the check would then read ~14x SDPA's
             # gradients)
-            ref_grads = torch.autograd.grad(ref, (qs, ks, vs), dout)
+            ref_grads = [g.float() for g in torch.autograd.grad(ref, (qs, ks, vs), tdout)]
+            ref = ref.float()
             cuda.synchronize()
             # correctness: ours against float64 NumPy on two heads (the first and the last),
             # and SDPA's too, so that the comparison below compares like with like ...
             for b, h in ((0, 0), (B - 1, H - 1)):
                 for name, error in head_errors(q, k, v, dout, out, dq, dk, dv, b, h).items():
-                    require(error, 1e-4, f"attention {label} {kernel} head ({b},{h}) {name}")
+                    require(error, limits[0], f"attention {label} {kernel} head ({b},{h}) {name}")
                 for name, error in head_errors(q, k, v, dout, ref, *ref_grads, b, h).items():
-                    require(error, 1e-3, f"attention {label} SDPA head ({b},{h}) {name}")
+                    require(error, limits[1], f"attention {label} SDPA head ({b},{h}) {name}")
             # ... and, for the record, how far SDPA's float32 answer is from ours
             for got, want, name in ((out, ref.detach(), "out"), (dq, ref_grads[0], "dq"),
                                     (dk, ref_grads[1], "dk"), (dv, ref_grads[2], "dv")):
@@ -332,19 +348,22 @@ def bench_attention(args):
                 first = torch.as_tensor(dq, device="cuda").clone()
                 backward()
                 again = torch.autograd.grad(F.scaled_dot_product_attention(
-                    qs, ks, vs, is_causal=True), (qs, ks, vs), dout)[0]
+                    tqs, tks, tvs, is_causal=True), (qs, ks, vs), tdout)[0]
                 same = [torch.equal(first, torch.as_tensor(dq, device="cuda")),
-                        torch.equal(ref_grads[0], again)]
+                        torch.equal(ref_grads[0], again.float())]
                 print(f"  note: {label}: dq the same to the bit in a second backward: "
                       f"ours {'yes' if same[0] else 'no'}, SDPA {'yes' if same[1] else 'no'}")
 
             def torch_forward():
                 with torch.no_grad():
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+
+            leaves = (tqs, tks, tvs) if not bf16 else tuple(
+                t.detach().requires_grad_(True) for t in (tqs, tks, tvs))
 
             def torch_both():                # returns the gradients, accumulates nothing
-                y = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-                torch.autograd.grad(y, (qs, ks, vs), dout)
+                y = F.scaled_dot_product_attention(*leaves, is_causal=True)
+                torch.autograd.grad(y, leaves, tdout)
 
             flops_fwd = 4.0 * B * H * T * T * D / 2           # causal: half the score matrix
             name = f"{label} {kernel}"

@@ -369,16 +369,22 @@ def dkdv_kernel(D, dropout):
             if n0 + COLS > wrow:                # (else every query of the tile is in the past)
                 scores(s_acc, k_frag, q_tile, lane)         # S^T
                 scores(dp_acc, v_frag, dout_tile, lane)     # dP^T = V dO^T
-                for j in range(NT):
-                    col = 8 * j + 2 * t
+                for j in range(NT):             # P^T, then dS^T and (P G)^T: two loops,
+                    col = 8 * j + 2 * t         # each short enough to be unrolled whole
                     for e in range(4):
                         query, key = n0 + col + (e & 1), wrow + g + 8 * (e >> 1)
                         p = float32(0.0)
                         if query >= key:
                             p = math.exp2(s_acc[j, e] * scale_log2 - lse_tile[col + (e & 1)])
+                        s_acc[j, e] = p
+                for j in range(NT):
+                    col = 8 * j + 2 * t
+                    for e in range(4):
+                        query, key = n0 + col + (e & 1), wrow + g + 8 * (e >> 1)
                         gf = factor(seed, site, threshold, keep, b, h, query, key, H, T)
-                        s_acc[j, e] = p * gf                                    # (P G)^T
+                        p = s_acc[j, e]
                         dp_acc[j, e] = p * (gf * dp_acc[j, e] - delta_tile[col + (e & 1)])
+                        s_acc[j, e] = p * gf
                 accumulate_product(dv_acc, s_acc, dout_tile, lane)  # dV += (P G)^T dO
                 accumulate_product(dk_acc, dp_acc, q_tile, lane)    # dK += dS^T Q
         store_rows(dk, dk_acc, scale, scale, accumulate, b, h, wrow, T, lane)
