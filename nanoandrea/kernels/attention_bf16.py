@@ -28,11 +28,14 @@ a 16 x 16 tile takes from it the pairs (g, 2t:2t+2), (g+8, 2t:2t+2), (g, 2t+8:2t
 the A fragment of P for the next product: no shared memory, no shuffle. A row's max and sum
 meet across the 4 lanes t of its g (reduce.quad_max, quad_sum).
 
-The streamed tiles (k and v; q and dout in dk/dv) are staged in shared memory as bf16 pairs,
-their 16-byte chunks swizzled as matmul_bf16.py's are, and read by ldmatrix: as they lie for
-S = Q K^T (K's rows are n, their pairs run along k), with .trans for O += P V (V's rows are k).
-The rows a warp multiplies by every tile (q and dout; k and v in dk/dv) are loaded into A
-fragments once.
+The launchers first round q, k, v (and dout) to bf16 pairs in device memory (`heads_bf16`,
+[B,H,T,D/2] uint32: one pass, half the bytes), so that a streamed tile (k and v; q and dout in
+dk/dv) is a run of whole 16-byte chunks that cp.async copies into shared memory without
+registers, one tile ahead of the products (two stages): while the warps multiply tile i, tile
+i + 1 is on its way, and one barrier a tile separates the two. The chunks are swizzled as
+matmul_bf16.py's are, and ldmatrix reads them: as they lie for S = Q K^T (K's rows are n,
+their pairs run along k), with .trans for O += P V (V's rows are k). The rows a warp
+multiplies by every tile (q and dout; k and v in dk/dv) are loaded into A fragments once.
 
 Under the CUDA simulator a block is 2 warps and a tile 16 rows: the same code, small enough.
 """
@@ -43,12 +46,14 @@ from numba import cuda, float32, uint32
 
 from . import attention
 from .attention import NEG_INF, _check_attention, dropout_arguments, dropout_factor, no_dropout
+from .asynccopy import commit_copies, copy16_async, wait_copies
 from .attention_tiles import LOG2E
-from .launch import SIMULATOR, blocks, check_float32, check_float32_rows, inlined, kernel_factory, launch
+from .launch import (SIMULATOR, blocks, check_float32, check_float32_rows, current_stream,
+                     inlined, kernel_factory, launch)
 from .matmul_bf16 import swizzle
 from .reduce import quad_max, quad_sum
 from .tensorcores import bf16_pair, bf16_values, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store4_u32
-from .vector import aligned16, load4
+from .vector import aligned16, flat, load4
 
 HEAD_SIZES = (32, 64)
 WARPS = 2 if SIMULATOR else 4
@@ -56,8 +61,10 @@ ROWS = 16 * WARPS                   # a block's rows: queries (forward, dq) or k
 COLS = 16 if SIMULATOR else 64      # a streamed tile's rows: keys (forward, dq) or queries
 THREADS = 32 * WARPS
 NT = COLS // 8                      # the n8 tiles of a warp's [16, COLS] scores
+TWO_ROWS = 2 * COLS
 LN2 = float32(math.log(2.0))
 INF = float32(np.inf)
+WAIT_ALL = wait_copies(0)
 
 
 # --- NumPy twins: attention.py's, of the operands rounded ------------------------------------
@@ -93,37 +100,32 @@ def tile_functions(D):
     swizzled = swizzle(CHUNKS)
 
     @inlined
-    def stage(tile, x, b, h, row0, T, tid):
-        # tile (shared, COLS rows of ROW_WORDS words) = x[b, h, row0 : row0 + COLS] in bf16,
-        # zeros past row T: a thread 8 values a chunk, two 16-byte loads and one store
+    def stage(tiles, base, x, bh, row0, T, tid):
+        # start copying the bf16 rows x[bh, row0 : row0 + COLS] (x: heads_bf16's words, flat)
+        # into tiles[base:], COLS rows of ROW_WORDS words; zeros past row T
         for r in range(COPIES):
             c = tid + r * THREADS
             i, chunk = c >> LOG_CHUNKS, c & (CHUNKS - 1)
-            row = row0 + i
-            x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = float32(0.0)
-            if row < T:
-                x0, x1, x2, x3 = load4(x, (b, h, row, 8 * chunk))
-                x4, x5, x6, x7 = load4(x, (b, h, row, 8 * chunk + 4))
-            store4_u32(tile, (i * ROW_WORDS + 4 * swizzled(i, chunk),), bf16_pair(x0, x1),
-                       bf16_pair(x2, x3), bf16_pair(x4, x5), bf16_pair(x6, x7))
+            inside = row0 + i < T
+            at = ((bh * T + row0 + i) * ROW_WORDS + 4 * chunk) if inside else 0
+            copy16_async(tiles, (base + i * ROW_WORDS + 4 * swizzled(i, chunk),), x, (at,),
+                         inside)
 
     @inlined
-    def pair_at(x, b, h, row, col, T):
-        # x[b, h, row, col:col+2] as a bf16 pair; zeros past row T
-        if row < T:
-            return bf16_pair(x[b, h, row, col], x[b, h, row, col + 1])
-        return uint32(0)
+    def pair_at(x, bh, row, word, T):
+        # the bf16 pair at word `word` of row `row` of x[bh] (flat words); zeros past row T
+        return x[(bh * T + row) * ROW_WORDS + word] if row < T else uint32(0)
 
     @inlined
-    def load_rows(frag, x, b, h, row0, T, lane):
-        # frag[KD, 4] = the A fragments of x[b, h, row0 : row0 + 16, :] (16 x D), in bf16
+    def load_rows(frag, x, bh, row0, T, lane):
+        # frag[KD, 4] = the A fragments of x[bh, row0 : row0 + 16, :] (16 x D bf16)
         g, t = lane >> 2, lane & 3
         for s in range(KD):
-            col = 16 * s + 2 * t
-            frag[s, 0] = pair_at(x, b, h, row0 + g, col, T)
-            frag[s, 1] = pair_at(x, b, h, row0 + g + 8, col, T)
-            frag[s, 2] = pair_at(x, b, h, row0 + g, col + 8, T)
-            frag[s, 3] = pair_at(x, b, h, row0 + g + 8, col + 8, T)
+            word = 8 * s + t
+            frag[s, 0] = pair_at(x, bh, row0 + g, word, T)
+            frag[s, 1] = pair_at(x, bh, row0 + g + 8, word, T)
+            frag[s, 2] = pair_at(x, bh, row0 + g, word + 4, T)
+            frag[s, 3] = pair_at(x, bh, row0 + g + 8, word + 4, T)
 
     @inlined
     def mma_into(acc, j, a0, a1, a2, a3, b0, b1):
@@ -131,7 +133,7 @@ def tile_functions(D):
             a0, a1, a2, a3, b0, b1, acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3])
 
     @inlined
-    def scores(acc, frag, tile, lane):
+    def scores(acc, frag, tiles, base, lane):
         # acc[NT, 4] = the warp's rows (frag) . the tile's rows, along D: a [16, COLS] product.
         # The tile is B^T as it lies (rows n, pairs along k): ldmatrix gives B's fragments
         # of n8 tiles j, j + 1 in one; lanes 8q .. 8q+7 address matrix q's rows, q's high bit
@@ -143,7 +145,8 @@ def tile_functions(D):
         for s in range(KD):
             for j in range(0, NT, 2):
                 r = 8 * j + row_in
-                b0, b1, b2, b3 = ldmatrix_x4(tile, (r * ROW_WORDS + 4 * swizzled(r, 2 * s + chunk_in),))
+                b0, b1, b2, b3 = ldmatrix_x4(
+                    tiles, (base + r * ROW_WORDS + 4 * swizzled(r, 2 * s + chunk_in),))
                 mma_into(acc, j, frag[s, 0], frag[s, 1], frag[s, 2], frag[s, 3], b0, b1)
                 mma_into(acc, j + 1, frag[s, 0], frag[s, 1], frag[s, 2], frag[s, 3], b2, b3)
 
@@ -153,7 +156,7 @@ def tile_functions(D):
         return bf16_pair(acc[j, 2 * half], acc[j, 2 * half + 1])
 
     @inlined
-    def accumulate_product(acc, weights, tile, lane):
+    def accumulate_product(acc, weights, tiles, base, lane):
         # acc[DN, 4] += weights . the tile: weights [16, COLS] as score accumulators (NT, 4),
         # rounded to bf16 into A fragments (two n8 tiles a k16 step, the module's doc), times
         # the tile's COLS rows of D (rows k, pairs along n: ldmatrix.trans; q's low bit picks
@@ -164,7 +167,8 @@ def tile_functions(D):
             a2, a3 = pairs(weights, 2 * s + 1, 0), pairs(weights, 2 * s + 1, 1)
             r = 16 * s + row_in
             for j in range(0, DN, 2):
-                b0, b1, b2, b3 = ldmatrix_x4_trans(tile, (r * ROW_WORDS + 4 * swizzled(r, j + chunk_in),))
+                b0, b1, b2, b3 = ldmatrix_x4_trans(
+                    tiles, (base + r * ROW_WORDS + 4 * swizzled(r, j + chunk_in),))
                 mma_into(acc, j, a0, a1, a2, a3, b0, b1)
                 mma_into(acc, j + 1, a0, a1, a2, a3, b2, b3)
 
@@ -195,37 +199,48 @@ def forward_kernel(D, dropout):
     """The forward for heads of D; dropout: built with the dropout hash, else without."""
     stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS = tile_functions(D)
     factor = dropout_factor if dropout else no_dropout
+    TWO_TILES = 2 * TILE_WORDS                      # (a shared array's size: a constant)
 
     @cuda.jit(**BOUNDS)
-    def attention_forward_bf16_kernel(out, lse, q, k, v, scale_log2, seed, site, threshold,
-                                      keep):
-        # grid (B*H, T/ROWS), the last rows (the most keys) first; scores in log2 units
-        # (S / sqrt(D) / ln 2), so that exp is the hardware's exp2
-        k_tile = cuda.shared.array(TILE_WORDS, uint32)
-        v_tile = cuda.shared.array(TILE_WORDS, uint32)
+    def attention_forward_bf16_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
+                                      site, threshold, keep):
+        # q, k, v: heads_bf16's words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the
+        # most keys) first; scores in log2 units (S / sqrt(D) / ln 2): exp is the hardware's exp2
+        k_tiles = cuda.shared.array(TWO_TILES, uint32)     # two stages each
+        v_tiles = cuda.shared.array(TWO_TILES, uint32)
         q_frag = cuda.local.array((KD, 4), uint32)
         s_acc = cuda.local.array((NT, 4), float32)
         o_acc = cuda.local.array((DN, 4), float32)
-        H, T = q.shape[1], q.shape[2]
-        b, h = cuda.blockIdx.x // H, cuda.blockIdx.x % H
+        q, k, v = flat(q_words), flat(k_words), flat(v_words)
+        H, T = out.shape[1], out.shape[2]
+        bh = cuda.blockIdx.x
+        b, h = bh // H, bh % H
         row0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * ROWS
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp                 # the warp's rows; the lane's: wrow + g (+ 8)
-        load_rows(q_frag, q, b, h, wrow, T, lane)
+        stage(k_tiles, 0, k, bh, 0, T, tid)     # (the first tile on its way)
+        stage(v_tiles, 0, v, bh, 0, T, tid)
+        commit_copies()
+        load_rows(q_frag, q, bh, wrow, T, lane)
         for j in range(DN):
             for e in range(4):
                 o_acc[j, e] = float32(0.0)
         m0 = m1 = NEG_INF                       # each row's running max and sum (of this
         l0 = l1 = float32(0.0)                  # lane's columns: summed over the quad at the end)
-        for n0 in range(0, min(row0 + ROWS, T), COLS):
-            cuda.syncthreads()                  # (everyone is done with the last tiles)
-            stage(k_tile, k, b, h, n0, T, tid)
-            stage(v_tile, v, b, h, n0, T, tid)
-            cuda.syncthreads()
+        tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
+        for i in range(tiles):
+            n0 = i * COLS
+            WAIT_ALL()                          # tile i has landed, for every thread, and
+            cuda.syncthreads()                  # everyone is done with tile i - 1's stage
+            if i + 1 < tiles:                   # tile i + 1 into it
+                stage(k_tiles, ((i + 1) & 1) * TILE_WORDS, k, bh, n0 + COLS, T, tid)
+                stage(v_tiles, ((i + 1) & 1) * TILE_WORDS, v, bh, n0 + COLS, T, tid)
+            commit_copies()
+            base = (i & 1) * TILE_WORDS
             if n0 <= wrow + 15:                 # (else every key of the tile is in the future)
-                scores(s_acc, q_frag, k_tile, lane)
+                scores(s_acc, q_frag, k_tiles, base, lane)
                 max0 = max1 = NEG_INF
                 for j in range(NT):
                     key = n0 + 8 * j + 2 * t
@@ -257,7 +272,7 @@ def forward_kernel(D, dropout):
                             l1 += p
                         s_acc[j, e] = p * factor(seed, site, threshold, keep, b, h, query,
                                                  key + (e & 1), H, T)
-                accumulate_product(o_acc, s_acc, v_tile, lane)
+                accumulate_product(o_acc, s_acc, v_tiles, base, lane)
         l0, l1 = quad_sum(l0), quad_sum(l1)
         store_rows(out, o_acc, float32(1.0) / l0, float32(1.0) / l1, False, b, h, wrow, T, lane)
         if t == 0:
@@ -274,26 +289,32 @@ def dq_kernel(D, dropout):
     """dq for heads of D: the forward's walk over the key tiles, P from lse."""
     stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS = tile_functions(D)
     factor = dropout_factor if dropout else no_dropout
+    TWO_TILES = 2 * TILE_WORDS                      # (a shared array's size: a constant)
 
     @cuda.jit(**BOUNDS)
-    def attention_dq_bf16_kernel(dq, dout, q, k, v, lse, delta, scale_log2, scale, seed, site,
-                                 threshold, keep, accumulate):
-        k_tile = cuda.shared.array(TILE_WORDS, uint32)
-        v_tile = cuda.shared.array(TILE_WORDS, uint32)
+    def attention_dq_bf16_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
+                                 scale_log2, scale, seed, site, threshold, keep, accumulate):
+        k_tiles = cuda.shared.array(TWO_TILES, uint32)
+        v_tiles = cuda.shared.array(TWO_TILES, uint32)
         q_frag = cuda.local.array((KD, 4), uint32)
         dout_frag = cuda.local.array((KD, 4), uint32)
         s_acc = cuda.local.array((NT, 4), float32)
         dp_acc = cuda.local.array((NT, 4), float32)
         dq_acc = cuda.local.array((DN, 4), float32)
-        H, T = q.shape[1], q.shape[2]
-        b, h = cuda.blockIdx.x // H, cuda.blockIdx.x % H
+        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        H, T = dq.shape[1], dq.shape[2]
+        bh = cuda.blockIdx.x
+        b, h = bh // H, bh % H
         row0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * ROWS
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp
-        load_rows(q_frag, q, b, h, wrow, T, lane)
-        load_rows(dout_frag, dout, b, h, wrow, T, lane)
+        stage(k_tiles, 0, k, bh, 0, T, tid)
+        stage(v_tiles, 0, v, bh, 0, T, tid)
+        commit_copies()
+        load_rows(q_frag, q, bh, wrow, T, lane)
+        load_rows(dout_frag, dout, bh, wrow, T, lane)
         # the lane's two rows' lse (log2 units) and delta; rows past T: P = 0
         lse0 = lse[b, h, wrow + g] * LOG2E if wrow + g < T else INF
         lse1 = lse[b, h, wrow + g + 8] * LOG2E if wrow + g + 8 < T else INF
@@ -302,14 +323,19 @@ def dq_kernel(D, dropout):
         for j in range(DN):
             for e in range(4):
                 dq_acc[j, e] = float32(0.0)
-        for n0 in range(0, min(row0 + ROWS, T), COLS):
+        tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
+        for i in range(tiles):
+            n0 = i * COLS
+            WAIT_ALL()
             cuda.syncthreads()
-            stage(k_tile, k, b, h, n0, T, tid)
-            stage(v_tile, v, b, h, n0, T, tid)
-            cuda.syncthreads()
+            if i + 1 < tiles:
+                stage(k_tiles, ((i + 1) & 1) * TILE_WORDS, k, bh, n0 + COLS, T, tid)
+                stage(v_tiles, ((i + 1) & 1) * TILE_WORDS, v, bh, n0 + COLS, T, tid)
+            commit_copies()
+            base = (i & 1) * TILE_WORDS
             if n0 <= wrow + 15:
-                scores(s_acc, q_frag, k_tile, lane)         # S
-                scores(dp_acc, dout_frag, v_tile, lane)     # dP = dO V^T
+                scores(s_acc, q_frag, k_tiles, base, lane)          # S
+                scores(dp_acc, dout_frag, v_tiles, base, lane)      # dP = dO V^T
                 for j in range(NT):
                     key = n0 + 8 * j + 2 * t
                     for e in range(4):
@@ -319,7 +345,7 @@ def dq_kernel(D, dropout):
                             p = math.exp2(s_acc[j, e] * scale_log2 - (lse0 if e < 2 else lse1))
                         gf = factor(seed, site, threshold, keep, b, h, query, key + (e & 1), H, T)
                         s_acc[j, e] = p * (gf * dp_acc[j, e] - (delta0 if e < 2 else delta1))
-                accumulate_product(dq_acc, s_acc, k_tile, lane)     # dQ += dS K
+                accumulate_product(dq_acc, s_acc, k_tiles, base, lane)  # dQ += dS K
         store_rows(dq, dq_acc, scale, scale, accumulate, b, h, wrow, T, lane)
 
     return attention_dq_bf16_kernel
@@ -330,52 +356,73 @@ def dkdv_kernel(D, dropout):
     """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
     stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS = tile_functions(D)
     factor = dropout_factor if dropout else no_dropout
+    TWO_TILES = 2 * TILE_WORDS                      # (a shared array's size: a constant)
+
+    @inlined
+    def stage_rows(lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
+        # the query tile's lse (log2 units; past T, +inf: P = 0) and delta into slot `at`
+        if tid < COLS:
+            lse_tiles[at + tid] = lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else INF
+            delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
 
     @cuda.jit(**BOUNDS)
-    def attention_dkdv_bf16_kernel(dk, dv, dout, q, k, v, lse, delta, scale_log2, scale, seed,
-                                   site, threshold, keep, accumulate):
+    def attention_dkdv_bf16_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
+                                   scale_log2, scale, seed, site, threshold, keep, accumulate):
         # grid (B*H, T/ROWS), the first key rows (the most queries) first
-        q_tile = cuda.shared.array(TILE_WORDS, uint32)
-        dout_tile = cuda.shared.array(TILE_WORDS, uint32)
-        lse_tile = cuda.shared.array(COLS, float32)
-        delta_tile = cuda.shared.array(COLS, float32)
+        q_tiles = cuda.shared.array(TWO_TILES, uint32)
+        dout_tiles = cuda.shared.array(TWO_TILES, uint32)
+        lse_tiles = cuda.shared.array(TWO_ROWS, float32)
+        delta_tiles = cuda.shared.array(TWO_ROWS, float32)
         k_frag = cuda.local.array((KD, 4), uint32)
         v_frag = cuda.local.array((KD, 4), uint32)
         s_acc = cuda.local.array((NT, 4), float32)
         dp_acc = cuda.local.array((NT, 4), float32)
         dk_acc = cuda.local.array((DN, 4), float32)
         dv_acc = cuda.local.array((DN, 4), float32)
-        H, T = q.shape[1], q.shape[2]
-        b, h = cuda.blockIdx.x // H, cuda.blockIdx.x % H
+        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        H, T = dk.shape[1], dk.shape[2]
+        bh = cuda.blockIdx.x
+        b, h = bh // H, bh % H
         row0 = cuda.blockIdx.y * ROWS
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp                 # the warp's key rows
-        load_rows(k_frag, k, b, h, wrow, T, lane)
-        load_rows(v_frag, v, b, h, wrow, T, lane)
+        first = row0 - row0 % COLS              # the query tile holding the diagonal
+        stage(q_tiles, 0, q, bh, first, T, tid)
+        stage(dout_tiles, 0, dout, bh, first, T, tid)
+        commit_copies()
+        stage_rows(lse_tiles, delta_tiles, 0, lse, delta, b, h, first, T, tid)
+        load_rows(k_frag, k, bh, wrow, T, lane)
+        load_rows(v_frag, v, bh, wrow, T, lane)
         for j in range(DN):
             for e in range(4):
                 dk_acc[j, e] = float32(0.0)
                 dv_acc[j, e] = float32(0.0)
-        for n0 in range(row0 - row0 % COLS, T, COLS):
+        tiles = (T - first + COLS - 1) // COLS
+        for i in range(tiles):
+            n0 = first + i * COLS
+            WAIT_ALL()
             cuda.syncthreads()
-            stage(q_tile, q, b, h, n0, T, tid)
-            stage(dout_tile, dout, b, h, n0, T, tid)
-            if tid < COLS:                      # the tile's queries' lse (log2) and delta
-                lse_tile[tid] = lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else INF
-                delta_tile[tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
-            cuda.syncthreads()
+            if i + 1 < tiles:
+                at = ((i + 1) & 1) * TILE_WORDS
+                stage(q_tiles, at, q, bh, n0 + COLS, T, tid)
+                stage(dout_tiles, at, dout, bh, n0 + COLS, T, tid)
+                stage_rows(lse_tiles, delta_tiles, ((i + 1) & 1) * COLS, lse, delta, b, h,
+                           n0 + COLS, T, tid)
+            commit_copies()
+            base, rows = (i & 1) * TILE_WORDS, (i & 1) * COLS
             if n0 + COLS > wrow:                # (else every query of the tile is in the past)
-                scores(s_acc, k_frag, q_tile, lane)         # S^T
-                scores(dp_acc, v_frag, dout_tile, lane)     # dP^T = V dO^T
+                scores(s_acc, k_frag, q_tiles, base, lane)          # S^T
+                scores(dp_acc, v_frag, dout_tiles, base, lane)      # dP^T = V dO^T
                 for j in range(NT):             # P^T, then dS^T and (P G)^T: two loops,
                     col = 8 * j + 2 * t         # each short enough to be unrolled whole
                     for e in range(4):
                         query, key = n0 + col + (e & 1), wrow + g + 8 * (e >> 1)
                         p = float32(0.0)
                         if query >= key:
-                            p = math.exp2(s_acc[j, e] * scale_log2 - lse_tile[col + (e & 1)])
+                            p = math.exp2(s_acc[j, e] * scale_log2
+                                          - lse_tiles[rows + col + (e & 1)])
                         s_acc[j, e] = p
                 for j in range(NT):
                     col = 8 * j + 2 * t
@@ -383,17 +430,43 @@ def dkdv_kernel(D, dropout):
                         query, key = n0 + col + (e & 1), wrow + g + 8 * (e >> 1)
                         gf = factor(seed, site, threshold, keep, b, h, query, key, H, T)
                         p = s_acc[j, e]
-                        dp_acc[j, e] = p * (gf * dp_acc[j, e] - delta_tile[col + (e & 1)])
+                        dp_acc[j, e] = p * (gf * dp_acc[j, e] - delta_tiles[rows + col + (e & 1)])
                         s_acc[j, e] = p * gf
-                accumulate_product(dv_acc, s_acc, dout_tile, lane)  # dV += (P G)^T dO
-                accumulate_product(dk_acc, dp_acc, q_tile, lane)    # dK += dS^T Q
+                accumulate_product(dv_acc, s_acc, dout_tiles, base, lane)  # dV += (P G)^T dO
+                accumulate_product(dk_acc, dp_acc, q_tiles, base, lane)    # dK += dS^T Q
         store_rows(dk, dk_acc, scale, scale, accumulate, b, h, wrow, T, lane)
         store_rows(dv, dv_acc, float32(1.0), float32(1.0), accumulate, b, h, wrow, T, lane)
 
     return attention_dkdv_bf16_kernel
 
 
+@cuda.jit
+def heads_bf16_kernel(words, x):
+    # words[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
+    # store)
+    B, H, T, W = words.shape
+    chunks = W // 4
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c >= B * H * T * chunks:
+        return
+    row, chunk = c // chunks, c % chunks
+    b, h, i = row // (H * T), (row // T) % H, row % T
+    x0, x1, x2, x3 = load4(x, (b, h, i, 8 * chunk))
+    x4, x5, x6, x7 = load4(x, (b, h, i, 8 * chunk + 4))
+    store4_u32(words, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
+               bf16_pair(x4, x5), bf16_pair(x6, x7))
+
+
 # --- launchers -----------------------------------------------------------------------------------
+
+def heads_bf16(x):
+    """x [B,H,T,D] (float32, 16-byte aligned rows, D % 8 == 0) rounded to bf16 pairs: a new
+    uint32 [B,H,T,D/2], contiguous."""
+    B, H, T, D = x.shape
+    words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
+    launch(heads_bf16_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
+    return words
+
 
 def _on_tensor_cores(kernel, D, arrays):
     """Whether the kernels here take this call: D in HEAD_SIZES with 16-byte aligned rows
@@ -413,14 +486,15 @@ def attention_forward_bf16(out, lse, q, k, v, kernel="auto", dropout_p=0.0, seed
     check_float32(lse=lse)
     check_float32_rows(out=out, q=q, k=k, v=v)
     scale_log2 = np.float32(LOG2E / math.sqrt(D))
-    launch(forward_kernel(D, dropout_p > 0), (B * H, blocks(T, ROWS)), THREADS, out, lse, q, k,
-           v, scale_log2, *dropout_arguments(dropout_p, seed, site))
+    launch(forward_kernel(D, dropout_p > 0), (B * H, blocks(T, ROWS)), THREADS, out, lse,
+           heads_bf16(q), heads_bf16(k), heads_bf16(v), scale_log2,
+           *dropout_arguments(dropout_p, seed, site))
 
 
 def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
                             kernel="auto", dropout_p=0.0, seed=None, site=0, rows_per_block=None):
     """attention.attention_backward on the tensor cores: delta first (attention.py's kernel),
-    then the dq kernel and the dk/dv kernel."""
+    then the dq kernel and the dk/dv kernel, which read the same bf16 copies."""
     B, H, T, D = _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
                                   delta=delta)
     if not _on_tensor_cores(kernel, D, (dq, dk, dv, dout, q, k, v, out)):
@@ -433,8 +507,9 @@ def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumula
     scale_log2 = np.float32(LOG2E * scale)
     drop = dropout_arguments(dropout_p, seed, site)
     attention.attention_delta(delta, dout, out)
+    words = [heads_bf16(x) for x in (dout, q, k, v)]
     grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D, dropout_p > 0), grid, THREADS, dq, dout, q, k, v, lse, delta,
-           scale_log2, scale, *drop, accumulate)
-    launch(dkdv_kernel(D, dropout_p > 0), grid, THREADS, dk, dv, dout, q, k, v, lse, delta,
+    launch(dq_kernel(D, dropout_p > 0), grid, THREADS, dq, *words, lse, delta, scale_log2,
+           scale, *drop, accumulate)
+    launch(dkdv_kernel(D, dropout_p > 0), grid, THREADS, dk, dv, *words, lse, delta,
            scale_log2, scale, *drop, accumulate)
