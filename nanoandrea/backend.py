@@ -7,7 +7,8 @@ and its NumPy twin `name_numpy`. A Backend gathers one side of every pair, plus 
 The model and the autograd only ever call `backend.<op>(...)`, `backend.empty(...)`, ...
 
 A backend also has a precision, the matmuls' (every other op is float32 whatever it says):
-    fp32   the float32 kernels (matmul.py)
+    fp32   the float32 kernels (matmul.py; a product of few rows without gradients, a sampled
+           token's, matvec.py)
     bf16   the operands of every matmul rounded to bf16, their sums float32: on the GPU the
            tensor cores (matmul_bf16.py), on the CPU its NumPy twin. `operand(x)` rounds an
            operand once (a Bf16Matrix), where a product first reads it; the backward's
@@ -19,11 +20,12 @@ number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss scal
 import numpy as np
 
 from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding, gelu,
-                      heads, kvcache, layernorm, matmul, matmul_bf16, reduce)
+                      heads, kvcache, layernorm, matmul, matmul_bf16, matvec, reduce)
 from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
     matmul: ["matmul", "transpose"],
+    matvec: ["matvec", "takes_matvec"],
     reduce: ["sum_rows"],
     heads: ["split_heads", "merge_heads", "heads_view"],
     attention: ["attention_forward", "attention_backward"],
