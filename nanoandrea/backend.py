@@ -8,7 +8,8 @@ The model and the autograd only ever call `backend.<op>(...)`, `backend.empty(..
 
 A backend also has a precision, the matmuls' and attention's (every other op is float32
 whatever it says):
-    fp32   the float32 kernels (matmul.py, attention.py)
+    fp32   the float32 kernels (matmul.py, attention.py; a product of few rows without
+           gradients, a sampled token's, matvec.py)
     bf16   the operands of every matmul and of attention's products rounded to bf16, their
            sums, the softmax and its statistics float32: on the GPU the tensor cores
            (matmul_bf16.py, attention_bf16.py), on the CPU their NumPy twins. `operand(x)`
@@ -21,11 +22,13 @@ number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss scal
 import numpy as np
 
 from .kernels import (adamw, attention, attention_bf16, crossentropy, dropout, elementwise,
-                      embedding, gelu, heads, kvcache, layernorm, matmul, matmul_bf16, reduce)
+                      embedding, gelu, heads, kvcache, layernorm, matmul, matmul_bf16, matvec,
+                      reduce)
 from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
     matmul: ["matmul", "transpose"],
+    matvec: ["matvec", "takes_matvec"],
     reduce: ["sum_rows"],
     heads: ["split_heads", "merge_heads", "heads_view"],
     attention: ["attention_forward", "attention_backward"],

@@ -23,7 +23,7 @@ next forward takes only the new tokens, their attention against every cached key
 import numpy as np
 
 from . import ops
-from .autograd import no_grad
+from .autograd import Tensor, no_grad
 from .backend import get_backend
 from .batch import TokenBatch
 from .config import GPTConfig
@@ -55,7 +55,9 @@ class GPT:
         None): logits[..., :V] are the vocabulary's, the rest padding (see the module's doc).
         loss_grad: the gradient loss.backward will be given, if known (training): the loss
         then computes the logits' gradient in its forward pass. cache (sampling, no
-        gradients): idx are the tokens after the cache.length it holds, and it keeps theirs."""
+        gradients): idx are the tokens after the cache.length it holds, and it keeps theirs;
+        the logits are then the last position's alone, [B,1,Vp] (a prompt's LM head over
+        every position would be B x T x Vp of logits no one reads)."""
         if isinstance(idx, TokenBatch):
             batch = idx
         else:
@@ -74,10 +76,21 @@ class GPT:
             x, normed = self.block(x, normed, layer, p, cache)  # normed: ln_f(x) after the last
         if cache is not None:
             cache.length += T
+            normed = self.last_position(normed)     # (sampling reads the last logits only)
         logits = ops.linear(normed, self["wte"], transpose_weight=True)       # [B,T,Vp]
         loss = (None if batch.targets is None else
                 ops.cross_entropy(logits, batch.targets, loss_grad, self.config.vocab_size))
         return logits, loss
+
+    def last_position(self, x):
+        """x [B,T,C] -> its last position's rows, [B,1,C] (contiguous: a product's operand)."""
+        B, T, C = x.shape
+        if T == 1:
+            return x
+        last = Tensor(self.backend.empty((B, 1, C)), self.backend)
+        for b in range(B):                          # (each row is contiguous, their set is not)
+            self.backend.copy(last.data[b], x.data[b, T - 1:T])
+        return last
 
     def block(self, x, normed, layer, p, cache=None):
         """x: the residual stream, normed = ln_1(x). Returns the new x and the layer norm of it

@@ -7,6 +7,8 @@ kernels. `grad_slot(t)` says where t's gradient goes and whether to add to it.
 gradients; a layer's K and V products): without one it runs where it stands.
 Shapes: B batch, T time, C width, H heads, D = C/H head size, V vocabulary, N = B*T.
 """
+from contextlib import contextmanager
+
 import numpy as np
 
 from . import schedule
@@ -19,22 +21,62 @@ def _new(like, shape, dtype=None):
     return Tensor(like.backend.empty(shape, dtype), like.backend)
 
 
+_fixed_operands = {}    # id(weight Tensor) -> its operand, while fixed_weights holds
+
+
+@contextmanager
+def fixed_weights(weights):
+    """For a block in which the parameter Tensors `weights` do not change (sampling): each
+    weight's operand (backend.operand: in bf16 a rounded copy) is made once, here, and every
+    linear inside reads it instead of rounding the weight again at each forward. Yields the
+    copies: a CUDA graph captured inside reads them, and whoever keeps the graph keeps them.
+    The copies go with the block, so a change to the weights after it (an optimizer step)
+    is seen by the next one."""
+    global _fixed_operands
+    operands = {id(w): w.backend.operand(w.data) for w in weights}
+    previous, _fixed_operands = _fixed_operands, {**_fixed_operands, **operands}
+    try:
+        yield operands
+    finally:
+        _fixed_operands = previous
+
+
+def weight_operand(weight):
+    """weight as the backend's products read it: fixed_weights' copy, else made now."""
+    fixed = _fixed_operands.get(id(weight))
+    return fixed if fixed is not None else weight.backend.operand(weight.data)
+
+
+def takes_matvec(x, weight, transpose_weight=False):
+    """Whether x[..., K] . weight is a product of few rows without gradients (a sampled
+    token's linear layers): then kernels/matvec.py reads each weight once, where the tile
+    kernels would spend a 128-row tile on a few rows."""
+    rows = x.data.reshape(-1, x.shape[-1])
+    return not grad_enabled() and x.backend.takes_matvec(rows, weight.data, transpose_weight)
+
+
 def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_operand=None):
     """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight).
     activation="gelu": gelu of that (the MLP's first layer), computed in the matmul's epilogue
     and recorded as two ops, the linear layer then GELU: returns a GeluOutput.
     The products read their operands as the backend's matmul takes them (`backend.operand`:
     in bf16 rounded once, here, and the same copies in backward); x_operand: x's rows so made
-    already (linears)."""
+    already (linears). A product of few rows without gradients runs as matvec (takes_matvec),
+    which rounds x's values itself as it reads them."""
     backend = x.backend
     K = x.shape[-1]
     N = weight.shape[0] if transpose_weight else weight.shape[1]
-    rows = x_operand if x_operand is not None else backend.operand(x.data.reshape(-1, K))
-    w = backend.operand(weight.data)
+    w = weight_operand(weight)
     y = _new(x, x.shape[:-1] + (N,))                               # x . W + b
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: unknown activation {activation!r}")
     g = GeluOutput(y) if activation == "gelu" else None            # gelu(y), the same kernel
+    if x_operand is None and takes_matvec(x, weight, transpose_weight):
+        backend.matvec(y.data.reshape(-1, N), x.data.reshape(-1, K), w,
+                       None if bias is None else bias.data, transpose_b=transpose_weight,
+                       gelu_out=None if g is None else g.data.reshape(-1, N))
+        return y if g is None else g            # (no gradients: nothing to record)
+    rows = x_operand if x_operand is not None else backend.operand(x.data.reshape(-1, K))
     backend.matmul(y.data.reshape(-1, N), rows, w, None if bias is None else bias.data,
                    transpose_b=transpose_weight,
                    gelu_out=None if g is None else g.data.reshape(-1, N))
@@ -77,8 +119,10 @@ def linears(x, *weights_and_biases, heads=None):
     (x's operand made once, for all); heads=H: each then split into H heads (split_heads). In
     a captured step all but the first run beside it on the second stream, joined before this
     returns (schedule.py): the grids' last waves overlap, and their splits (memory-bound
-    copies) the first product (compute-bound). (Recorded last to first.)"""
-    rows = x.backend.operand(x.data.reshape(-1, x.shape[-1]))
+    copies) the first product (compute-bound). (Recorded last to first.) Products of few
+    rows (takes_matvec) make no operand of x: matvec reads x itself."""
+    few_rows = takes_matvec(x, weights_and_biases[0][0])
+    rows = None if few_rows else x.backend.operand(x.data.reshape(-1, x.shape[-1]))
 
     def product(w, b):
         y = linear(x, w, b, x_operand=rows)

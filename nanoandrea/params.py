@@ -107,6 +107,10 @@ class ParameterStore:
     def __iter__(self):
         return iter(self.tensors)
 
+    def matrices(self):
+        """The weight matrices' Tensors (the products' operands: the decayed ones)."""
+        return [self.tensors[spec.name] for spec in self.layout if spec.decay]
+
     def initial_values(self, seed):
         """GPT-2's initialisation as one host array: N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) for
         the two projections that write into the residual stream, zero biases, unit layernorms."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import ops
 from .autograd import Tensor, no_grad
 from .backend import get_backend, resolve_precision
 from .batch import TokenBatch
@@ -134,12 +135,14 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
     progress(ids): called with the ids so far after each new token. vocab: draw only ids below
     it (the tokenizer's; an imported GPT-2's "<|endoftext|>" lies beyond its byte-level BPE).
     kv_cache: keep the keys and values (the module's doc); False runs the whole window for
-    every token. Both give the same tokens."""
+    every token. Both give the same tokens. The weights do not change during the call: each
+    is made the products' operand once (ops.fixed_weights: in bf16 rounded once, not at every
+    token), and the decoder's graph reads those copies."""
     rng = rng or np.random.default_rng()
     ids = np.array(ids, dtype=np.int64)
     block = model.config.block_size
-    decoder = CachedDecoder(model, ids.shape[0]) if kv_cache else None
-    with no_grad():
+    with no_grad(), ops.fixed_weights(model.params.matrices()):
+        decoder = CachedDecoder(model, ids.shape[0]) if kv_cache else None
         for _ in range(max_new_tokens):
             if decoder is not None and decoder.cache.length == 0:
                 logits = decoder.prefill(ids[:, -block:])

@@ -70,3 +70,23 @@ def test_cached_sampling_gives_the_uncached_tokens(rng, backend_name):
     cached, uncached = sample_both_ways(model, prompt, 10, temperature=0)
     assert np.array_equal(cached, uncached)
     assert len({tuple(row) for row in cached[:, 5:]}) > 1     # (three prompts, three texts)
+
+
+def test_sampling_reads_the_weights_as_an_optimizer_step_left_them(rng):
+    """generate rounds each weight to bf16 once a call (ops.fixed_weights), not at every
+    token: after an AdamW step the next call must sample from the new weights, as a model
+    loaded with them does (a copy kept across calls would sample the old ones)."""
+    from nanoandrea.optim import AdamW
+    config = get_preset("tiny")
+    backend = get_backend("numpy", precision="bf16")
+    model = GPT(config, backend, seed=3)
+    model.params.load_flat(model.params.initial_values(3) * 10)
+    prompt = rng.integers(0, config.vocab_size, size=(2, 4))
+    before = generate(model, prompt, 8, temperature=0)
+    model.params.grads[...] = rng.standard_normal(model.params.size)
+    AdamW(model.params, lr=0.5, weight_decay=0.0, grad_clip=0.0).step()
+    after = generate(model, prompt, 8, temperature=0)
+    loaded = GPT(config, backend, seed=None)
+    loaded.params.load_state_dict(model.params.state_dict())
+    assert np.array_equal(after, generate(loaded, prompt, 8, temperature=0))
+    assert not np.array_equal(after, before)        # (the step changed what is sampled)

@@ -22,9 +22,10 @@ Sections:
 operands; attention (kernels/attention_bf16.py) against SDPA on bf16 tensors; e2e against
 PyTorch under torch.autocast(bfloat16).
   train      andrea-12m on tiny Shakespeare for a few steps: the loss must fall
-  sample     andrea-120m generating 24 tokens after a 1000-token prompt (greedy, batch 1 and
-             8): with the key/value cache, without it, and Hugging Face transformers'
-             `generate` (which caches) on the same weights, all in float32, in tokens/s
+  sample     andrea-120m at 1024 tokens of context (greedy, batch 1 and 8, fp32 and bf16): 256
+             tokens after a 768-token prompt with the key/value cache, and Hugging Face
+             transformers' `generate` (which caches) on the same weights and precision; 16
+             without the cache; and one captured step's replay, in tokens/s
   profile    each kernel's GPU time in the e2e steps, ours and PyTorch's side by side
              (through torch.profiler, whose CUPTI records Numba's kernels too)
 """
@@ -687,63 +688,105 @@ def bench_small(args):
 
 
 def bench_sample(args):
-    """Generation speed at 1024 tokens of context: ours cached and uncached, and transformers'
-    GPT2LMHeadModel.generate on the same weights (greedy, float32, the same batch), each the
-    wall time of the whole call (its prompt's forward included) after one warm-up call."""
+    """Generation at 1024 tokens of context, andrea-120m, greedy, B=1 and 8, fp32 and bf16:
+    ours with the cache (a 768-token prompt and 256 new tokens: the context reaches 1024) and
+    transformers' GPT2LMHeadModel.generate (which caches) on the same weights and precision,
+    each the wall time of the whole call after a short warm-up call; ours without the cache
+    over 16 tokens at the same context (a prompt of 1008); and one token's steady state, N
+    replays of the captured step alone. Ratios: cached / uncached, and ours / HF."""
     import torch
     import transformers
+    from nanoandrea import ops
+    from nanoandrea.autograd import no_grad
     from nanoandrea.backend import get_backend
     from nanoandrea.checkpoint import to_gpt2_names
     from nanoandrea.config import get_preset
     from nanoandrea.hf import hf_config
     from nanoandrea.model import GPT
-    from nanoandrea.sample import generate
+    from nanoandrea.sample import CachedDecoder, generate
     from nanoandrea.tokenizer import CharTokenizer
     torch.backends.cuda.matmul.allow_tf32 = False
-    print("sample: andrea-120m, a 1000-token prompt, 24 new tokens, greedy")
+    prompt_len, new_tokens, uncached_tokens, replays = 768, 256, 16, 200
+    print(f"sample: andrea-120m, greedy, a {prompt_len}-token prompt and {new_tokens} new tokens "
+          f"(uncached: {uncached_tokens} tokens after {1024 - uncached_tokens})")
     config = get_preset("andrea-120m")
-    ours = {"fp32": GPT(config, get_backend("cuda"), seed=0)}
-    state = ours["fp32"].params.state_dict()
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         **{k: v for k, v in hf_config(config, CharTokenizer("a")).items()
            if k not in ("architectures", "model_type", "torch_dtype")}))
+    state = GPT(config, get_backend("cuda"), seed=0, moments=False).params.state_dict()
     missing, unexpected = hf.transformer.load_state_dict(
         {k: torch.as_tensor(v) for k, v in to_gpt2_names(state, config).items()}, strict=False)
     require(float(len([m for m in missing if not m.endswith("attn.bias")]) + len(unexpected)),
             0.5, "transformers took every weight")
     hf = hf.cuda().eval()
-    new_tokens = 24
-    for batch in (1, 8):
-        prompt = np.random.default_rng(batch).integers(0, config.vocab_size, (batch, 1000))
-        tokens = batch * new_tokens
 
-        def seconds(fn):
-            fn()                                    # (warm: compiled, memory pools filled)
+    def seconds(fn):
+        cuda.synchronize()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        out = fn()
+        cuda.synchronize()
+        torch.cuda.synchronize()
+        return time.perf_counter() - started, out
+
+    for precision in ("fp32", "bf16"):
+        model = GPT(config, get_backend("cuda", precision=precision), seed=None, moments=False)
+        model.params.load_state_dict(state)
+        if precision == "bf16":
+            hf = hf.to(torch.bfloat16)
+        for batch in (1, 8):
+            rng = np.random.default_rng(batch)
+            prompt = rng.integers(0, config.vocab_size, (batch, prompt_len))
+            long_prompt = rng.integers(0, config.vocab_size, (batch, 1024 - uncached_tokens))
+
+            def theirs(n):
+                with torch.no_grad():
+                    return hf.generate(torch.as_tensor(prompt, device="cuda"), do_sample=False,
+                                       max_new_tokens=n, min_new_tokens=n,
+                                       pad_token_id=0).cpu().numpy()
+            theirs(4)                                   # (warm: kernels, memory pools)
+            hf_s, hf_ids = seconds(lambda: theirs(new_tokens))
+            generate(model, prompt, 4, temperature=0)
+            ours_s, ids = seconds(lambda: generate(model, prompt, new_tokens, temperature=0))
+            generate(model, long_prompt, 1, temperature=0, kv_cache=False)
+            slow_s, _ = seconds(lambda: generate(model, long_prompt, uncached_tokens,
+                                                 temperature=0, kv_cache=False))
+            replay_ms = replay_time_ms(model, prompt, replays, ops, no_grad, CachedDecoder)
+            rate, hf_rate = batch * new_tokens / ours_s, batch * new_tokens / hf_s
+            slow_rate = batch * uncached_tokens / slow_s
+            agree = float(np.mean(ids[:, prompt_len:] == hf_ids[:, prompt_len:]))
+            same_rows = int(np.sum(np.all(ids == hf_ids, axis=1)))
+            name = f"B={batch} {precision}"
+            row("sample", f"{name} cached", 1e3 * ours_s, None, "", 1e3 * hf_s, "HF generate",
+                f"{rate:,.0f} tok/s; HF {hf_rate:,.0f} tok/s: ours/HF {rate / hf_rate:.2f}x; "
+                f"new ids equal to HF's: {100 * agree:.1f}%, {same_rows} of {batch} rows all "
+                f"equal" + ("" if precision == "fp32" else " (HF's bf16 rounds every op)"))
+            row("sample", f"{name} uncached", 1e3 * slow_s, None, "", None, "",
+                f"{slow_rate:,.1f} tok/s: cached/uncached {rate / slow_rate:.1f}x")
+            row("sample", f"{name} one replay", replay_ms, None, "", None, "",
+                f"{batch * 1e3 / replay_ms:,.0f} tok/s in the steady state "
+                f"(median of {replays} replays, context {prompt_len}..{prompt_len + replays})")
+
+
+def replay_time_ms(model, prompt, replays, ops, no_grad, CachedDecoder):
+    """Milliseconds of one decode step once captured: the prompt's forward, the eager and the
+    captured step, then `replays` steps timed one by one (each: the new ids and position
+    copied in, the graph launched, waited for), the median."""
+    times = []
+    with no_grad(), ops.fixed_weights(model.params.matrices()):
+        decoder = CachedDecoder(model, prompt.shape[0])
+        decoder.prefill(prompt)
+        next_ids = np.asarray(prompt[:, -1])
+        for step in range(replays + 2):
             cuda.synchronize()
-            torch.cuda.synchronize()
             started = time.perf_counter()
-            out = fn()
+            decoder.step(next_ids)
             cuda.synchronize()
-            torch.cuda.synchronize()
-            return time.perf_counter() - started, out
-
-        def theirs():
-            with torch.no_grad():
-                return hf.generate(torch.as_tensor(prompt, device="cuda"), do_sample=False,
-                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                   pad_token_id=0).cpu().numpy()
-        hf_s, hf_ids = seconds(theirs)
-        results = {}
-        for name, model, cached in (("fp32, cached", ours["fp32"], True),
-                                    ("fp32, uncached", ours["fp32"], False)):
-            results[name] = seconds(lambda: generate(model, prompt, new_tokens, temperature=0,
-                                                     kv_cache=cached))
-        agree = float(np.mean(results["fp32, cached"][1] == hf_ids))
-        for name, (s_, ids) in results.items():
-            row("sample", f"B={batch} {name}", 1e3 * s_, None, "", 1e3 * hf_s, "HF generate",
-                f"{tokens / s_:,.0f} tok/s, HF {tokens / hf_s:,.0f} tok/s (fp32), "
-                f"{tokens / results['fp32, uncached'][0]:,.0f} uncached"
-                + (f"; ids equal to HF's: {100 * agree:.1f}%" if name == "fp32, cached" else ""))
+            if decoder.graphs:
+                decoder.stream.synchronize()
+            if step >= 2:                       # (the eager step and the capture)
+                times.append(1e3 * (time.perf_counter() - started))
+    return statistics.median(times)
 
 
 SECTIONS = {"matmul": bench_matmul, "attention": bench_attention, "small": bench_small,

@@ -11,6 +11,8 @@
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
 #               matmuls and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train`
+#     sample    issue 27's sampling: the decode kernels' tests at GPU sizes (matvec, the
+#               key/value cache, cached = uncached tokens), then tools/bench.py's sample section
 #     ddp       data-parallel with a world of one: NCCL's step against the plain one
 #               (tests/test_distributed.py), and what its communication costs a step
 #               (tools/ddp_overlap.py, andrea-12m and andrea-120m)
@@ -66,6 +68,13 @@ for step in "${steps[@]}"; do
       limit python3 tools/bench.py --only ${BENCH:-matmul,e2e} --precision bf16 \
           --json "$OUT/bench-bf16.json" > "$OUT/bench-bf16.log" 2>&1
       grep -A40 "^summary" "$OUT/bench-bf16.log" ;;
+    sample)
+      limit python3 -m pytest -v -rf --durations=10 tests/test_matvec.py tests/test_kvcache.py \
+          > "$OUT/pytest-sample.log" 2>&1
+      grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" "$OUT/pytest-sample.log" | tail -20
+      limit python3 tools/bench.py --only sample --json "$OUT/bench-sample.json" \
+          > "$OUT/bench-sample.log" 2>&1
+      grep -A20 "^summary" "$OUT/bench-sample.log" ;;
     train)
       limit python3 -m nanoandrea.train --out /tmp/shakespeare --stop-at ${STOP_AT:-1500} \
           > "$OUT/train.log" 2>&1

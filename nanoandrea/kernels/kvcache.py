@@ -16,22 +16,41 @@ A new token then costs O(T) (its one row of scores) instead of a forward over th
 context. `out` is [B,Tq,C], the heads side by side (the concat of step 4): W_O reads it as it
 is. No dropout: sampling only.
 
-attention_cached_kernel: one block per (batch, head, query), all heads in one launch. The
-block's threads take the keys in turn for the scores (a dot product of D each), find the
-row's maximum and sum with a tree in shared memory, then take the D output columns, each
-summing p_j v_j over the keys in order: one key's row of v is read by consecutive threads
-(coalesced). The scores sit in dynamic shared memory, 4 bytes a key of the whole cache (a launch
-that does not depend on start: the same for every token).
+attention_cached is split over the keys (flash-decoding): a token's query against 1024 keys
+is one (batch, head) of work, B x H blocks in all, too few to read the cache at the memory's
+speed, and one block summing p_j v_j over a thousand keys in order waits for a thousand loads
+one after another. So:
+  attention_cached_kernel   grid (Tmax / CHUNK, Tq x H, B): a block takes CHUNK keys of one
+                            query, WARPS warps of CHUNK / WARPS keys each. A warp's 32 lanes
+                            split the head's D columns (a key's row is read by consecutive
+                            lanes: coalesced); its score q . k_j meets in a butterfly of
+                            shuffles (reduce.warp_sum), and the warp keeps the online softmax
+                            of its keys as the flash attention forward does: the running max m,
+                            the sum l of exp(s_j - m) and o = the sum of exp(s_j - m) v_j, both
+                            rescaled by exp(m_old - m_new) when the max grows. The block's warps
+                            then meet in shared memory, and it writes its chunk's (m, l) and o.
+                            Chunks past the query's last key return at once: the grid does not
+                            depend on start, so a captured decode step replays it unchanged.
+  attention_combine_kernel  grid (Tq, H, B): the chunks of a query, in order: with M the
+                            largest m_c, out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c.
+Every sum runs in a fixed order: the same bits at every call.
 """
 import math
 
 import numpy as np
 from numba import cuda, float32
 
-from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
-from .sharedmem import dynamic_shared_floats
+from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
+                     launch)
+from .reduce import WARP, warp_sum
 
-THREADS = 32 if SIMULATOR else 128
+THREADS = 32 if SIMULATOR else 128      # kv_store's block
+WARPS = 2 if SIMULATOR else 4           # attention_cached_kernel's block
+CHUNK = 4 if SIMULATOR else 64          # keys a block: WARPS warps of CHUNK / WARPS keys
+LANE_COLUMNS = 4                        # a head's columns a lane: D <= 128
+MAX_D = WARP * LANE_COLUMNS
+MAX_CHUNKS = 1024                       # (the combine's weights sit in shared memory)
+COMBINE_THREADS = 32 if SIMULATOR else 64
 
 
 # --- the NumPy twins ---------------------------------------------------------------------------
@@ -72,51 +91,86 @@ def kv_store_kernel(cache, k, v, start):
 
 
 @cuda.jit
-def attention_cached_kernel(out, q, cache, start, scale):
-    # grid (Tq, H, B), block THREADS; dynamic shared: Tmax floats of scores
+def attention_cached_kernel(m_l, partial, q, cache, start, scale):
+    # grid (chunks, Tq * H, B), block WARPS * 32: chunk c's keys for query i of (b, h);
+    # m_l [B,H,Tq,chunks,2] gets the chunk's (m, l), partial [B,H,Tq,chunks,D] its o
     B, H, Tq, D = q.shape
-    i, h, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
-    tid = cuda.threadIdx.x
-    scores = dynamic_shared_floats()
-    tree = cuda.shared.array(THREADS, float32)
+    c, b = cuda.blockIdx.x, cuda.blockIdx.z
+    i, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+    first = c * CHUNK
     keys = start[0] + i + 1                 # query i sees keys 0 .. start + i
-    # the scores, and each thread's largest
-    largest = float32(-math.inf)
-    for j in range(tid, keys, THREADS):
+    if first >= keys:
+        return
+    warp_m = cuda.shared.array(WARPS, float32)
+    warp_l = cuda.shared.array(WARPS, float32)
+    warp_o = cuda.shared.array((WARPS, MAX_D), float32)
+    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+    qs = cuda.local.array(LANE_COLUMNS, float32)    # q's columns lane, lane + 32, ... (scaled)
+    o = cuda.local.array(LANE_COLUMNS, float32)
+    for r in range(LANE_COLUMNS):
+        d = lane + WARP * r
+        qs[r] = q[b, h, i, d] * scale if d < D else float32(0.0)
+        o[r] = float32(0.0)
+    m, l = float32(-math.inf), float32(0.0)
+    for j in range(first + warp, min(keys, first + CHUNK), WARPS):
         dot = float32(0.0)
-        for d in range(D):
-            dot += q[b, h, i, d] * cache[0, b, h, j, d]
-        dot *= scale
-        scores[j] = dot
-        largest = max(largest, dot)
-    tree[tid] = largest
+        for r in range(LANE_COLUMNS):
+            d = lane + WARP * r
+            if d < D:
+                dot += qs[r] * cache[0, b, h, j, d]
+        s = warp_sum(dot)                   # (all lanes: j is the same across the warp)
+        grown = max(m, s)
+        rescale, p = math.exp(m - grown), math.exp(s - grown)
+        l = l * rescale + p
+        for r in range(LANE_COLUMNS):
+            d = lane + WARP * r
+            if d < D:
+                o[r] = o[r] * rescale + p * cache[1, b, h, j, d]
+        m = grown
+    if lane == 0:
+        warp_m[warp], warp_l[warp] = m, l
+    for r in range(LANE_COLUMNS):
+        d = lane + WARP * r
+        if d < D:
+            warp_o[warp, d] = o[r]
     cuda.syncthreads()
-    half = THREADS // 2
-    while half > 0:                         # the row's maximum, to every thread
-        if tid < half:
-            tree[tid] = max(tree[tid], tree[tid + half])
-        cuda.syncthreads()
-        half //= 2
-    row_max = tree[0]
+    # the warps' softmaxes as one, in warp order (a warp without keys has m = -inf: weight 0)
+    top = warp_m[0]
+    for w in range(1, WARPS):
+        top = max(top, warp_m[w])
+    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        acc = float32(0.0)
+        for w in range(WARPS):
+            acc += math.exp(warp_m[w] - top) * warp_o[w, d]
+        partial[b, h, i, c, d] = acc
+    if cuda.threadIdx.x == 0:
+        total = float32(0.0)
+        for w in range(WARPS):
+            total += math.exp(warp_m[w] - top) * warp_l[w]
+        m_l[b, h, i, c, 0], m_l[b, h, i, c, 1] = top, total
+
+
+@cuda.jit
+def attention_combine_kernel(out, m_l, partial, start):
+    # grid (Tq, H, B), block COMBINE_THREADS: out[b, i, h*D:(h+1)*D] from query i's chunks
+    B, H, Tq, chunks, D = partial.shape
+    i, h, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+    used = (start[0] + i + CHUNK) // CHUNK          # the chunks holding its start + i + 1 keys
+    weight = cuda.shared.array(MAX_CHUNKS, float32)
+    top = float32(-math.inf)
+    for c in range(used):
+        top = max(top, m_l[b, h, i, c, 0])
+    for c in range(cuda.threadIdx.x, used, cuda.blockDim.x):
+        weight[c] = math.exp(m_l[b, h, i, c, 0] - top)
     cuda.syncthreads()
     total = float32(0.0)
-    for j in range(tid, keys, THREADS):
-        e = math.exp(scores[j] - row_max)
-        scores[j] = e
-        total += e
-    tree[tid] = total
-    cuda.syncthreads()
-    half = THREADS // 2
-    while half > 0:                         # the row's sum
-        if tid < half:
-            tree[tid] += tree[tid + half]
-        cuda.syncthreads()
-        half //= 2
-    inverse = float32(1.0) / tree[0]
-    for d in range(tid, D, THREADS):        # out = p . V, column d
+    for c in range(used):
+        total += weight[c] * m_l[b, h, i, c, 1]
+    inverse = float32(1.0) / total
+    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         acc = float32(0.0)
-        for j in range(keys):
-            acc += scores[j] * cache[1, b, h, j, d]
+        for c in range(used):
+            acc += weight[c] * partial[b, h, i, c, d]
         out[b, i, h * D + d] = acc * inverse
 
 
@@ -135,8 +189,15 @@ def attention_cached(out, q, cache, start):
     check_float32(out=out, q=q, cache=cache)
     B, H, Tq, D = q.shape
     _check_attention(out, q, cache, Tq)
-    launch(attention_cached_kernel, (Tq, H, B), THREADS, out, q, cache, start,
-           np.float32(1.0 / math.sqrt(D)), shared_bytes=4 * cache.shape[3])
+    chunks = blocks(cache.shape[3], CHUNK)
+    check(D <= MAX_D and chunks <= MAX_CHUNKS, f"attention_cached: heads of {D} (at most "
+          f"{MAX_D}) and {cache.shape[3]} positions (at most {MAX_CHUNKS * CHUNK})")
+    stream = current_stream()
+    m_l = cuda.device_array((B, H, Tq, chunks, 2), np.float32, stream=stream)
+    partial = cuda.device_array((B, H, Tq, chunks, D), np.float32, stream=stream)
+    launch(attention_cached_kernel, (chunks, Tq * H, B), WARPS * WARP, m_l, partial, q, cache,
+           start, np.float32(1.0 / math.sqrt(D)))
+    launch(attention_combine_kernel, (Tq, H, B), COMBINE_THREADS, out, m_l, partial, start)
 
 
 def _check_store(cache, k, v, start):

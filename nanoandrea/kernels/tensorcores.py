@@ -8,6 +8,7 @@ ISA's fragment definitions.
     w0, w1, w2, w3 = load4_u32(array, (i, j))           16 bytes: array[i, j:j+4], uint32
     store4_u32(array, (i, j), w0, w1, w2, w3)
     w = bf16_pair(x0, x1)                               two float32s rounded to bf16, packed
+    x0, x1 = bf16_unpair(w)                             a pair's two bf16 as float32s
 
 bf16 values travel in pairs, packed into one uint32 (the lower index in the low 16 bits, as
 they lie in memory): a bf16 matrix [R, C] is a uint32 array [R, C/2] (pack_bf16 on the host).
@@ -116,6 +117,9 @@ if SIMULATOR:
     def bf16_pair(x0, x1):
         return _packed((x0, x1))
 
+    def bf16_unpair(word):
+        return tuple(float(v) for v in unpack_bf16(np.array([word], np.uint32)))
+
     def load4_u32(array, index):
         *outer, j = index
         return tuple(array[tuple(outer) + (j + e,)] for e in range(4))
@@ -202,6 +206,21 @@ else:
             return builder.call(function, [x1, x0])
 
         return types.uint32(x0, x1), codegen
+
+    @intrinsic
+    def bf16_unpair(typingctx, word):
+        # a bf16 is the upper half of the float32 it stands for: shift the low one up, mask
+        # the high one, and read both bit patterns as float32s
+        result = types.UniTuple(types.float32, 2)
+
+        def codegen(context, builder, signature, args):
+            word = context.cast(builder, args[0], signature.args[0], types.uint32)
+            low = builder.shl(word, ir.Constant(I32, 16))
+            high = builder.and_(word, ir.Constant(I32, 0xFFFF0000))
+            return context.make_tuple(builder, result, [builder.bitcast(low, F32),
+                                                        builder.bitcast(high, F32)])
+
+        return result(word), codegen
 
     @intrinsic
     def load4_u32(typingctx, array, index):
