@@ -80,13 +80,23 @@ def x_value(x, m, k, bf16):
 
 
 @inlined
-def four_weights(w, row, col, bf16):
-    # w[row, col:col+4]: one 16-byte load of float32s, or two words of bf16 pairs
-    if bf16:
-        w0, w1 = bf16_unpair(w[row, col >> 1])
-        w2, w3 = bf16_unpair(w[row, (col >> 1) + 1])
-        return w0, w1, w2, w3
+def four_floats(w, row, col):
+    # w[row, col:col+4] of a float32 W: one 16-byte load
     return load4(w, (row, col))
+
+
+@inlined
+def four_bf16(w, row, col):
+    # the same four of a Bf16Matrix's words: two words of bf16 pairs
+    w0, w1 = bf16_unpair(w[row, col >> 1])
+    w2, w3 = bf16_unpair(w[row, (col >> 1) + 1])
+    return w0, w1, w2, w3
+
+
+def four_weights_of(bf16):
+    """The kernels' reader of four weights (a kernel factory's choice: a device function's
+    branches are all typed, and load4 takes float32 arrays only)."""
+    return four_bf16 if bf16 else four_floats
 
 
 @inlined
@@ -102,6 +112,7 @@ def finish(out, hidden, value, z, m, n, bias, has_bias, gelu):
 @kernel_factory
 def matvec_kernel(rows, bf16):
     """out[z] = x . W over slice z of K (the module's doc): W [K, N] float32 or bf16 words."""
+    four_weights = four_weights_of(bf16)
     PASSES = (rows + ROW_PASS - 1) // ROW_PASS
 
     @cuda.jit
@@ -119,7 +130,7 @@ def matvec_kernel(rows, bf16):
                 acc[m, c] = float32(0.0)
         if col < N:
             for k in range(z * k_per_split + group, k_end, GROUPS):
-                w0, w1, w2, w3 = four_weights(w, k, col, bf16)
+                w0, w1, w2, w3 = four_weights(w, k, col)
                 for m in range(rows):
                     xv = x_value(x, m, k, bf16)
                     acc[m, 0] += xv * w0
@@ -153,6 +164,7 @@ def matvec_kernel(rows, bf16):
 @kernel_factory
 def matvec_t_kernel(rows, bf16):
     """out = x . W^T (the module's doc): W [N, K] float32 or bf16 words, K % 4 == 0."""
+    four_weights = four_weights_of(bf16)
 
     @cuda.jit
     def matvec_t_kernel(out, x, w, bias, has_bias, gelu, hidden):
@@ -170,7 +182,7 @@ def matvec_t_kernel(rows, bf16):
                     xs[m, c] = x_value(x, m, k + c, bf16)
             for j in range(WARP_COLUMNS):
                 if first + j < N:
-                    w0, w1, w2, w3 = four_weights(w, first + j, k, bf16)
+                    w0, w1, w2, w3 = four_weights(w, first + j, k)
                     for m in range(rows):
                         acc[m, j] += xs[m, 0] * w0 + xs[m, 1] * w1 + xs[m, 2] * w2 + xs[m, 3] * w3
         for m in range(rows):                   # (every lane takes part in every shuffle)
