@@ -113,5 +113,8 @@ def test_forward_of_few_rows_runs_matvec_and_equals_the_tile_kernels(rng, monkey
     with no_grad():
         without, _ = model.forward(ids)
     assert len(calls) == 6 * config.n_layer + 1         # Q, K, V, O, MLP up and down; LM head
-    tolerance = TOLERANCE if precision == "fp32" else 1e-3  # (bf16: x rounded the same way)
+    # (bf16: an activation that lies within float32's last bits of a boundary between two
+    # bf16 numbers is rounded to either, 2^-9 apart, and the next layers carry that on:
+    # bf16's tolerance; measured 1.4e-3 on the H200. A wrong product is an error of order 1)
+    tolerance = TOLERANCE if precision == "fp32" else 1e-2
     assert relative_error(without.numpy(), with_grad.numpy()) < tolerance
