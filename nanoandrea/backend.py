@@ -12,14 +12,18 @@ A backend also has a precision, the matmuls' (every other op is float32 whatever
            tensor cores (matmul_bf16.py), on the CPU its NumPy twin. `operand(x)` rounds an
            operand once (a Bf16Matrix), where a product first reads it; the backward's
            products read the same copy
-The parameters, their gradients and AdamW's state stay float32 either way. bf16 needs no loss
-scaling: it keeps float32's 8-bit exponent, so a gradient as small as 1e-38 is still a
-number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss scaling).
+    tf32   the same with the operands rounded to tf32 (10 bits of mantissa to bf16's 7: ~4x
+           closer to float32, at about half bf16's speed on the tensor cores; matmul_tf32.py,
+           a Tf32Matrix each)
+The parameters, their gradients and AdamW's state stay float32 in every precision. bf16 and
+tf32 need no loss scaling: they keep float32's 8-bit exponent, so a gradient as small as
+1e-38 is still a number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss
+scaling).
 """
 import numpy as np
 
 from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding, gelu,
-                      heads, kvcache, layernorm, matmul, matmul_bf16, reduce)
+                      heads, kvcache, layernorm, matmul, matmul_bf16, matmul_tf32, reduce)
 from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
@@ -36,10 +40,11 @@ OPS = {
     crossentropy: ["crossentropy_forward", "crossentropy_backward", "crossentropy_forward_backward"],
     adamw: ["grad_norm", "adamw_update"],
     matmul_bf16: ["round_bf16"],
+    matmul_tf32: ["round_tf32"],
 }
 
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 class Backend:
@@ -51,24 +56,32 @@ class Backend:
         for module, names in OPS.items():
             for op in names:
                 setattr(self, op, getattr(module, op + suffix))
-        if precision == "bf16":
-            self.matmul = getattr(matmul_bf16, "matmul_bf16" + suffix)
-        # whether the matmul multiplies by a copy of W^T it makes (the step makes it beside)
+        if precision != "fp32":
+            module = matmul_bf16 if precision == "bf16" else matmul_tf32
+            self.matmul = getattr(module, f"matmul_{precision}{suffix}")
+        # whether the matmul multiplies by a copy of W^T it makes (the step makes it beside;
+        # the tensor-core kernels read W^T as it lies)
         self.copies_b_transposed = (lambda *shape: False) if name != "cuda" else (
-            matmul_bf16 if precision == "bf16" else matmul).copies_b_transposed
+            matmul if precision == "fp32" else matmul_bf16).copies_b_transposed
 
     def __repr__(self):
         return f"Backend({self.name!r}, {self.dtype.name}, {self.precision!r})"
 
     def operand(self, x):
-        """x [R, C] as this backend's matmul reads it: in bf16 a new Bf16Matrix, x rounded;
-        else x itself."""
-        if self.precision != "bf16":
-            return x
-        rounded = matmul_bf16.Bf16Matrix(
-            self.empty(matmul_bf16.Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
-        self.round_bf16(rounded, x)
-        return rounded
+        """x [R, C] as this backend's matmul reads it: in bf16 a new Bf16Matrix, in tf32 a new
+        Tf32Matrix, x rounded; in fp32 x itself."""
+        if self.precision == "bf16":
+            rounded = matmul_bf16.Bf16Matrix(
+                self.empty(matmul_bf16.Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
+            self.round_bf16(rounded, x)
+            return rounded
+        if self.precision == "tf32":
+            rounded = matmul_tf32.Tf32Matrix(
+                self.empty(matmul_tf32.Tf32Matrix.values_shape(x.shape), np.float32),
+                x.shape[1])
+            self.round_tf32(rounded, x)
+            return rounded
+        return x
 
     # --- memory ------------------------------------------------------------------------
     def empty(self, shape, dtype=None):
@@ -143,7 +156,7 @@ def resolve_precision(precision, device):
 
 def get_backend(name="auto", dtype=None, precision="fp32"):
     """'cuda', 'numpy' (alias 'cpu') or 'auto' (CUDA when a GPU is usable, else NumPy); the
-    matmuls' precision, 'fp32' or 'bf16' (the module's doc).
+    matmuls' precision, 'fp32', 'tf32' or 'bf16' (the module's doc).
 
     Under the CUDA simulator 'cuda' works too (the kernels run as Python threads on the CPU).
     """
