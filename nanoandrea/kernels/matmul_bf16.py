@@ -53,8 +53,8 @@ from .gelu import gelu_derivative, gelu_value
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
                      inlined, kernel_factory, launch)
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul_numpy, split_count
-from .tensorcores import (bf16_pair, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32,
-                          pack_bf16, store4_u32, unpack_bf16)
+from .tensorcores import (bf16_pair, ldmatrix_x4, ldmatrix_x4_trans, load_shared_u32, mma_bf16,
+                          mma_tf32, pack_bf16, store4_u32, unpack_bf16)
 from .vector import aligned16, flat, load4
 
 
@@ -300,8 +300,9 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
             if A_WORDWISE:
                 for e in range(4):      # a0 .. a3: m + 8 if e & 1, k + 4 if e >> 1
                     u = 2 * i + (e & 1)             # (the 8-column group of m)
-                    a_frag[i, e] = a_tiles[a_base + a_columns[u & 3] + 32 * (u >> 2)
-                                           + (8 * step + 4 * (e >> 1)) * A_ROW]
+                    row = 8 * step + 4 * (e >> 1)
+                    a_frag[i, e] = load_shared_u32(a_tiles, (
+                        a_base + a_columns[u & 3] + 32 * (u >> 2) + row * A_ROW,))
                 continue
             at = (a_base + a_offset(i, step, wm, a_lane[0], a_lane[1]),)
             if A_ALONG_K:
@@ -313,8 +314,9 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
             if B_WORDWISE:
                 for e in range(4):      # b0, b1 of tiles j, j + 1: k + 4 if e & 1
                     u = j + (e >> 1)
-                    b_frag[u, e & 1] = b_tiles[b_base + b_columns[u & 3] + 32 * (u >> 2)
-                                               + (8 * step + 4 * (e & 1)) * B_ROW]
+                    row = 8 * step + 4 * (e & 1)
+                    b_frag[u, e & 1] = load_shared_u32(b_tiles, (
+                        b_base + b_columns[u & 3] + 32 * (u >> 2) + row * B_ROW,))
                 continue
             at = (b_base + b_offset(j, step, wn, b_lane[0], b_lane[1]),)
             if B_ALONG_K:
@@ -379,8 +381,8 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     def mma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
         # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
-        # Bf16Matrix (or Tf32Matrix) operands. hidden[M,N] (S = 1): GELU's output (gelu) or its input
-        # (gelu_grad); else not read.
+        # Bf16Matrix (or Tf32Matrix) operands. hidden[M,N] (S = 1): GELU's output (gelu) or
+        # its input (gelu_grad); else not read.
         # grid (N/BN, M/BM, S), block THREADS: warp w takes the warp tile (w // WARPS_N,
         # w % WARPS_N) of the block's
         a_tiles = cuda.shared.array(A_WORDS, uint32)

@@ -3,9 +3,10 @@ matmul_tf32.py, and the ladder's v11 on) are built from, each instruction with a
 written from the PTX ISA's fragment definitions.
 
     d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   one warp's D = A B + C
-    d0, d1, d2, d3 = mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   ... of tf32 A [16,8], B [8,8]
+    d0, d1, d2, d3 = mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   ... A [16,8], B [8,8]: tf32
     r0, r1, r2, r3 = ldmatrix_x4(tile, (r, c))          four 8 x 8 bf16 matrices from shared
     r0, r1, r2, r3 = ldmatrix_x4_trans(tile, (r, c))    ... each transposed on its way
+    w = load_shared_u32(tile, (i,))                     one word of a shared uint32 array
     w0, w1, w2, w3 = load4_u32(array, (i, j))           16 bytes: array[i, j:j+4], uint32
     store4_u32(array, (i, j), w0, w1, w2, w3)
     w = bf16_pair(x0, x1)                               two float32s rounded to bf16, packed
@@ -28,14 +29,17 @@ are one m16 x k16 A fragment. With .trans a lane gets the pair in column l // 4,
 2 (l % 4), 2 (l % 4) + 1: B's layout, from a B stored k-major (rows along k).
 
 mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 takes A [16,8] and B [8,8] of tf32, one
-value a register (a float32 whose 13 low mantissa bits the tensor core ignores):
+value a register (a float32 rounded to tf32 beforehand, its 13 low mantissa bits zero; the
+simulator's twin drops any others):
     a0 = A[g, t]    a1 = A[g+8, t]    a2 = A[g, t+4]    a3 = A[g+8, t+4]
     b0 = B[t, g]    b1 = B[t+4, g]                          (C and D as above)
 Counted in 32-bit words along k, that is the bf16 layout word for word: a bf16 k16 step and a
 tf32 k8 step both span 8 words, and both mma's take the same registers from the same words.
 So a warp's ldmatrix (non-.trans) of operands stored along k hands out tf32 fragments as well
 (an 8 x 8 matrix of 16-bit values is 8 rows of 4 words). .trans moves 16-bit values, which
-would tear a 32-bit one in half: tf32 operands stored k-major are read one word a lane.
+would tear a 32-bit one in half: tf32 operands stored k-major are read one word a lane
+(load_shared_u32: tile[i], through a 32-bit shared address as ldmatrix's, where Numba's
+indexing would add 64-bit offsets to a 64-bit pointer).
 
 On the GPU these are inline PTX (llvmlite InlineAsm; C tied to D's registers, so a chain of
 mma's into one accumulator moves nothing) and LLVM vector loads. Under the simulator, the same
@@ -95,7 +99,8 @@ def tf32_values(x):
 
 
 def _tf32_words_values(words):
-    # uint32 words of tf32 -> their float32 values (the low bits, ignored by the mma, dropped)
+    # uint32 words of tf32 -> their float32 values (any low bits dropped: rounded operands
+    # have none)
     return (np.asarray(words, dtype=np.uint32) & np.uint32(TF32_MASK)).view(np.float32)
 
 
@@ -155,6 +160,9 @@ if SIMULATOR:
         m = _matrices(tile, addresses)
         g, t = _G[lane], _T[lane]
         return tuple(_word(m[i, 2 * t:2 * t + 2, g]) for i in range(4))
+
+    def load_shared_u32(tile, index):
+        return tile[index]
 
     def bf16_pair(x0, x1):
         return uint32(pack_bf16(np.array([[x0, x1]], np.float32))[0, 0])
@@ -243,6 +251,19 @@ else:
 
     ldmatrix_x4 = _ldmatrix(False)
     ldmatrix_x4_trans = _ldmatrix(True)
+
+    @intrinsic
+    def load_shared_u32(typingctx, tile, index):
+        _check(tile, index)
+
+        def codegen(context, builder, signature, args):
+            pointer = _pointer(context, builder, signature.args[0], args[0], signature.args[1],
+                               args[1])
+            function = ir.InlineAsm(ir.FunctionType(I32, [I32]), "ld.shared.b32 $0, [$1];",
+                                    "=r,r,~{memory}", side_effect=True)
+            return builder.call(function, [shared_address(builder, pointer)])
+
+        return types.uint32(tile, index), codegen
 
     @intrinsic
     def bf16_pair(typingctx, x0, x1):
