@@ -70,18 +70,12 @@ class Backend:
     def operand(self, x):
         """x [R, C] as this backend's matmul reads it: in bf16 a new Bf16Matrix, in tf32 a new
         Tf32Matrix, x rounded; in fp32 x itself."""
-        if self.precision == "bf16":
-            rounded = matmul_bf16.Bf16Matrix(
-                self.empty(matmul_bf16.Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
-            self.round_bf16(rounded, x)
-            return rounded
-        if self.precision == "tf32":
-            rounded = matmul_tf32.Tf32Matrix(
-                self.empty(matmul_tf32.Tf32Matrix.values_shape(x.shape), np.float32),
-                x.shape[1])
-            self.round_tf32(rounded, x)
-            return rounded
-        return x
+        if self.precision == "fp32":
+            return x
+        kind = matmul_bf16.Bf16Matrix if self.precision == "bf16" else matmul_tf32.Tf32Matrix
+        rounded = kind.allocate(x.shape, self.empty)
+        getattr(self, f"round_{self.precision}")(rounded, x)
+        return rounded
 
     # --- memory ------------------------------------------------------------------------
     def empty(self, shape, dtype=None):

@@ -73,6 +73,11 @@ class Bf16Matrix:
         rows, cols = shape
         return rows, -(-cols // 8) * 4
 
+    @classmethod
+    def allocate(cls, shape, empty):
+        """A new one, not yet rounded, for an x of `shape`: its words from empty(shape, dtype)."""
+        return cls(empty(cls.words_shape(shape), np.uint32), shape[1])
+
 
 def round_bf16_numpy(out, x):
     """out (a Bf16Matrix of x's shape) = x rounded to bf16 (to nearest, ties to even)."""
@@ -512,7 +517,10 @@ def mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, 
 def rounded(x):
     """A new Bf16Matrix of the float32 device array x (what the backend's `operand` makes)."""
     check(len(x.shape) == 2, f"matmul_bf16: operands are 2-D, got {x.shape}")
-    out = Bf16Matrix(cuda.device_array(Bf16Matrix.words_shape(x.shape), np.uint32,
-                                       stream=current_stream()), x.shape[1])
+    out = Bf16Matrix.allocate(x.shape, device_empty)
     round_bf16(out, x)
     return out
+
+
+def device_empty(shape, dtype):
+    return cuda.device_array(shape, dtype, stream=current_stream())

@@ -48,8 +48,8 @@ Under the CUDA simulator the block is matmul_bf16's 32 x 32, the same code.
 import numpy as np
 from numba import cuda, float32
 
-from .launch import check, current_stream
-from .matmul_bf16 import launch_rounding, mma_matmul, product_of_values
+from .launch import check
+from .matmul_bf16 import device_empty, launch_rounding, mma_matmul, product_of_values
 from .tensorcores import tf32_value, tf32_values
 from .vector import load4, store4
 
@@ -69,6 +69,11 @@ class Tf32Matrix:
     @staticmethod
     def values_shape(shape):
         return shape[0], -(-shape[1] // 4) * 4
+
+    @classmethod
+    def allocate(cls, shape, empty):
+        """A new one, not yet rounded, for an x of `shape`: its values from empty(shape, dtype)."""
+        return cls(empty(cls.values_shape(shape), np.float32), shape[1])
 
 
 def round_tf32_numpy(out, x):
@@ -133,7 +138,6 @@ def matmul_tf32(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
 def rounded(x):
     """A new Tf32Matrix of the float32 device array x (what the backend's `operand` makes)."""
     check(len(x.shape) == 2, f"matmul_tf32: operands are 2-D, got {x.shape}")
-    out = Tf32Matrix(cuda.device_array(Tf32Matrix.values_shape(x.shape), np.float32,
-                                       stream=current_stream()), x.shape[1])
+    out = Tf32Matrix.allocate(x.shape, device_empty)
     round_tf32(out, x)
     return out
