@@ -15,15 +15,19 @@ whatever it says):
            (matmul_bf16.py, attention_bf16.py), on the CPU their NumPy twins. `operand(x)`
            rounds a matmul's operand once (a Bf16Matrix), where a product first reads it; the
            backward's products read the same copy
-The parameters, their gradients and AdamW's state stay float32 either way. bf16 needs no loss
-scaling: it keeps float32's 8-bit exponent, so a gradient as small as 1e-38 is still a
-number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss scaling).
+    tf32   the matmuls' operands rounded to tf32 (10 bits of mantissa to bf16's 7: ~4x closer
+           to float32, at about half bf16's speed on the tensor cores; matmul_tf32.py, a
+           Tf32Matrix each); attention float32 (attention.py)
+The parameters, their gradients and AdamW's state stay float32 in every precision. bf16 and
+tf32 need no loss scaling: they keep float32's 8-bit exponent, so a gradient as small as
+1e-38 is still a number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss
+scaling).
 """
 import numpy as np
 
 from .kernels import (adamw, attention, attention_bf16, crossentropy, dropout, elementwise,
-                      embedding, gelu, heads, kvcache, layernorm, matmul, matmul_bf16, matvec,
-                      reduce)
+                      embedding, gelu, heads, kvcache, layernorm, matmul, matmul_bf16,
+                      matmul_tf32, matvec, reduce)
 from .kernels.launch import SIMULATOR, gpu_available
 
 OPS = {
@@ -41,10 +45,11 @@ OPS = {
     crossentropy: ["crossentropy_forward", "crossentropy_backward", "crossentropy_forward_backward"],
     adamw: ["grad_norm", "adamw_update"],
     matmul_bf16: ["round_bf16"],
+    matmul_tf32: ["round_tf32"],
 }
 
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 class Backend:
@@ -56,25 +61,28 @@ class Backend:
         for module, names in OPS.items():
             for op in names:
                 setattr(self, op, getattr(module, op + suffix))
+        if precision != "fp32":
+            module = matmul_bf16 if precision == "bf16" else matmul_tf32
+            self.matmul = getattr(module, f"matmul_{precision}{suffix}")
         if precision == "bf16":
-            self.matmul = getattr(matmul_bf16, "matmul_bf16" + suffix)
             for op in ("attention_forward", "attention_backward"):
                 setattr(self, op, getattr(attention_bf16, op + "_bf16" + suffix))
-        # whether the matmul multiplies by a copy of W^T it makes (the step makes it beside)
+        # whether the matmul multiplies by a copy of W^T it makes (the step makes it beside;
+        # the tensor-core kernels read W^T as it lies)
         self.copies_b_transposed = (lambda *shape: False) if name != "cuda" else (
-            matmul_bf16 if precision == "bf16" else matmul).copies_b_transposed
+            matmul if precision == "fp32" else matmul_bf16).copies_b_transposed
 
     def __repr__(self):
         return f"Backend({self.name!r}, {self.dtype.name}, {self.precision!r})"
 
     def operand(self, x):
-        """x [R, C] as this backend's matmul reads it: in bf16 a new Bf16Matrix, x rounded;
-        else x itself."""
-        if self.precision != "bf16":
+        """x [R, C] as this backend's matmul reads it: in bf16 a new Bf16Matrix, in tf32 a new
+        Tf32Matrix, x rounded; in fp32 x itself."""
+        if self.precision == "fp32":
             return x
-        rounded = matmul_bf16.Bf16Matrix(
-            self.empty(matmul_bf16.Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
-        self.round_bf16(rounded, x)
+        kind = matmul_bf16.Bf16Matrix if self.precision == "bf16" else matmul_tf32.Tf32Matrix
+        rounded = kind.allocate(x.shape, self.empty)
+        getattr(self, f"round_{self.precision}")(rounded, x)
         return rounded
 
     # --- memory ------------------------------------------------------------------------
@@ -150,7 +158,7 @@ def resolve_precision(precision, device):
 
 def get_backend(name="auto", dtype=None, precision="fp32"):
     """'cuda', 'numpy' (alias 'cpu') or 'auto' (CUDA when a GPU is usable, else NumPy); the
-    matmuls' precision, 'fp32' or 'bf16' (the module's doc).
+    matmuls' precision, 'fp32', 'tf32' or 'bf16' (the module's doc).
 
     Under the CUDA simulator 'cuda' works too (the kernels run as Python threads on the CPU).
     """

@@ -65,9 +65,9 @@ def _train_options(f):
         click.option("--seed", type=int, help="[1337]"),
         click.option("--out", type=click.Path(file_okay=False), help="output folder [out]"),
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="[auto]"),
-        click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]),
-                     help="the matmuls': bf16 on the tensor cores, float32 sums [auto: bf16 "
-                          "on a GPU of compute capability 8.0+, else fp32]"),
+        click.option("--precision", type=click.Choice(["auto", "fp32", "tf32", "bf16"]),
+                     help="the matmuls': tf32 or bf16 on the tensor cores, float32 sums "
+                          "[auto: bf16 on a GPU of compute capability 8.0+, else fp32]"),
         click.option("--cuda-graph/--no-cuda-graph", default=None,
                      help="GPU: capture the training step as a CUDA graph after the first "
                      "step and replay it [on]"),
@@ -169,7 +169,7 @@ def _arguments(command, values):
 @click.option("--num-samples", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=1337, show_default=True, type=int)
 @click.option("--device", default="auto", type=click.Choice(["auto", "cuda", "cpu"]))
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]),
+@click.option("--precision", type=click.Choice(["auto", "fp32", "tf32", "bf16"]),
               help="the matmuls' [on a GPU: the one the checkpoint was trained in]")
 @click.option("--kv-cache/--no-kv-cache", default=True, show_default=True,
               help="keep each layer's keys and values: a new token costs O(T), not a forward "
@@ -222,7 +222,7 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
               "or the preset's if shorter]")
 @click.option("--workers", type=click.IntRange(min=1), help="compiling processes [one a core]")
 @click.option("--precision", default="auto", show_default=True,
-              type=click.Choice(["auto", "fp32", "bf16"]), help="the matmuls' (as train's)")
+              type=click.Choice(["auto", "fp32", "tf32", "bf16"]), help="the matmuls' (as train's)")
 def compile_command(preset, batch_size, block_size, workers, precision):
     """Compile the kernels a preset's training, evaluation and sampling launch, into the kernel
     cache (ahead of the first run: a container build, a cluster's shared disk)."""

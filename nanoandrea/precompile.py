@@ -89,9 +89,11 @@ def compile_kernels(needed, workers=None, report=None):
 
 
 def _slowest_first(item):
-    """The matmul and attention kernels take longest to compile: they go to the pool first."""
+    """The matmul and attention kernels take longest to compile (the tensor-core ones, of bf16
+    and tf32, are matmul_bf16's): they go to the pool first."""
     module = cache.kernel_name(item[0])[0]
-    return (0 if module.endswith(("matmul", "attention")) else 1, str(cache.kernel_name(item[0])))
+    return (0 if module.endswith(("matmul", "matmul_bf16", "attention")) else 1,
+            str(cache.kernel_name(item[0])))
 
 
 class Progress:

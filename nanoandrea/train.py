@@ -79,7 +79,7 @@ class TrainOptions:
     seed: int = 1337
     out: str = "out"
     device: str = "auto"             # auto | cuda | cpu
-    precision: str = "auto"          # auto | fp32 | bf16: the matmuls' (backend.py)
+    precision: str = "auto"          # auto | fp32 | tf32 | bf16: the matmuls' (backend.py)
     stop_at: int = None              # stop after this step (a checkpoint is written), as if killed
     sample_tokens: int = 200         # length of the sample written at each evaluation
     cuda_graph: bool = True          # GPU: capture the step once as a CUDA graph, then replay it
@@ -101,8 +101,9 @@ CPU_DEFAULTS = dict(preset="andrea-mini", batch_size=16, block_size=64, max_step
 SHAPE_OPTIONS = ("preset", "data", "tokenizer", "vocab_size", "n_layer", "n_head", "n_embd",
                  "block_size")
 
-# dense peaks of the matmuls' precision: float32 without tensor cores, bf16 on them
+# dense peaks of the matmuls' precision: float32 without tensor cores, tf32 and bf16 on them
 PEAK_FLOPS = {"fp32": {"H200": 67e12, "H100": 67e12, "A100": 19.5e12},
+              "tf32": {"H200": 495e12, "H100": 495e12, "A100": 156e12},
               "bf16": {"H200": 989e12, "H100": 989e12, "A100": 312e12}}
 
 

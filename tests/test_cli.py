@@ -98,13 +98,13 @@ def resume_matches_uninterrupted(corpus, tmp_path, device, precision="fp32"):
     assert np.array_equal(read_checkpoint(parts / "ckpt")["m"], read_checkpoint(whole / "ckpt")["m"])
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 def test_resume_equals_the_uninterrupted_run_on_the_cpu(corpus, tmp_path, precision):
     resume_matches_uninterrupted(corpus, tmp_path, "cpu", precision)
 
 
 @pytest.mark.skipif(not GPU, reason="needs a GPU (the CUDA simulator is too slow for a training run)")
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 def test_resume_equals_the_uninterrupted_run_on_the_gpu(corpus, tmp_path, precision):
     resume_matches_uninterrupted(corpus, tmp_path, "cuda", precision)
 

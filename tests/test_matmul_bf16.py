@@ -4,23 +4,29 @@ Its twin rounds the operands to bf16 exactly as the kernel does (to nearest, tie
 the two agree to float32 sums' rounding; against the unrounded float64 product the error is
 bf16's, ~1e-2 relative at most. Sizes are multiples of 8 (the kernel's copies), none a
 multiple of its block tile; in the simulator its block is 32 x 32 (the module's doc).
+`check` serves tf32's tests of the same kernel too (test_matmul_tf32.py).
 """
 import numpy as np
 import pytest
 
 from conftest import GPU, relative_error
-from nanoandrea.kernels import matmul, matmul_bf16
+from nanoandrea.kernels import matmul, matmul_bf16, matmul_tf32
 from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values, pack_bf16, unpack_bf16
 from test_kernels import ORIENTATIONS, device, output_and_prior, poisoned
 
 TOLERANCE = 1e-5 if not GPU else 1e-4       # against the twin: float32 sums in another order
 BF16_TOLERANCE = 1e-2                        # against float64 on the unrounded operands
+# each precision's (launcher, twin, tolerance against float64 on the unrounded operands)
+PRECISIONS = {"bf16": (matmul_bf16.matmul_bf16, matmul_bf16.matmul_bf16_numpy, BF16_TOLERANCE),
+              "tf32": (matmul_tf32.matmul_tf32, matmul_tf32.matmul_tf32_numpy, 2e-3)}
 CASES = ([(40, 24, 40, True, False), (24, 40, 16, False, True)] if not GPU else
          [(1000, 1544, 392, True, False), (1000, 392, 776, False, True),
           (2048, 768, 3072, True, False)])
 
 
-def check(rng, transpose_a, transpose_b, M, N, K, with_bias, accumulate, gelu=None):
+def check(rng, transpose_a, transpose_b, M, N, K, with_bias, accumulate, gelu=None,
+          precision="bf16"):
+    product, twin, rounding_tolerance = PRECISIONS[precision]
     a = rng.standard_normal((K, M) if transpose_a else (M, K))
     b = rng.standard_normal((N, K) if transpose_b else (K, N))
     bias = rng.standard_normal(N) if with_bias else None
@@ -29,13 +35,12 @@ def check(rng, transpose_a, transpose_b, M, N, K, with_bias, accumulate, gelu=No
     activated = poisoned((M, N))
     device_gelu = (dict(gelu_out=activated) if gelu == "out" else
                    dict(gelu_input=device(pre)) if gelu == "input" else {})
-    matmul_bf16.matmul_bf16(out, device(a), device(b), None if bias is None else device(bias),
-                            transpose_a, transpose_b, accumulate, **device_gelu)
+    product(out, device(a), device(b), None if bias is None else device(bias), transpose_a,
+            transpose_b, accumulate, **device_gelu)
     want, want_activated = prior.astype(np.float64), np.zeros((M, N))
     host_gelu = (dict(gelu_out=want_activated) if gelu == "out" else
                  dict(gelu_input=pre) if gelu == "input" else {})
-    matmul_bf16.matmul_bf16_numpy(want, a, b, bias, transpose_a, transpose_b, accumulate,
-                                  **host_gelu)
+    twin(want, a, b, bias, transpose_a, transpose_b, accumulate, **host_gelu)
     got = out.copy_to_host()
     assert relative_error(got, want) < TOLERANCE
     if gelu == "out":
@@ -43,7 +48,7 @@ def check(rng, transpose_a, transpose_b, M, N, K, with_bias, accumulate, gelu=No
     exact = prior.astype(np.float64)
     matmul.matmul_numpy(exact, a, b, bias, transpose_a, transpose_b, accumulate,
                         **(dict(gelu_input=pre) if gelu == "input" else {}))
-    assert relative_error(got, exact) < BF16_TOLERANCE
+    assert relative_error(got, exact) < rounding_tolerance
 
 
 def split_k(monkeypatch, splits):

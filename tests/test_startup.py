@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib import import_module
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +115,26 @@ def test_a_runs_kernels_are_listed_without_running_them():
     assert {"kv_store_kernel", "attention_cached_kernel"} <= {   # (the cached token's forward)
         kernel.py_func.__name__ for kernel, _ in for_sampling(model)}
     assert kernels_of(lambda: None) == set()
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_a_tensor_core_runs_products_are_listed_under_names_a_worker_can_make(precision):
+    """In tf32 and bf16 a run's list holds the tensor-core products (the three orientations a
+    step launches, of that element type) and the operands' rounding; each product is named by
+    its factory and parameters, so that a compiling worker (precompile.compile_one) makes the
+    very kernel the run launches."""
+    model = GPT(get_preset("tiny", vocab_size=37), get_backend("cuda", precision=precision),
+                seed=3)
+    needed = for_training(model, batch_size=2, block_size=8)
+    products = {kernel for kernel, _ in needed
+                if cache.kernel_name(kernel)[1] == "mma_matmul_kernel"}
+    assert {cache.kernel_name(kernel)[2][3] for kernel in products} == {precision}
+    assert {cache.kernel_name(kernel)[2][:2] for kernel in products} == {
+        (False, False), (False, True), (True, False)}               # Y = X W, dX, dW
+    assert f"round_{precision}_kernel" in {kernel.py_func.__name__ for kernel, _ in needed}
+    for kernel in products:
+        module, factory, parameters = cache.kernel_name(kernel)
+        assert getattr(import_module(module), factory)(*parameters) is kernel
 
 
 @pytest.mark.skipif(GPU, reason="without a GPU nothing is compiled")

@@ -61,9 +61,11 @@ def test_step_equals_the_loop_it_replaces(rng):
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU (and CuPy)")
-@pytest.mark.parametrize("n_head,precision", [(4, "fp32"), (2, "fp32"), (4, "bf16")])
+@pytest.mark.parametrize("n_head,precision", [(4, "fp32"), (2, "fp32"), (4, "bf16"),
+                                              (4, "tf32")])
 def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, n_head, precision):
-    """n_head 4: heads of 32; 2: heads of 64 (the two fast attention tiles); in bf16 too."""
+    """n_head 4: heads of 32; 2: heads of 64 (the two fast attention tiles); in bf16 and tf32
+    too."""
     config = get_preset("andrea-mini", vocab_size=65, dropout=0.1, n_head=n_head)
     B, T, grad_accum = 8, 64, 2
     backend = get_backend("cuda", precision=precision)

@@ -21,6 +21,9 @@ Sections:
 (torch.matmul of bf16 tensors), checked against the float32 product of the bf16-rounded
 operands; attention (kernels/attention_bf16.py) against SDPA on bf16 tensors; e2e against
 PyTorch under torch.autocast(bfloat16).
+--precision tf32: the same kernel on tf32 operands (kernels/matmul_tf32.py) against cuBLAS
+with TF32 on (torch.matmul of float32 tensors), checked against the float64 product of the
+tf32-rounded operands; e2e against PyTorch float32 with TF32 on.
   train      andrea-12m on tiny Shakespeare for a few steps: the loss must fall
   sample     andrea-120m at 1024 tokens of context (greedy, batch 1 and 8, fp32 and bf16): 256
              tokens after a 768-token prompt with the key/value cache, and Hugging Face
@@ -48,6 +51,7 @@ from nanoandrea.kernels import attention as attention_kernels  # noqa: E402
 from nanoandrea.kernels import attention_bf16  # noqa: E402
 from nanoandrea.kernels import matmul as matmul_kernels  # noqa: E402
 from nanoandrea.kernels import matmul_bf16 as matmul_bf16_kernels  # noqa: E402
+from nanoandrea.kernels import matmul_tf32 as matmul_tf32_kernels  # noqa: E402
 from nanoandrea.train import PEAK_FLOPS, flops_per_token  # noqa: E402
 
 RESULTS = []          # rows of the final table
@@ -155,7 +159,7 @@ def require(error, limit, what):
 # --- matmul ---------------------------------------------------------------------------------
 
 def bench_matmul(args):
-    if args.precision == "bf16":
+    if args.precision != "fp32":
         return bench_matmul_bf16(args)
     import cupy
     print("matmul: the products of a training step (float32; cuBLAS with TF32 off)")
@@ -208,34 +212,44 @@ def matmul_shapes(args):
 
 
 def bench_matmul_bf16(args):
-    """The same products on the tensor cores: ours from bf16 operands (Bf16Matrix, rounded
-    once beforehand, as the model does), float32 out; cuBLAS's from bf16 tensors, bf16 out
-    (what PyTorch's autocast runs). Ours is checked against the float32 product of the rounded
-    operands. The rounding of X (round_bf16, one pass over it) is timed on its own line."""
+    """The same products on the tensor cores: ours from bf16 (tf32) operands (Bf16Matrix,
+    Tf32Matrix, rounded once beforehand, as the model does), float32 out; cuBLAS's from bf16
+    tensors, bf16 out (what PyTorch's autocast runs), or in tf32 from float32 tensors with TF32
+    on. Ours is checked against the float64 product of the rounded operands. The rounding of X
+    (round_bf16 or round_tf32, one pass over it) is timed on its own line."""
     import torch
-    torch.backends.cuda.matmul.allow_tf32 = False
-    print("matmul: the products of a training step in bf16 (cuBLAS bf16 through torch)")
+    precision = args.precision
+    kernels = matmul_bf16_kernels if precision == "bf16" else matmul_tf32_kernels
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"     # (cuBLAS's tf32)
+    print(f"matmul: the products of a training step in {precision} (cuBLAS {precision} through "
+          "torch)")
     generator = torch.Generator(device="cuda").manual_seed(0)
     for label, m, n, k in matmul_shapes(args):
         x, w, dy = (torch.randn(shape, device="cuda", generator=generator)
                     for shape in ((m, k), (k, n), (m, n)))
-        xb, wb, dyb = x.bfloat16(), w.bfloat16(), dy.bfloat16()
         x_float = cuda.as_cuda_array(x)
-        X, W, DY = (matmul_bf16_kernels.rounded(cuda.as_cuda_array(t)) for t in (x, w, dy))
+        X, W, DY = (kernels.rounded(cuda.as_cuda_array(t)) for t in (x, w, dy))
+        if precision == "bf16":                 # cuBLAS's operands, and the rounded values
+            xb, wb, dyb = x.bfloat16(), w.bfloat16(), dy.bfloat16()
+            xr, wr, dyr = (t.double() for t in (xb, wb, dyb))
+        else:
+            xb, wb, dyb = x, w, dy
+            xr, wr, dyr = (torch.as_tensor(t.values, device="cuda")[:, :t.shape[1]].double()
+                           for t in (X, W, DY))
         outs = [torch.empty(shape, device="cuda") for shape in ((m, n), (m, k), (k, n))]
         out_y, out_dx, out_dw = (cuda.as_cuda_array(t) for t in outs)
-        mm = matmul_bf16_kernels.matmul_bf16
-        round_ms = kernel_ms(lambda: matmul_bf16_kernels.round_bf16(X, x_float), args)
+        mm = getattr(kernels, f"matmul_{precision}")
+        round_x = getattr(kernels, f"round_{precision}")
+        round_ms = kernel_ms(lambda: round_x(X, x_float), args)
         row("matmul", f"{' '.join(label.split()[:2 if label.startswith('12m') else 1]):8s} "
-            f"round X bf16", round_ms, 6.0 * m * k, "TB/s", None, None,
-            "(float32 read, bf16 written)")
+            f"round X {precision}", round_ms, 4.0 * m * k + X.words.nbytes, "TB/s", None, None,
+            f"(float32 read, {precision} written)")
         cases = [           # (name, ours, cuBLAS's, the reference, our output)
-            ("fwd  Y=X.W", lambda: mm(out_y, X, W), lambda: xb @ wb,
-             lambda: xb.float() @ wb.float(), outs[0]),
+            ("fwd  Y=X.W", lambda: mm(out_y, X, W), lambda: xb @ wb, lambda: xr @ wr, outs[0]),
             ("bwd dX=dY.W^T", lambda: mm(out_dx, DY, W, transpose_b=True), lambda: dyb @ wb.T,
-             lambda: dyb.float() @ wb.float().T, outs[1]),
+             lambda: dyr @ wr.T, outs[1]),
             ("bwd dW=X^T.dY", lambda: mm(out_dw, X, DY, transpose_a=True), lambda: xb.T @ dyb,
-             lambda: xb.float().T @ dyb.float(), outs[2])]
+             lambda: xr.T @ dyr, outs[2])]
         short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
         for name, ours, theirs, reference, out in cases:
             out.fill_(float("nan"))
@@ -243,12 +257,13 @@ def bench_matmul_bf16(args):
             want = reference()
             cuda.synchronize()
             error = relative_error(out.cpu().numpy(), want.cpu().numpy())
-            require(error, 1e-4, f"matmul bf16 {label} {name}")
+            require(error, 1e-4, f"matmul {precision} {label} {name}")
             flops = 2.0 * m * n * k
             theirs_ms = kernel_ms(theirs, args)
             ours_ms = kernel_ms(ours, args)
-            row("matmul", f"{short:8s} {name} bf16", ours_ms, flops, "TFLOP/s", theirs_ms,
-                "cuBLAS bf16", f"(cuBLAS {flops / theirs_ms / 1e9:.1f} TFLOP/s, err {error:.1e})")
+            row("matmul", f"{short:8s} {name} {precision}", ours_ms, flops, "TFLOP/s", theirs_ms,
+                f"cuBLAS {precision}", f"(cuBLAS {flops / theirs_ms / 1e9:.1f} TFLOP/s, err "
+                f"{error:.1e})")
 
 
 def gelu_backward_pair(args, short, m, n, k, DY, W, out_dx):
@@ -404,7 +419,7 @@ def e2e_cases(args):
     from nanoandrea.optim import AdamW
     from nanoandrea.step import TrainStep
     from nanoandrea.torch_gpt import TorchGPT
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"    # (PyTorch's tf32 run)
     torch.backends.cudnn.allow_tf32 = False
     for preset, B, T, V in E2E_CASES:
         if (args.quick and preset == "andrea-120m") or (args.models and preset not in args.models):
@@ -455,8 +470,9 @@ def steps_time_ms(steps, repeat, warmup=3, seconds=0.5):
 
 
 def bench_e2e(args):
+    theirs = {"bf16": "autocast bf16", "tf32": "float32, TF32 on"}.get(args.precision, "float32")
     print(f"end to end: training steps (forward, backward, AdamW), matmuls {args.precision} "
-          f"(PyTorch {'autocast bf16' if args.precision == 'bf16' else 'float32'}), steady state")
+          f"(PyTorch {theirs}), steady state")
     for preset, B, T, config, ours, theirs in e2e_cases(args):
         tokens = B * T
         # ours: the step eagerly (every launch from Python), then captured as a CUDA graph on
@@ -808,7 +824,7 @@ def main():
                              "mlp, lm, 12m), attention's T x D (1024x64, 256x32, 1024x72)")
     parser.add_argument("--cache", default=None, help="folder for prepared data")
     parser.add_argument("--json", default=None, help="write the rows here")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
                         help="matmul and e2e: the matmuls' precision (the module's doc)")
     args = parser.parse_args()
     device = cuda.get_current_device()

@@ -15,7 +15,9 @@ round_bf16 (the backend's `operand`, where a product first reads x), its values 
 to 8. Every copy the kernel makes is then a whole, aligned 16 bytes, whatever C is, and the
 pad's zeros add nothing to a sum. A float32 operand given to matmul_bf16 is rounded first.
 
-The fast kernel, matmul_bf16_kernel(transpose_a, transpose_b, epilogue):
+The fast kernel, mma_matmul_kernel(transpose_a, transpose_b, epilogue, element), for bf16
+here and for tf32 (matmul_tf32.py: the same words, another mma, and k-major fragments read a
+word a lane instead of through ldmatrix.trans):
   block tile   a 128 x 128 tile of out, 4 warps (2 down, 2 across), each warp a 64 x 64 tile
                of it: 4 x 8 tiles of 16 x 8, one `mma.sync.m16n8k16` each per 16 of k, its
                float32 sums in the registers of the warp's lanes (tensorcores.py says which):
@@ -41,6 +43,8 @@ The fast kernel, matmul_bf16_kernel(transpose_a, transpose_b, epilogue):
 Under the CUDA simulator the block is 2 x 2 warps of one 16 x 16 tile each (32 x 32): the
 same code, small enough to test there.
 """
+import functools
+
 import numpy as np
 from numba import cuda, float32, uint32
 
@@ -49,8 +53,8 @@ from .gelu import gelu_derivative, gelu_value
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
                      inlined, kernel_factory, launch)
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul_numpy, split_count
-from .tensorcores import (bf16_pair, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, pack_bf16,
-                          store4_u32, unpack_bf16)
+from .tensorcores import (bf16_pair, ldmatrix_x4, ldmatrix_x4_trans, load_shared_u32, mma_bf16,
+                          mma_tf32, pack_bf16, store4_u32, unpack_bf16)
 from .vector import aligned16, flat, load4
 
 
@@ -68,6 +72,11 @@ class Bf16Matrix:
     def words_shape(shape):
         rows, cols = shape
         return rows, -(-cols // 8) * 4
+
+    @classmethod
+    def allocate(cls, shape, empty):
+        """A new one, not yet rounded, for an x of `shape`: its words from empty(shape, dtype)."""
+        return cls(empty(cls.words_shape(shape), np.uint32), shape[1])
 
 
 def round_bf16_numpy(out, x):
@@ -110,11 +119,16 @@ def round_bf16_kernel(words, x, whole_rows):
 
 def round_bf16(out, x):
     """round_bf16_numpy on the GPU (out's words a device array)."""
+    launch_rounding(round_bf16_kernel, out, out.words, x)
+
+
+def launch_rounding(kernel, out, copy, x):
+    """Round x into `copy`, the array of the rounded operand `out` (Bf16Matrix, Tf32Matrix):
+    one thread of `kernel` for each 16 bytes of it."""
     check_float32(x=x)
-    check(tuple(out.shape) == tuple(x.shape), f"round_bf16: out {out.shape}, x {x.shape}")
-    rows, words = out.words.shape
+    check(tuple(out.shape) == tuple(x.shape), f"rounding: out {out.shape}, x {x.shape}")
     whole = x.shape[1] % 4 == 0 and aligned16(x)
-    launch(round_bf16_kernel, blocks(rows * words // 4, 128), 128, out.words, x, whole)
+    launch(kernel, blocks(copy.size // 4, 128), 128, copy, x, whole)
 
 
 # --- the NumPy twin: the definition -------------------------------------------------------
@@ -123,9 +137,16 @@ def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False
                       accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None):
     """matmul_numpy of a and b rounded to bf16 (Bf16Matrix operands, or float32 ones rounded
     here), the sums in out's precision."""
-    matmul_numpy(out, bf16_matrix_values(a).astype(out.dtype),
-                 bf16_matrix_values(b).astype(out.dtype), bias, transpose_a, transpose_b,
-                 accumulate, gelu_out, gelu_input)
+    product_of_values(bf16_matrix_values, out, a, b, bias, transpose_a, transpose_b, accumulate,
+                      gelu_out, gelu_input)
+
+
+def product_of_values(values, out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
+                      gelu_input):
+    """matmul_numpy of values(a), values(b) (what the tensor cores multiply), in out's
+    precision."""
+    matmul_numpy(out, values(a).astype(out.dtype), values(b).astype(out.dtype), bias,
+                 transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
 
 
 # --- the fast kernel -----------------------------------------------------------------------
@@ -134,11 +155,15 @@ WARPS_M, WARPS_N = 2, 2                                # warps down and across a
 MMA_M, MMA_N = (1, 2) if SIMULATOR else (4, 8)         # 16 x 8 tiles down and across a warp
                                                         # (the epilogue takes 1, 2 or 4 down, 2, 4 or 8 across)
 WM, WN = 16 * MMA_M, 8 * MMA_N          # a warp's tile of out
-BM, BN, BK = WARPS_M * WM, WARPS_N * WN, 32        # (BK: two k16 steps, written out)
+BM, BN = WARPS_M * WM, WARPS_N * WN
+BK_WORDS = 16                           # k a slice, in 32-bit words: two steps of 8 words
+                                        # (an m16n8k16 of bf16 or an m16n8k8 of tf32 each)
+PER_WORD = {"bf16": 2, "tf32": 1}       # values a word holds, of each element type
+BK = BK_WORDS * PER_WORD["bf16"]        # k a slice of bf16 (32)
 THREADS = 32 * WARPS_M * WARPS_N
 STAGES = 3                              # slices in shared memory: 3 x 16 KB, static's 48 KB
-A_COPIES = BM * BK // 8 // THREADS      # 16-byte copies a thread makes of a slice of op(a)
-B_COPIES = BK * BN // 8 // THREADS
+A_COPIES = BM * BK_WORDS // 4 // THREADS    # 16-byte copies a thread makes of a slice of op(a)
+B_COPIES = BK_WORDS * BN // 4 // THREADS
 BLOCKS_PER_SM = 2                       # resident blocks a multiprocessor (8 warps): up to
                                         # 255 registers a thread
 RESIDENT_BLOCKS = BLOCKS_PER_SM * MULTIPROCESSORS
@@ -161,48 +186,76 @@ def swizzle(chunks):
     return swizzled
 
 
+def word_swizzle(chunks):
+    """The stored place of 16-byte chunk c of row r in a tile read one 32-bit word a lane, 4
+    rows (r mod 4 = 0 .. 3) by 8 consecutive words at a time (a tf32 fragment of a k-major
+    operand, matmul_tf32.py): c XOR 2 (r mod 4), so that the 4 rows' runs of 8 words (2 chunks)
+    fall in the 4 different quarters of a bank line (rows of 8 chunks or more). Adding a
+    multiple of 4 to r, or of 8 to c, changes nothing (its bits lie above the XOR's): the
+    fragments' offsets use that."""
+    check(chunks >= 8, f"matmul_tf32: a k-major tile of {chunks} chunks a row")
+
+    @inlined
+    def swizzled(r, c):
+        return c ^ ((r & 3) << 1)
+    return swizzled
+
+
 def log2(n):
     check(n & (n - 1) == 0, f"matmul_bf16: {n} is not a power of 2")
     return n.bit_length() - 1
 
 
 @kernel_factory
-def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
-    """The tensor-core kernel (see the module's doc) for one (transpose_a, transpose_b) and
+def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
+    """The tensor-core kernel (see the module's doc) for one (transpose_a, transpose_b),
     epilogue: None, "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product,
-    plus bias, times gelu'(hidden))."""
+    plus bias, times gelu'(hidden)), and element type: "bf16", or "tf32" (matmul_tf32.py)."""
     check(epilogue in EPILOGUES, f"matmul_bf16: unknown epilogue {epilogue!r}")
+    check(element in PER_WORD, f"matmul_bf16: unknown element type {element!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
-    # A slice in shared memory: bf16 pairs along the operand's contiguous axis, [BM, BK] or
+    TF32 = element == "tf32"
+    mma = mma_tf32 if TF32 else mma_bf16
+    # In 32-bit words the two types are one layout (tensorcores.py): a word holds PER values
+    # along the operand's contiguous axis, a 16-byte copy CHUNK of them, a slice BK of k
+    PER = PER_WORD[element]
+    LOG_PER, CHUNK, BK = log2(PER), 4 * PER, BK_WORDS * PER
+    # tf32 fragments of a k-major operand: read a word a lane (ldmatrix.trans moves 16-bit
+    # values), from a tile swizzled for that
+    A_WORDWISE, B_WORDWISE = TF32 and not A_ALONG_K, TF32 and not B_ALONG_K
+    # A slice in shared memory: words along the operand's contiguous axis, [BM, BK] or
     # [BK, BM] for op(a), [BN, BK] or [BK, BN] for op(b), rows of A_ROW / B_ROW words; STAGES
     # of them one after another in a flat array (offsets: plain integer sums)
-    A_ROW = BK // 2 if A_ALONG_K else BM // 2
-    B_ROW = BK // 2 if B_ALONG_K else BN // 2
-    A_STAGE, B_STAGE = BM * BK // 2, BK * BN // 2
+    A_ROW = BK_WORDS if A_ALONG_K else BM // PER
+    B_ROW = BK_WORDS if B_ALONG_K else BN // PER
+    A_STAGE, B_STAGE = BM * BK_WORDS, BK_WORDS * BN
     A_WORDS, B_WORDS = STAGES * A_STAGE, STAGES * B_STAGE
-    a_swizzled, b_swizzled = swizzle(A_ROW // 4), swizzle(B_ROW // 4)
+    a_swizzled = word_swizzle(A_ROW // 4) if A_WORDWISE else swizzle(A_ROW // 4)
+    b_swizzled = word_swizzle(B_ROW // 4) if B_WORDWISE else swizzle(B_ROW // 4)
     # (the divisions below by powers of 2 are shifts and masks: a signed // or % costs a
     # dozen instructions where the loop has few to spare)
-    LOG_BK_CHUNKS, LOG_BM_CHUNKS, LOG_BN_CHUNKS = log2(BK // 8), log2(BM // 8), log2(BN // 8)
+    LOG_BK_CHUNKS = log2(BK // CHUNK)
+    LOG_BM_CHUNKS, LOG_BN_CHUNKS = log2(BM // CHUNK), log2(BN // CHUNK)
 
     @inlined
     def load_slice(tiles, base, x, pitch, copies, along_k, row_words, log_chunks, size, k_end,
                    first, k0, tid, swizzled):
         # start copying op(x)'s slice [first : first + width] x [k0 : k0 + BK] into the stage
-        # at tiles[base:], 8 bf16 a copy; zeros outside [:size] x [:k_end] (x's pad is zeros).
-        # x: flat(words), `pitch` words a row
+        # at tiles[base:], CHUNK values a copy; zeros outside [:size] x [:k_end] (x's pad is
+        # zeros). x: flat(words), `pitch` words a row
         for r in range(copies):
             c = tid + r * THREADS
             i, chunk = c >> log_chunks, c & ((1 << log_chunks) - 1)
-            if along_k:                 # x[size, K]: a copy is 8 consecutive k
-                row, col = first + i, k0 + 8 * chunk
+            if along_k:                 # x[size, K]: a copy is CHUNK consecutive k
+                row, col = first + i, k0 + CHUNK * chunk
                 inside = row < size and col < k_end
-            else:                       # x[K, size]: 8 consecutive m (or n)
-                row, col = k0 + i, first + 8 * chunk
+            else:                       # x[K, size]: CHUNK consecutive m (or n)
+                row, col = k0 + i, first + CHUNK * chunk
                 inside = row < k_end and col < size
-            at = row * pitch + (col >> 1) if inside else 0  # (nothing is read; x[0] is legal)
+            at = row * pitch + (col >> LOG_PER) if inside else 0    # (nothing is read; x[0]
+                                                                    # is legal)
             copy16_async(tiles, (base + i * row_words + 4 * swizzled(i, chunk),), x, (at,),
                          inside)
 
@@ -226,14 +279,36 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
         return r * B_ROW + 4 * b_swizzled(r, ((wn + 8 * j) >> 3) + chunk_in)
 
     @inlined
+    def word_columns(first, lane, row_words, swizzled):
+        # where, within a stage, a lane of a wordwise operand finds its word of 8-word column
+        # group q = 0..3 of the warp's tile (columns first + 8q + g, rows k = t): whatever the
+        # step, the k + 4 half or the group u, the place is column[u & 3] plus a constant,
+        # (8 step + 4 half) row_words + 32 (u >> 2) (word_swizzle's doc says why)
+        g, t = lane >> 2, lane & 3
+        return (t * row_words + 4 * swizzled(t, (first >> 2) + (g >> 2)) + (g & 3),
+                t * row_words + 4 * swizzled(t, (first >> 2) + 2 + (g >> 2)) + (g & 3),
+                t * row_words + 4 * swizzled(t, (first >> 2) + 4 + (g >> 2)) + (g & 3),
+                t * row_words + 4 * swizzled(t, (first >> 2) + 6 + (g >> 2)) + (g & 3))
+
+    @inlined
     def k_step(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, step, wm, wn, a_lane,
-               b_lane):
-        # the warp's 16 x 8 tiles times k16 step `step` of the slice in the stages at a_base,
-        # b_base. One ldmatrix gives a lane one word of each of four 8 x 8 matrices, in the
-        # order of the fragment's registers (A: m16 x k16, 4 words; B: two k16 x n8, 2 words
-        # each); lanes 8q .. 8q+7 address matrix q's 8 rows: a_lane, b_lane say which row of
-        # the slice and which chunk of it (the kernel's doc of lane_rows)
+               b_lane, a_columns, b_columns):
+        # the warp's 16 x 8 tiles times k step `step` (8 words) of the slice in the stages at
+        # a_base, b_base. One ldmatrix gives a lane one word of each of four 8 x 8 matrices, in
+        # the order of the fragment's registers (A: m16 x 8 words, 4 words; B: two 8 words x
+        # n8, 2 words each); lanes 8q .. 8q+7 address matrix q's 8 rows: a_lane, b_lane say
+        # which row of the slice and which chunk of it (the kernel's doc of lane_rows). A
+        # wordwise operand's lane reads its fragment's words one by one (tensorcores.py's tf32
+        # table), rows k = t, t + 4 of the step by columns m = g, g + 8 (A) or n = g (B), at
+        # a_columns, b_columns (word_columns) plus constants
         for i in range(MMA_M):
+            if A_WORDWISE:
+                for e in range(4):      # a0 .. a3: m + 8 if e & 1, k + 4 if e >> 1
+                    u = 2 * i + (e & 1)             # (the 8-column group of m)
+                    row = 8 * step + 4 * (e >> 1)
+                    a_frag[i, e] = load_shared_u32(a_tiles, (
+                        a_base + a_columns[u & 3] + 32 * (u >> 2) + row * A_ROW,))
+                continue
             at = (a_base + a_offset(i, step, wm, a_lane[0], a_lane[1]),)
             if A_ALONG_K:
                 a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3] = ldmatrix_x4(a_tiles, at)
@@ -241,6 +316,13 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
                 a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3] = ldmatrix_x4_trans(
                     a_tiles, at)
         for j in range(0, MMA_N, 2):
+            if B_WORDWISE:
+                for e in range(4):      # b0, b1 of tiles j, j + 1: k + 4 if e & 1
+                    u = j + (e >> 1)
+                    row = 8 * step + 4 * (e & 1)
+                    b_frag[u, e & 1] = load_shared_u32(b_tiles, (
+                        b_base + b_columns[u & 3] + 32 * (u >> 2) + row * B_ROW,))
+                continue
             at = (b_base + b_offset(j, step, wn, b_lane[0], b_lane[1]),)
             if B_ALONG_K:
                 b_frag[j, 0], b_frag[j, 1], b_frag[j + 1, 0], b_frag[j + 1, 1] = ldmatrix_x4(
@@ -250,7 +332,7 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
                     ldmatrix_x4_trans(b_tiles, at)
         for i in range(MMA_M):
             for j in range(MMA_N):
-                acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3] = mma_bf16(
+                acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3] = mma(
                     a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3],
                     b_frag[j, 0], b_frag[j, 1],
                     acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3])
@@ -301,11 +383,11 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
                            lane, M, N)
 
     @cuda.jit(**BOUNDS)
-    def matmul_bf16_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
+    def mma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
         # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
-        # Bf16Matrix operands. hidden[M,N] (S = 1): GELU's output (gelu) or its input
-        # (gelu_grad); else not read.
+        # Bf16Matrix (or Tf32Matrix) operands. hidden[M,N] (S = 1): GELU's output (gelu) or
+        # its input (gelu_grad); else not read.
         # grid (N/BN, M/BM, S), block THREADS: warp w takes the warp tile (w // WARPS_N,
         # w % WARPS_N) of the block's
         a_tiles = cuda.shared.array(A_WORDS, uint32)
@@ -316,7 +398,7 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
         M, N = out.shape[1], out.shape[2]
         # K: the rows of a k-major operand; with both along k, their padded width (its
         # zeros add nothing)
-        K = a.shape[0] if transpose_a else b.shape[0] if not transpose_b else 2 * a.shape[1]
+        K = a.shape[0] if transpose_a else b.shape[0] if not transpose_b else PER * a.shape[1]
         a_pitch, b_pitch = a.shape[1], b.shape[1]
         a_words, b_words = flat(a), flat(b)
         z = cuda.blockIdx.z
@@ -338,6 +420,9 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
         high_bit_rows = ((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1)
         a_lane = low_bit_rows if A_ALONG_K else high_bit_rows
         b_lane = high_bit_rows if B_ALONG_K else low_bit_rows
+        # (for a wordwise operand; else never read)
+        a_columns = word_columns(wm, lane, A_ROW, a_swizzled)
+        b_columns = word_columns(wn, lane, B_ROW, b_swizzled)
         for i in range(MMA_M):
             for j in range(MMA_N):
                 for e in range(4):
@@ -365,12 +450,12 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
                            LOG_BK_CHUNKS if B_ALONG_K else LOG_BN_CHUNKS, N, k_end, n0, k0,
                            tid, b_swizzled)
             commit_copies()             # (a group each slice, empty ones too: wait counts them)
-            # the slice's two k16 steps, written out: each indexes the fragments' offsets
+            # the slice's two k steps, written out: each indexes the fragments' offsets
             # with a constant step
             k_step(acc, a_frag, b_frag, a_tiles, b_tiles, read * A_STAGE, read * B_STAGE, 0,
-                   wm, wn, a_lane, b_lane)
+                   wm, wn, a_lane, b_lane, a_columns, b_columns)
             k_step(acc, a_frag, b_frag, a_tiles, b_tiles, read * A_STAGE, read * B_STAGE, 1,
-                   wm, wn, a_lane, b_lane)
+                   wm, wn, a_lane, b_lane, a_columns, b_columns)
             read = read + 1 if read < STAGES - 1 else 0
             write = write + 1 if write < STAGES - 1 else 0
 
@@ -388,7 +473,7 @@ def matmul_bf16_kernel(transpose_a, transpose_b, epilogue=None):
             store_tiles(out, hidden, acc, 3, bias, has_bias, accumulate, z, m0 + wm, n0 + wn,
                         lane, M, N)
 
-    return matmul_bf16_kernel
+    return mma_matmul_kernel
 
 
 # --- the launcher ----------------------------------------------------------------------------
@@ -404,6 +489,14 @@ def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
     array is rounded first): matmul.matmul's arguments and epilogues, on the tensor cores
     (b_transposed is not needed: ldmatrix transposes)."""
     a, b = (x if isinstance(x, Bf16Matrix) else rounded(x) for x in (a, b))
+    mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
+               "bf16")
+
+
+def mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
+               element):
+    """matmul_bf16, or matmul_tf32 (element "tf32"), of operands already rounded: a, b have
+    the rounded copy's `words` and x's `shape`."""
     check_float32(out=out, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     hidden = gelu_out if gelu_out is not None else gelu_input
@@ -412,17 +505,22 @@ def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
     has_bias = bias is not None
     if not has_bias:            # kernels take arrays, not None: a placeholder never read
         bias = out.reshape(out.size)[:1]
-    splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK) if can_split else 1
-    k_per_split = k_per_slice(K, splits, step=BK)
+    step = BK_WORDS * PER_WORD[element]         # k a slice
+    splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=step) if can_split else 1
+    k_per_split = k_per_slice(K, splits, step=step)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
-    launch_product(matmul_bf16_kernel, THREADS, grid, k_per_split, out, a.words, b.words, bias,
-                   has_bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
+    launch_product(functools.partial(mma_matmul_kernel, element=element), THREADS, grid,
+                   k_per_split, out, a.words, b.words, bias, has_bias, transpose_a, transpose_b,
+                   accumulate, gelu_out, gelu_input)
 
 
 def rounded(x):
     """A new Bf16Matrix of the float32 device array x (what the backend's `operand` makes)."""
     check(len(x.shape) == 2, f"matmul_bf16: operands are 2-D, got {x.shape}")
-    out = Bf16Matrix(cuda.device_array(Bf16Matrix.words_shape(x.shape), np.uint32,
-                                       stream=current_stream()), x.shape[1])
+    out = Bf16Matrix.allocate(x.shape, device_empty)
     round_bf16(out, x)
     return out
+
+
+def device_empty(shape, dtype):
+    return cuda.device_array(shape, dtype, stream=current_stream())
