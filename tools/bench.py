@@ -382,7 +382,7 @@ def bench_attention(args):
                 torch.autograd.grad(y, leaves, tdout)
 
             flops_fwd = 4.0 * B * H * T * T * D / 2           # causal: half the score matrix
-            name = f"{label} {kernel}"
+            name = f"{label} {'bf16' if bf16 else kernel}"
             row("attention", name + " fwd", kernel_ms(forward, args), flops_fwd, "TFLOP/s",
                 kernel_ms(torch_forward, args), "SDPA")
             row("attention", name + " fwd+bwd", kernel_ms(lambda: (forward(), backward()), args),
