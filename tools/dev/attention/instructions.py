@@ -7,7 +7,6 @@
     d0, d1, d2, d3 = mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)     one warp's D = A B + C
     d0, d1, d2, d3 = mma3_tf32(c0, c1, c2, c3, a_hi, a_lo, b_hi0, b_hi1, b_lo0, b_lo1)
                                             D = A B + C to float32 accuracy, three mma's
-    quad_max(x), quad_sum(x)                over the 4 lanes of a quad (lanes 4g .. 4g+3) (v7)
 
 add4 is a reduction into global memory that other threads' adds to the same floats cannot
 tear, in whatever order they land: a sum made of such adds is not reproducible to the bit.
@@ -19,7 +18,7 @@ With g = lane // 4 (its group, or quad) and t = lane % 4 (its place in the quad)
     b0 = B[t, g]     b1 = B[t+4, g]
     c0 = C[g, 2t]    c1 = C[g, 2t+1]    c2 = C[g+8, 2t]    c3 = C[g+8, 2t+1]     (D the same)
 All 32 lanes must execute it together. So a row of C sits in the 4 lanes of one quad: its max
-and sum meet in two shuffles (quad_max, quad_sum).
+and sum meet in two shuffles (the package's reduce.quad_max, quad_sum).
 TF32 keeps float32's exponent and 10 of its 23 mantissa bits. split_tf32 zeroes x's low 13
 bits for hi, and lo = x - hi (exact) likewise; then A B = Ahi Bhi + Ahi Blo + Alo Bhi + ~2^-21
 relative: three mma's, accumulated in float32, are as accurate as float32 ("3xTF32").
@@ -129,26 +128,6 @@ if SIMULATOR:
         return _fragment(*warp_result((*a_hi, b_hi0, b_hi1, c0, c1, c2, c3, *a_lo, b_lo0,
                                        b_lo1), _three_mmas))
 
-    def _quads(combine):
-        # the two shuffles' butterfly (xor 1, then xor 2), in the GPU's order, for every lane
-        def butterfly(values):
-            for offset in (1, 2):
-                values = [combine(values[i], values[i ^ offset]) for i in range(WARP)]
-            return values
-        return butterfly
-
-    _quad_sum, _quad_max = _quads(lambda x, y: x + y), _quads(max)
-
-    @cuda.jit(device=True)
-    def quad_sum(value):
-        values, lane = warp_result(value, _quad_sum)
-        return values[lane]
-
-    @cuda.jit(device=True)
-    def quad_max(value):
-        values, lane = warp_result(value, _quad_max)
-        return values[lane]
-
 else:
     from llvmlite import ir
     from numba import cuda, types
@@ -232,13 +211,3 @@ else:
                                   c0, c1, c2, c3)
         return mma_tf32(a_hi[0], a_hi[1], a_hi[2], a_hi[3], b_hi0, b_hi1, c0, c1, c2, c3)
 
-    @inlined
-    def quad_sum(value):
-        # all 32 lanes must call it
-        value += cuda.shfl_xor_sync(0xFFFFFFFF, value, 1)
-        return value + cuda.shfl_xor_sync(0xFFFFFFFF, value, 2)
-
-    @inlined
-    def quad_max(value):
-        value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
-        return max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 2))

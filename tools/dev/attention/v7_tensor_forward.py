@@ -28,9 +28,9 @@ import numpy as np
 from numba import cuda, float32, int64, uint64
 
 from flash_tiles import LN2, LOG2E, NEG_INF, block_tile, make_stage
-from instructions import mma3_tf32, quad_max, quad_sum, split_tf32
+from instructions import mma3_tf32, split_tf32
 from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
-from nanoandrea.kernels.reduce import WARP, warp_barrier
+from nanoandrea.kernels.reduce import WARP, quad_max, quad_sum, warp_barrier
 from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
 from nanoandrea.kernels.vector import store4
 
