@@ -95,7 +95,6 @@ def tile_functions(D):
     """The inlined device functions of the kernels for heads of D (32 or 64)."""
     KD, DN = D // 16, D // 8            # k16 steps along D; n8 tiles across D
     ROW_WORDS, CHUNKS = D // 2, D // 8  # a staged row: D bf16 in pairs, 16-byte chunks
-    TILE_WORDS = COLS * ROW_WORDS
     LOG_CHUNKS = CHUNKS.bit_length() - 1
     COPIES = COLS * CHUNKS // THREADS   # the 16-byte chunks a thread stages of a tile
     swizzled = swizzle(CHUNKS)
@@ -111,25 +110,6 @@ def tile_functions(D):
             at = ((bh * T + row0 + i) * ROW_WORDS + 4 * chunk) if inside else 0
             copy16_async(tiles, (base + i * ROW_WORDS + 4 * swizzled(i, chunk),), x, (at,),
                          inside)
-
-    @inlined
-    def start_tiles(x_tiles, y_tiles, x, y, bh, n0, T, tid):
-        # the first tiles of x and y (rows n0 ...) on their way, into stage 0
-        stage(x_tiles, 0, x, bh, n0, T, tid)
-        stage(y_tiles, 0, y, bh, n0, T, tid)
-        commit_copies()
-
-    @inlined
-    def next_tiles(x_tiles, y_tiles, x, y, bh, i, tiles, n0, T, tid):
-        # wait until tile i (rows n0 ...) has landed, for every thread, and everyone is done
-        # with tile i - 1; start tile i + 1 into i - 1's stage. Returns tile i's stage offset
-        WAIT_ALL()
-        cuda.syncthreads()
-        if i + 1 < tiles:
-            stage(x_tiles, ((i + 1) & 1) * TILE_WORDS, x, bh, n0 + COLS, T, tid)
-            stage(y_tiles, ((i + 1) & 1) * TILE_WORDS, y, bh, n0 + COLS, T, tid)
-        commit_copies()
-        return (i & 1) * TILE_WORDS
 
     @inlined
     def pair_at(x, bh, row, word, T):
@@ -208,32 +188,18 @@ def tile_functions(D):
                         y1 += x[b, h, row, col + 1]
                     x[b, h, row, col], x[b, h, row, col + 1] = y0, y1
 
-    return start_tiles, next_tiles, load_rows, scores, accumulate_product, store_rows, KD, DN
+    return stage, load_rows, scores, accumulate_product, store_rows, KD, DN, D * COLS // 2
 
 
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 2))
 
 
-@inlined
-def thread_place(H):
-    # (b, h, b * H + h): the head of this block; the thread's index, its lane and the lane's
-    # (g, t) in tensorcores.py's fragment tables
-    bh, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    lane = tid & 31
-    return bh // H, bh % H, bh, tid, lane, lane >> 2, lane & 3
-
-
-def kernel_pieces(D, dropout):
-    """tile_functions(D), then the dropout factor's function (dropout: the hash; else 1,
-    compiled to nothing) and the words of two stages of a tile (a shared array's size)."""
-    return tile_functions(D) + (dropout_factor if dropout else no_dropout, COLS * D)
-
-
 @kernel_factory
 def forward_kernel(D, dropout):
     """The forward for heads of D; dropout: built with the dropout hash, else without."""
-    (start_tiles, next_tiles, load_rows, scores, accumulate_product, store_rows, KD, DN,
-     factor, TWO_TILES) = kernel_pieces(D, dropout)
+    stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS = tile_functions(D)
+    factor = dropout_factor if dropout else no_dropout
+    TWO_TILES = 2 * TILE_WORDS                      # (a shared array's size: a constant)
 
     @cuda.jit(**BOUNDS)
     def attention_forward_bf16_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
@@ -247,10 +213,16 @@ def forward_kernel(D, dropout):
         o_acc = cuda.local.array((DN, 4), float32)
         q, k, v = flat(q_words), flat(k_words), flat(v_words)
         H, T = out.shape[1], out.shape[2]
-        b, h, bh, tid, lane, g, t = thread_place(H)
+        bh = cuda.blockIdx.x
+        b, h = bh // H, bh % H
         row0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * ROWS
-        wrow = row0 + 16 * (tid >> 5)           # the warp's rows; the lane's: wrow + g (+ 8)
-        start_tiles(k_tiles, v_tiles, k, v, bh, 0, T, tid)
+        tid = cuda.threadIdx.x
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        wrow = row0 + 16 * warp                 # the warp's rows; the lane's: wrow + g (+ 8)
+        stage(k_tiles, 0, k, bh, 0, T, tid)     # (the first tile on its way)
+        stage(v_tiles, 0, v, bh, 0, T, tid)
+        commit_copies()
         load_rows(q_frag, q, bh, wrow, T, lane)
         for j in range(DN):
             for e in range(4):
@@ -260,7 +232,13 @@ def forward_kernel(D, dropout):
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
         for i in range(tiles):
             n0 = i * COLS
-            base = next_tiles(k_tiles, v_tiles, k, v, bh, i, tiles, n0, T, tid)
+            WAIT_ALL()                          # tile i has landed, for every thread, and
+            cuda.syncthreads()                  # everyone is done with tile i - 1's stage
+            if i + 1 < tiles:                   # tile i + 1 into it
+                stage(k_tiles, ((i + 1) & 1) * TILE_WORDS, k, bh, n0 + COLS, T, tid)
+                stage(v_tiles, ((i + 1) & 1) * TILE_WORDS, v, bh, n0 + COLS, T, tid)
+            commit_copies()
+            base = (i & 1) * TILE_WORDS
             if n0 <= wrow + 15:                 # (else every key of the tile is in the future)
                 scores(s_acc, q_frag, k_tiles, base, lane)
                 max0 = max1 = NEG_INF
@@ -309,8 +287,9 @@ def forward_kernel(D, dropout):
 @kernel_factory
 def dq_kernel(D, dropout):
     """dq for heads of D: the forward's walk over the key tiles, P from lse."""
-    (start_tiles, next_tiles, load_rows, scores, accumulate_product, store_rows, KD, DN,
-     factor, TWO_TILES) = kernel_pieces(D, dropout)
+    stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS = tile_functions(D)
+    factor = dropout_factor if dropout else no_dropout
+    TWO_TILES = 2 * TILE_WORDS                      # (a shared array's size: a constant)
 
     @cuda.jit(**BOUNDS)
     def attention_dq_bf16_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
@@ -324,10 +303,16 @@ def dq_kernel(D, dropout):
         dq_acc = cuda.local.array((DN, 4), float32)
         dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
         H, T = dq.shape[1], dq.shape[2]
-        b, h, bh, tid, lane, g, t = thread_place(H)
+        bh = cuda.blockIdx.x
+        b, h = bh // H, bh % H
         row0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * ROWS
-        wrow = row0 + 16 * (tid >> 5)
-        start_tiles(k_tiles, v_tiles, k, v, bh, 0, T, tid)
+        tid = cuda.threadIdx.x
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        wrow = row0 + 16 * warp
+        stage(k_tiles, 0, k, bh, 0, T, tid)
+        stage(v_tiles, 0, v, bh, 0, T, tid)
+        commit_copies()
         load_rows(q_frag, q, bh, wrow, T, lane)
         load_rows(dout_frag, dout, bh, wrow, T, lane)
         # the lane's two rows' lse (log2 units) and delta; rows past T: P = 0
@@ -341,7 +326,13 @@ def dq_kernel(D, dropout):
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
         for i in range(tiles):
             n0 = i * COLS
-            base = next_tiles(k_tiles, v_tiles, k, v, bh, i, tiles, n0, T, tid)
+            WAIT_ALL()
+            cuda.syncthreads()
+            if i + 1 < tiles:
+                stage(k_tiles, ((i + 1) & 1) * TILE_WORDS, k, bh, n0 + COLS, T, tid)
+                stage(v_tiles, ((i + 1) & 1) * TILE_WORDS, v, bh, n0 + COLS, T, tid)
+            commit_copies()
+            base = (i & 1) * TILE_WORDS
             if n0 <= wrow + 15:
                 scores(s_acc, q_frag, k_tiles, base, lane)          # S
                 scores(dp_acc, dout_frag, v_tiles, base, lane)      # dP = dO V^T
@@ -363,8 +354,9 @@ def dq_kernel(D, dropout):
 @kernel_factory
 def dkdv_kernel(D, dropout):
     """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
-    (start_tiles, next_tiles, load_rows, scores, accumulate_product, store_rows, KD, DN,
-     factor, TWO_TILES) = kernel_pieces(D, dropout)
+    stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS = tile_functions(D)
+    factor = dropout_factor if dropout else no_dropout
+    TWO_TILES = 2 * TILE_WORDS                      # (a shared array's size: a constant)
 
     @inlined
     def stage_rows(lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
@@ -389,11 +381,17 @@ def dkdv_kernel(D, dropout):
         dv_acc = cuda.local.array((DN, 4), float32)
         dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
         H, T = dk.shape[1], dk.shape[2]
-        b, h, bh, tid, lane, g, t = thread_place(H)
+        bh = cuda.blockIdx.x
+        b, h = bh // H, bh % H
         row0 = cuda.blockIdx.y * ROWS
-        wrow = row0 + 16 * (tid >> 5)           # the warp's key rows
+        tid = cuda.threadIdx.x
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        wrow = row0 + 16 * warp                 # the warp's key rows
         first = row0 - row0 % COLS              # the query tile holding the diagonal
-        start_tiles(q_tiles, dout_tiles, q, dout, bh, first, T, tid)
+        stage(q_tiles, 0, q, bh, first, T, tid)
+        stage(dout_tiles, 0, dout, bh, first, T, tid)
+        commit_copies()
         stage_rows(lse_tiles, delta_tiles, 0, lse, delta, b, h, first, T, tid)
         load_rows(k_frag, k, bh, wrow, T, lane)
         load_rows(v_frag, v, bh, wrow, T, lane)
@@ -404,11 +402,16 @@ def dkdv_kernel(D, dropout):
         tiles = (T - first + COLS - 1) // COLS
         for i in range(tiles):
             n0 = first + i * COLS
-            base = next_tiles(q_tiles, dout_tiles, q, dout, bh, i, tiles, n0, T, tid)
-            if i + 1 < tiles:                   # (into the slot tile i - 1's rows left)
+            WAIT_ALL()
+            cuda.syncthreads()
+            if i + 1 < tiles:
+                at = ((i + 1) & 1) * TILE_WORDS
+                stage(q_tiles, at, q, bh, n0 + COLS, T, tid)
+                stage(dout_tiles, at, dout, bh, n0 + COLS, T, tid)
                 stage_rows(lse_tiles, delta_tiles, ((i + 1) & 1) * COLS, lse, delta, b, h,
                            n0 + COLS, T, tid)
-            rows = (i & 1) * COLS
+            commit_copies()
+            base, rows = (i & 1) * TILE_WORDS, (i & 1) * COLS
             if n0 + COLS > wrow:                # (else every query of the tile is in the past)
                 scores(s_acc, k_frag, q_tiles, base, lane)          # S^T
                 scores(dp_acc, v_frag, dout_tiles, base, lane)      # dP^T = V dO^T
