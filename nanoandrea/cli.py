@@ -14,12 +14,15 @@ import numpy as np
 from . import __version__
 
 
-def _run(action):
-    """Run action(); a user error becomes `Error: <one line>` and exit status 1."""
-    from .train import USER_ERRORS
+def _run(action, user_errors=None):
+    """Run action(); a user error becomes `Error: <one line>` and exit status 1. user_errors:
+    the exceptions that are one (default: every command's, train.USER_ERRORS; a command that
+    needs no GPU names its own, as importing train imports numba, about a second)."""
+    if user_errors is None:
+        from .train import USER_ERRORS as user_errors
     try:
         return action()
-    except USER_ERRORS as error:
+    except user_errors as error:
         raise click.ClickException(str(error)) from None
     except KeyboardInterrupt:
         raise click.ClickException("interrupted; the last checkpoint is intact") from None
@@ -268,7 +271,8 @@ def prepare_command(source, out_dir, tokenizer, vocab_size, gpt2_files, text_fie
                     workers, shard_tokens):
     """Tokenize a corpus (a .txt file, .jsonl, .jsonl.gz or parquet files, or a folder of them)
     into train/val token shards."""
-    from .data import SHARD_TOKENS, prepare
+    from .data import SHARD_TOKENS, DataError, prepare
+    from .tokenizer import TokenizerError
 
     def action():
         try:
@@ -277,7 +281,7 @@ def prepare_command(source, out_dir, tokenizer, vocab_size, gpt2_files, text_fie
                     shard_tokens=shard_tokens or SHARD_TOKENS)
         except KeyboardInterrupt:
             raise click.ClickException(f"interrupted; {out_dir} was not written") from None
-    _run(action)
+    _run(action, (DataError, TokenizerError))
 
 
 @click.command("info")

@@ -6,6 +6,9 @@ import errno
 import gzip
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from nanoandrea.data import DEFAULT_CORPUS, VAL_FRACTION, BatchSampler, Dataset,
 from nanoandrea.tokenizer import END_OF_TEXT, BPETokenizer, CharTokenizer
 from test_cli import assert_user_error, resume_matches_uninterrupted, run
 
+ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = DEFAULT_CORPUS.read_text(encoding="utf-8")
 OTHER = ["héllo wörld — ελληνικά", "русский текст, 123", "日本語の文章です。", "emoji 😀🎉 ✓",
          "\ttabs\x00and bytes\x7f", "  leading and trailing  \n\n\n"]
@@ -262,3 +266,23 @@ def test_a_folder_of_the_first_layout_is_still_read(tmp_path):
         name: len(split) for name, split in ids.items()}, "tokenizer": "char"}))
     dataset = Dataset(tmp_path)
     assert all(np.array_equal(dataset.splits[name][:], ids[name]) for name in ids)
+
+
+# --- prepare as its own process ---------------------------------------------------------------
+
+def python(code, *args, **popen):
+    """A Python process running code with this checkout's nanoandrea (not an installed one)."""
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+
+
+def test_prepare_imports_no_numba(tmp_path, gpt2_files):
+    """numba is a second of start-up that prepare never uses (its CUDA kernels are train's)."""
+    probe = python("import sys\nfrom nanoandrea.cli import main\n"
+                   "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n"
+                   "    print(end.code, sorted(m for m in sys.modules if m.startswith('numba')))",
+                   "prepare", write_formats(tmp_path)["jsonl"], "--out", tmp_path / "out",
+                   "--gpt2-files", gpt2_files)
+    output, errors = probe.communicate(timeout=120)
+    assert output.split("\n")[-2] == "0 []", errors
