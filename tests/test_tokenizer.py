@@ -343,8 +343,11 @@ def test_save_and_load_give_the_same_tokenizer(kind, tmp_path):
 
 def test_bpe_file_holds_merges_pattern_and_byte_order(tmp_path):
     tok = BPETokenizer.train("aaabdaaabac", 259)
-    on_disk = json.loads(Path(save_tokenizer(tok, tmp_path)).read_text(encoding="utf-8"))
+    text = Path(save_tokenizer(tok, tmp_path)).read_text(encoding="utf-8")
+    on_disk = json.loads(text)
     assert on_disk["merges"] == [list(pair) for pair in tok.merges]
+    one_a_line = [line.strip().rstrip(",") for line in text.splitlines() if line.startswith("    [")]
+    assert one_a_line == [json.dumps(list(pair)) for pair in tok.merges]      # as json writes one
     assert on_disk["pattern"] == GPT2_PATTERN and on_disk["byte_order"] == "gpt2"
 
 
