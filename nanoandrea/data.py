@@ -84,13 +84,27 @@ def _train(corpus, kind, vocab_size, report):
 _worker = {}
 
 
-def _start_worker(tokenizer_dict, dtype):
-    """A worker leaves Ctrl-C to the main process, which stops the pool and cleans up: a
-    terminal sends SIGINT to every process of the job, and a worker's traceback would follow
-    the one line of `Error:`."""
+def _start_method():
+    """fork where there is one and this process cannot have initialised CUDA (neither numba's
+    CUDA nor CuPy imported, as in `nanoandrea prepare`); spawn otherwise, as a forked child of
+    a process that has initialised CUDA is unusable (`train --data CORPUS` prepares after
+    importing the kernels). A forked worker starts at once with the tokenizer and its tiktoken
+    encoding already built; a spawned one starts Python, imports numpy and tiktoken and builds
+    GPT-2's 50,000 merges again, about a second while the main process waits for it."""
+    cuda = any(module in sys.modules for module in ("numba.cuda", "cupy"))
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and not cuda else "spawn"
+
+
+def _start_worker(tokenizer, dtype):
+    """tokenizer: the tokenizer (forked) or its to_dict() (spawned). A worker leaves Ctrl-C to
+    the main process, which stops the pool and cleans up: a terminal sends SIGINT to every
+    process of the job, and a worker's traceback would follow the one line of `Error:`. SIGTERM
+    ends it at once, as the main process's handler (inherited by a fork) is not a worker's."""
     from .tokenizer import TOKENIZER_CLASSES
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tokenizer = TOKENIZER_CLASSES[tokenizer_dict["type"]].from_dict(tokenizer_dict)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if isinstance(tokenizer, dict):
+        tokenizer = TOKENIZER_CLASSES[tokenizer["type"]].from_dict(tokenizer)
     _worker.update(tokenizer=tokenizer, dtype=dtype)
 
 
@@ -134,15 +148,19 @@ def _tasks(corpus):
 
 
 def _encoded(corpus, tokenizer, dtype, workers):
-    """(ids, counts, starts) of each task in order, encoded by `workers` spawned processes
-    (fork is unsafe once CUDA may be initialised) with at most two tasks each in flight, so
-    memory holds a few tasks whatever the corpus's size; workers=1 encodes in this process."""
+    """(ids, counts, starts) of each task in order, encoded by `workers` processes
+    (_start_method) with at most two tasks each in flight, so memory holds a few tasks whatever
+    the corpus's size; workers=1 encodes in this process."""
     if workers == 1:
         for task, starts in _tasks(corpus):
             yield *encode_segments(task, tokenizer, dtype), starts
         return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, _start_worker, (tokenizer.to_dict(), dtype)) as pool:
+    method = _start_method()
+    if method == "fork" and isinstance(tokenizer, BPETokenizer):
+        tokenizer.fast_encoding()                   # built here once, and inherited
+    given = tokenizer if method == "fork" else tokenizer.to_dict()
+    context = multiprocessing.get_context(method)
+    with context.Pool(workers, _start_worker, (given, dtype)) as pool:
         pending = deque()
         for task, starts in _tasks(corpus):
             pending.append((pool.apply_async(encode_segments, (task,)), starts))

@@ -358,7 +358,7 @@ class BPETokenizer:
         threads [one a core]. tiktoken's encode_to_numpy hands back its buffer of ids, with no
         Python int made for each; with no special token allowed, "<|endoftext|>" in the text is
         ordinary text, as encode_ordinary has it."""
-        fast = self._fast()
+        fast = self.fast_encoding()
         if fast is None:
             return self.encode(text)
 
@@ -370,9 +370,10 @@ class BPETokenizer:
         with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
             return np.concatenate(list(pool.map(encode, parts)))
 
-    def _fast(self):
-        """tiktoken's Encoding of these merges: its ranks are our ids (GPT-2's layout), so its
-        merge of the lowest-ranked pair is this class's merge order."""
+    def fast_encoding(self):
+        """tiktoken's Encoding of these merges, built once (None without tiktoken, or for
+        another pattern): its ranks are our ids (GPT-2's layout), so its merge of the
+        lowest-ranked pair is this class's merge order."""
         if getattr(self, "_fast_encoding", False) is not False:
             return self._fast_encoding
         self._fast_encoding = None

@@ -91,11 +91,14 @@ def test_every_format_gives_the_documents_each_ended_and_val_held_out(tmp_path, 
     assert all(stream == streams["jsonl"] for stream in streams.values()), list(streams)
 
 
-def test_workers_blocks_and_shards_change_no_token(tmp_path, gpt2_files, monkeypatch):
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_workers_blocks_and_shards_change_no_token(tmp_path, gpt2_files, monkeypatch, start):
+    """Forked workers (`nanoandrea prepare`) and spawned ones (a process with CUDA) alike."""
     source = write_formats(tmp_path)["jsonl"]
     one = Dataset(prepare(source, tmp_path / "one", report=quiet, gpt2_files=gpt2_files,
                           workers=1))
     monkeypatch.setattr(data, "TASK_CHARACTERS", 10_000)        # tasks enough for two workers
+    monkeypatch.setattr(data, "_start_method", lambda: start)
     sharded = prepare(source, tmp_path / "two", report=quiet, gpt2_files=gpt2_files, workers=2,
                       shard_tokens=2_000)
     two = Dataset(sharded)
@@ -286,3 +289,4 @@ def test_prepare_imports_no_numba(tmp_path, gpt2_files):
                    "--gpt2-files", gpt2_files)
     output, errors = probe.communicate(timeout=120)
     assert output.split("\n")[-2] == "0 []", errors
+

@@ -393,7 +393,7 @@ def test_the_fast_bpe_gives_the_reference_ids():
     from nanoandrea.tokenizer import BPETokenizer
     corpus = DEFAULT_CORPUS.read_text(encoding="utf-8")
     tokenizer = BPETokenizer.train(corpus[:50000] + FAST_TEXTS[4], 600)
-    assert tokenizer._fast() is not None
+    assert tokenizer.fast_encoding() is not None
     for text in FAST_TEXTS + [corpus[200000:260000]]:
         assert np.array_equal(tokenizer.encode_fast(text), tokenizer.encode(text)), text[:40]
     assert tokenizer.encode_fast("").dtype == np.int64
