@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -258,7 +259,8 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
         tokenizer = _train(corpus, tokenizer_kind, vocab_size, report)
     dtype = np.uint16 if tokenizer.vocab_size <= 2 ** 16 else np.uint32
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    _remove_stale(out_dir)
+    staging = Path(tempfile.mkdtemp(prefix=_owned_name(out_dir, "tmp") + "-", dir=out_dir.parent))
     try:
         started = time.perf_counter()
         with click.progressbar(length=max(corpus.total_bytes, 1), label="tokenizing",
@@ -309,11 +311,44 @@ def _write_meta(staging, meta):
         os.fsync(file.fileno())
 
 
+def _owned_name(out_dir, kind):
+    """`.DIR.tmp-HOST-PID` (mkdtemp's random letters follow) or `.DIR.old-HOST-PID`: a
+    temporary folder's name says which process made it, so that a later prepare can tell one
+    left by a process killed outright (kill -9, the machine's crash) from one in use."""
+    return f".{out_dir.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+def _remove_stale(out_dir):
+    """Delete the temporary folders beside out_dir whose process, on this host, is gone. A
+    folder of another host, or of a process id that is alive (in use, or taken since by
+    another process), is left."""
+    host, prefix = socket.gethostname(), f".{out_dir.name}."
+    for path in out_dir.parent.iterdir():
+        if not path.name.startswith(prefix):
+            continue
+        kind, _, owner = path.name[len(prefix):].partition("-")
+        if kind == "tmp":
+            owner = owner.rpartition("-")[0]          # (mkdtemp's letters hold no "-")
+        owner_host, _, pid = owner.rpartition("-")
+        if kind in ("tmp", "old") and owner_host == host and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)                    # signal 0: only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:                # another user's process
+        pass
+    return True
+
+
 def _replace(staging, out_dir):
     """staging becomes out_dir; an older out_dir is moved aside first and deleted after."""
     old = None
     if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        old = out_dir.with_name(_owned_name(out_dir, "old"))
         os.replace(out_dir, old)
     os.replace(staging, out_dir)
     if old is not None:
