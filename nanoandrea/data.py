@@ -250,8 +250,8 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
     if gpt2_files is not None:
         tokenizer = _load_gpt2(gpt2_files)
         tokenizer_kind = f"bpe from {gpt2_files}"
-    workers = min(workers or os.cpu_count() or 1,          # (a worker costs a second to start:
-                  1 + corpus.total_bytes // TASK_CHARACTERS)   # a small corpus takes none)
+    workers = min(workers or os.cpu_count() or 1,          # (no more workers than tasks: a
+                  1 + corpus.total_bytes // TASK_CHARACTERS)   # corpus of one is encoded here)
     report(f"preparing {source} -> {out_dir} ({len(corpus.files):,} file(s), "
            f"{corpus.total_bytes / 1e6:,.1f} MB, {tokenizer_kind} tokenizer, {workers} "
            f"worker(s))")
