@@ -25,6 +25,10 @@ FORMAT_VERSION = 1
 # GPT-2's pre-tokenizer: splits text into pieces (a letter run with its leading space, a number
 # run, a punctuation run, whitespace, English contractions). BPE merges never cross these borders.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# The same pattern as tiktoken's own "gpt2" encoding writes it, the contractions one group: the
+# same pieces (no contraction is the start of another, so at most one of them matches), found a
+# tenth faster by tiktoken's regex engine, which tries one alternative for an apostrophe, not seven.
+FAST_GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's token after each document; never made by encoding text
 
 # Where text can be cut and each part encoded alone with the same pieces: no piece of GPT-2's
@@ -384,7 +388,8 @@ class BPETokenizer:
         if self.pattern == GPT2_PATTERN and len(set(self.token_bytes)) == len(self.token_bytes):
             special = {END_OF_TEXT: self.end_of_text} if self.end_of_text is not None else {}
             self._fast_encoding = tiktoken.Encoding(
-                f"nanoandrea-bpe-{self.vocab_size}", pat_str=self.pattern, special_tokens=special,
+                f"nanoandrea-bpe-{self.vocab_size}", pat_str=FAST_GPT2_PATTERN,
+                special_tokens=special,
                 mergeable_ranks={data: i for i, data in enumerate(self.token_bytes)})
         return self._fast_encoding
 

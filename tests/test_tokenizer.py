@@ -399,6 +399,14 @@ def test_the_fast_bpe_gives_the_reference_ids():
     assert tokenizer.encode_fast("").dtype == np.int64
 
 
+def test_the_fast_pattern_finds_gpt2s_pieces():
+    """FAST_GPT2_PATTERN, what tiktoken runs, splits text into the pieces GPT2_PATTERN does."""
+    from nanoandrea.tokenizer import FAST_GPT2_PATTERN, GPT2_PATTERN
+    contractions = "'m it's I'm we'll they're you've he'd don't ma'am X'S Y'LL a''s b'''re c'x d'l"
+    for text in [*FAST_TEXTS, *UNSEEN_TEXTS, contractions, CORPUS[:20_000], random_unicode(3000, 7)]:
+        assert regex.findall(FAST_GPT2_PATTERN, text) == regex.findall(GPT2_PATTERN, text)
+
+
 def test_the_fast_bpe_cuts_text_only_where_no_piece_spans_the_cut():
     """Long text of whitespace runs (which cross line ends: "  \\n\\n\\n" is one piece) goes to
     tiktoken in parts; each cut must leave the pieces, and so the ids, as they are."""
