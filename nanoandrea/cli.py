@@ -3,8 +3,11 @@
 Errors a user can fix (bad data, an unknown preset, a missing checkpoint, a NaN loss, too little
 memory) end in one line and a non-zero exit, never a traceback.
 """
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,12 +17,15 @@ import numpy as np
 from . import __version__
 
 
-def _run(action):
-    """Run action(); a user error becomes `Error: <one line>` and exit status 1."""
-    from .train import USER_ERRORS
+def _run(action, user_errors=None):
+    """Run action(); a user error becomes `Error: <one line>` and exit status 1. user_errors:
+    the exceptions that are one (default: every command's, train.USER_ERRORS; a command that
+    needs no GPU names its own, as importing train imports numba, about a second)."""
+    if user_errors is None:
+        from .train import USER_ERRORS as user_errors
     try:
         return action()
-    except USER_ERRORS as error:
+    except user_errors as error:
         raise click.ClickException(str(error)) from None
     except KeyboardInterrupt:
         raise click.ClickException("interrupted; the last checkpoint is intact") from None
@@ -268,16 +274,42 @@ def prepare_command(source, out_dir, tokenizer, vocab_size, gpt2_files, text_fie
                     workers, shard_tokens):
     """Tokenize a corpus (a .txt file, .jsonl, .jsonl.gz or parquet files, or a folder of them)
     into train/val token shards."""
-    from .data import SHARD_TOKENS, prepare
+    from .data import SHARD_TOKENS, DataError, prepare
+    from .tokenizer import TokenizerError
 
     def action():
         try:
-            prepare(source, out_dir, tokenizer, vocab_size, report=_echo, gpt2_files=gpt2_files,
-                    text_field=text_field, strict=strict, workers=workers,
-                    shard_tokens=shard_tokens or SHARD_TOKENS)
+            with _sigterm_raises():
+                prepare(source, out_dir, tokenizer, vocab_size, report=_echo,
+                        gpt2_files=gpt2_files, text_field=text_field, strict=strict,
+                        workers=workers, shard_tokens=shard_tokens or SHARD_TOKENS)
         except KeyboardInterrupt:
             raise click.ClickException(f"interrupted; {out_dir} was not written") from None
-    _run(action)
+        except Terminated:
+            raise click.ClickException(f"terminated (SIGTERM); {out_dir} was not written") from None
+    _run(action, (DataError, TokenizerError))
+
+
+class Terminated(Exception):
+    """SIGTERM arrived (`kill`, a job scheduler's stop)."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises Terminated in the main thread, so the command unwinds as Ctrl-C does:
+    its finally blocks run (prepare's temporary folder is deleted, its workers stopped) and it
+    ends in one line, where SIGTERM's default would end the process on the spot."""
+    if threading.current_thread() is not threading.main_thread():
+        yield                                       # (only the main thread has signals)
+        return
+
+    def terminated(signum, frame):
+        raise Terminated
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @click.command("info")

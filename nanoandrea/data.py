@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -84,13 +85,27 @@ def _train(corpus, kind, vocab_size, report):
 _worker = {}
 
 
-def _start_worker(tokenizer_dict, dtype):
-    """A worker leaves Ctrl-C to the main process, which stops the pool and cleans up: a
-    terminal sends SIGINT to every process of the job, and a worker's traceback would follow
-    the one line of `Error:`."""
+def _start_method():
+    """fork where there is one and this process cannot have initialised CUDA (neither numba's
+    CUDA nor CuPy imported, as in `nanoandrea prepare`); spawn otherwise, as a forked child of
+    a process that has initialised CUDA is unusable (`train --data CORPUS` prepares after
+    importing the kernels). A forked worker starts at once with the tokenizer and its tiktoken
+    encoding already built; a spawned one starts Python, imports numpy and tiktoken and builds
+    GPT-2's 50,000 merges again, about a second while the main process waits for it."""
+    cuda = any(module in sys.modules for module in ("numba.cuda", "cupy"))
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and not cuda else "spawn"
+
+
+def _start_worker(tokenizer, dtype):
+    """tokenizer: the tokenizer (forked) or its to_dict() (spawned). A worker leaves Ctrl-C to
+    the main process, which stops the pool and cleans up: a terminal sends SIGINT to every
+    process of the job, and a worker's traceback would follow the one line of `Error:`. SIGTERM
+    ends it at once, as the main process's handler (inherited by a fork) is not a worker's."""
     from .tokenizer import TOKENIZER_CLASSES
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tokenizer = TOKENIZER_CLASSES[tokenizer_dict["type"]].from_dict(tokenizer_dict)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if isinstance(tokenizer, dict):
+        tokenizer = TOKENIZER_CLASSES[tokenizer["type"]].from_dict(tokenizer)
     _worker.update(tokenizer=tokenizer, dtype=dtype)
 
 
@@ -134,15 +149,19 @@ def _tasks(corpus):
 
 
 def _encoded(corpus, tokenizer, dtype, workers):
-    """(ids, counts, starts) of each task in order, encoded by `workers` spawned processes
-    (fork is unsafe once CUDA may be initialised) with at most two tasks each in flight, so
-    memory holds a few tasks whatever the corpus's size; workers=1 encodes in this process."""
+    """(ids, counts, starts) of each task in order, encoded by `workers` processes
+    (_start_method) with at most two tasks each in flight, so memory holds a few tasks whatever
+    the corpus's size; workers=1 encodes in this process."""
     if workers == 1:
         for task, starts in _tasks(corpus):
             yield *encode_segments(task, tokenizer, dtype), starts
         return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, _start_worker, (tokenizer.to_dict(), dtype)) as pool:
+    method = _start_method()
+    if method == "fork" and isinstance(tokenizer, BPETokenizer):
+        tokenizer.fast_encoding()                   # built here once, and inherited
+    given = tokenizer if method == "fork" else tokenizer.to_dict()
+    context = multiprocessing.get_context(method)
+    with context.Pool(workers, _start_worker, (given, dtype)) as pool:
         pending = deque()
         for task, starts in _tasks(corpus):
             pending.append((pool.apply_async(encode_segments, (task,)), starts))
@@ -231,8 +250,8 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
     if gpt2_files is not None:
         tokenizer = _load_gpt2(gpt2_files)
         tokenizer_kind = f"bpe from {gpt2_files}"
-    workers = min(workers or os.cpu_count() or 1,          # (a worker costs a second to start:
-                  1 + corpus.total_bytes // TASK_CHARACTERS)   # a small corpus takes none)
+    workers = min(workers or os.cpu_count() or 1,          # (no more workers than tasks: a
+                  1 + corpus.total_bytes // TASK_CHARACTERS)   # corpus of one is encoded here)
     report(f"preparing {source} -> {out_dir} ({len(corpus.files):,} file(s), "
            f"{corpus.total_bytes / 1e6:,.1f} MB, {tokenizer_kind} tokenizer, {workers} "
            f"worker(s))")
@@ -240,7 +259,8 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
         tokenizer = _train(corpus, tokenizer_kind, vocab_size, report)
     dtype = np.uint16 if tokenizer.vocab_size <= 2 ** 16 else np.uint32
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    _remove_stale(out_dir)
+    staging = Path(tempfile.mkdtemp(prefix=_owned_name(out_dir, "tmp") + "-", dir=out_dir.parent))
     try:
         started = time.perf_counter()
         with click.progressbar(length=max(corpus.total_bytes, 1), label="tokenizing",
@@ -291,11 +311,44 @@ def _write_meta(staging, meta):
         os.fsync(file.fileno())
 
 
+def _owned_name(out_dir, kind):
+    """`.DIR.tmp-HOST-PID` (mkdtemp's random letters follow) or `.DIR.old-HOST-PID`: a
+    temporary folder's name says which process made it, so that a later prepare can tell one
+    left by a process killed outright (kill -9, the machine's crash) from one in use."""
+    return f".{out_dir.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+def _remove_stale(out_dir):
+    """Delete the temporary folders beside out_dir whose process, on this host, is gone. A
+    folder of another host, or of a process id that is alive (in use, or taken since by
+    another process), is left."""
+    host, prefix = socket.gethostname(), f".{out_dir.name}."
+    for path in out_dir.parent.iterdir():
+        if not path.name.startswith(prefix):
+            continue
+        kind, _, owner = path.name[len(prefix):].partition("-")
+        if kind == "tmp":
+            owner = owner.rpartition("-")[0]          # (mkdtemp's letters hold no "-")
+        owner_host, _, pid = owner.rpartition("-")
+        if kind in ("tmp", "old") and owner_host == host and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)                    # signal 0: only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:                # another user's process
+        pass
+    return True
+
+
 def _replace(staging, out_dir):
     """staging becomes out_dir; an older out_dir is moved aside first and deleted after."""
     old = None
     if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        old = out_dir.with_name(_owned_name(out_dir, "old"))
         os.replace(out_dir, old)
     os.replace(staging, out_dir)
     if old is not None:

@@ -25,6 +25,10 @@ FORMAT_VERSION = 1
 # GPT-2's pre-tokenizer: splits text into pieces (a letter run with its leading space, a number
 # run, a punctuation run, whitespace, English contractions). BPE merges never cross these borders.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# The same pattern as tiktoken's own "gpt2" encoding writes it, the contractions one group: the
+# same pieces (no contraction is the start of another, so at most one of them matches), found a
+# tenth faster by tiktoken's regex engine, which tries one alternative for an apostrophe, not seven.
+FAST_GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's token after each document; never made by encoding text
 
 # Where text can be cut and each part encoded alone with the same pieces: no piece of GPT-2's
@@ -358,7 +362,7 @@ class BPETokenizer:
         threads [one a core]. tiktoken's encode_to_numpy hands back its buffer of ids, with no
         Python int made for each; with no special token allowed, "<|endoftext|>" in the text is
         ordinary text, as encode_ordinary has it."""
-        fast = self._fast()
+        fast = self.fast_encoding()
         if fast is None:
             return self.encode(text)
 
@@ -370,9 +374,10 @@ class BPETokenizer:
         with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
             return np.concatenate(list(pool.map(encode, parts)))
 
-    def _fast(self):
-        """tiktoken's Encoding of these merges: its ranks are our ids (GPT-2's layout), so its
-        merge of the lowest-ranked pair is this class's merge order."""
+    def fast_encoding(self):
+        """tiktoken's Encoding of these merges, built once (None without tiktoken, or for
+        another pattern): its ranks are our ids (GPT-2's layout), so its merge of the
+        lowest-ranked pair is this class's merge order."""
         if getattr(self, "_fast_encoding", False) is not False:
             return self._fast_encoding
         self._fast_encoding = None
@@ -383,7 +388,8 @@ class BPETokenizer:
         if self.pattern == GPT2_PATTERN and len(set(self.token_bytes)) == len(self.token_bytes):
             special = {END_OF_TEXT: self.end_of_text} if self.end_of_text is not None else {}
             self._fast_encoding = tiktoken.Encoding(
-                f"nanoandrea-bpe-{self.vocab_size}", pat_str=self.pattern, special_tokens=special,
+                f"nanoandrea-bpe-{self.vocab_size}", pat_str=FAST_GPT2_PATTERN,
+                special_tokens=special,
                 mergeable_ranks={data: i for i, data in enumerate(self.token_bytes)})
         return self._fast_encoding
 
@@ -508,13 +514,21 @@ def _tokenizer_path(path) -> str:
     return os.path.join(path, "tokenizer.json") if os.path.isdir(path) else os.fspath(path)
 
 
+def _json_item(item) -> str:
+    """json.dumps(item); a merge [left, right] formatted directly, the same text at a sixth of
+    the time (GPT-2's 50,000 merges through json.dumps take a fifth of a second)."""
+    if type(item) is list and len(item) == 2 and type(item[0]) is int and type(item[1]) is int:
+        return f"[{item[0]}, {item[1]}]"
+    return json.dumps(item)
+
+
 def save_tokenizer(tok, path) -> str:
     """Write tok as tokenizer.json (path may be the file or its directory); one key per line and,
     for lists, one item per line, so the file reads well. Returns the file's path."""
     lines = []
     for key, value in tok.to_dict().items():
         if isinstance(value, list) and value:
-            items = ",\n    ".join(json.dumps(item) for item in value)
+            items = ",\n    ".join(map(_json_item, value))
             lines.append(f"  {json.dumps(key)}: [\n    {items}\n  ]")
         else:
             lines.append(f"  {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}")

@@ -6,6 +6,13 @@ import errno
 import gzip
 import json
 import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +23,7 @@ from nanoandrea.data import DEFAULT_CORPUS, VAL_FRACTION, BatchSampler, Dataset,
 from nanoandrea.tokenizer import END_OF_TEXT, BPETokenizer, CharTokenizer
 from test_cli import assert_user_error, resume_matches_uninterrupted, run
 
+ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = DEFAULT_CORPUS.read_text(encoding="utf-8")
 OTHER = ["héllo wörld — ελληνικά", "русский текст, 123", "日本語の文章です。", "emoji 😀🎉 ✓",
          "\ttabs\x00and bytes\x7f", "  leading and trailing  \n\n\n"]
@@ -87,11 +95,14 @@ def test_every_format_gives_the_documents_each_ended_and_val_held_out(tmp_path, 
     assert all(stream == streams["jsonl"] for stream in streams.values()), list(streams)
 
 
-def test_workers_blocks_and_shards_change_no_token(tmp_path, gpt2_files, monkeypatch):
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_workers_blocks_and_shards_change_no_token(tmp_path, gpt2_files, monkeypatch, start):
+    """Forked workers (`nanoandrea prepare`) and spawned ones (a process with CUDA) alike."""
     source = write_formats(tmp_path)["jsonl"]
     one = Dataset(prepare(source, tmp_path / "one", report=quiet, gpt2_files=gpt2_files,
                           workers=1))
     monkeypatch.setattr(data, "TASK_CHARACTERS", 10_000)        # tasks enough for two workers
+    monkeypatch.setattr(data, "_start_method", lambda: start)
     sharded = prepare(source, tmp_path / "two", report=quiet, gpt2_files=gpt2_files, workers=2,
                       shard_tokens=2_000)
     two = Dataset(sharded)
@@ -262,3 +273,102 @@ def test_a_folder_of_the_first_layout_is_still_read(tmp_path):
         name: len(split) for name, split in ids.items()}, "tokenizer": "char"}))
     dataset = Dataset(tmp_path)
     assert all(np.array_equal(dataset.splits[name][:], ids[name]) for name in ids)
+
+
+# --- prepare as its own process ---------------------------------------------------------------
+
+def python(code, *args, **popen):
+    """A Python process running code with this checkout's nanoandrea (not an installed one)."""
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+
+
+def test_prepare_imports_no_numba(tmp_path, gpt2_files):
+    """numba is a second of start-up that prepare never uses (its CUDA kernels are train's)."""
+    probe = python("import sys\nfrom nanoandrea.cli import main\n"
+                   "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n"
+                   "    print(end.code, sorted(m for m in sys.modules if m.startswith('numba')))",
+                   "prepare", write_formats(tmp_path)["jsonl"], "--out", tmp_path / "out",
+                   "--gpt2-files", gpt2_files)
+    output, errors = probe.communicate(timeout=120)
+    assert output.split("\n")[-2] == "0 []", errors
+
+
+# prepare with two workers whose first write waits: a process to stop midway, its workers busy
+# or waiting, its temporary folder there. The line "writing PID PID" says the workers' ids.
+SLOW_PREPARE = """
+import multiprocessing, sys, time
+from nanoandrea import data
+from nanoandrea.cli import main
+data.TASK_CHARACTERS = 10_000                          # (tasks enough for two workers)
+def first_write_waits(self, ids):
+    workers = [child.pid for child in multiprocessing.active_children()]
+    print("\\nwriting", *workers, file=sys.stderr, flush=True)
+    time.sleep(120)
+data.ShardWriter.write = first_write_waits
+main(sys.argv[1:])
+"""
+
+
+def gone(pid):
+    """Whether a process has ended (a zombie, not yet reaped by the one that adopted it, has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_stopped_prepare_leaves_no_worker_and_no_temporary_folder(tmp_path, gpt2_files, how):
+    """Ctrl-C (SIGINT to the whole job, as a terminal sends it) and SIGTERM (to the main
+    process): one line, the workers stopped, the temporary folder deleted. SIGKILL leaves the
+    folder, which the next prepare into the same DIR deletes."""
+    source, out = write_formats(tmp_path)["jsonl"], tmp_path / "out"
+    arguments = ["prepare", source, "--out", out, "--gpt2-files", gpt2_files, "--workers", "2"]
+    process = python(SLOW_PREPARE, *arguments, start_new_session=True)
+    said = ""
+    while not (found := re.search(r"writing([\d ]+)\n", said)) and process.poll() is None:
+        said += process.stderr.readline()
+    assert found, said + process.stderr.read()
+    workers = [int(pid) for pid in found.group(1).split()]
+    assert len(workers) == 2 and len(left_behind(tmp_path)) == 1
+    if how == "SIGINT":
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(getattr(signal, how))
+    errors = said + process.communicate(timeout=60)[1]
+    deadline = time.monotonic() + 30
+    while not all(map(gone, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(map(gone, workers)), errors
+    assert not out.exists()
+    if how == "SIGKILL":
+        assert process.returncode == -signal.SIGKILL and len(left_behind(tmp_path)) == 1
+        assert run(*arguments).exit_code == 0 and Dataset(out).meta["tokens"]["val"] > 0
+    else:
+        assert process.returncode == 1 and "Traceback" not in errors
+        said = {"SIGINT": "interrupted;", "SIGTERM": "terminated (SIGTERM);"}[how]
+        assert [line for line in errors.splitlines() if line.startswith("Error:")] == [
+            f"Error: {said} {out} was not written"], errors
+    assert left_behind(tmp_path) == []
+
+
+def test_a_later_prepare_deletes_the_temporary_folders_of_ended_ones(tmp_path, gpt2_files):
+    """Only those of a process of this host that has ended: the others may be in use."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    host = socket.gethostname()
+    folders = {"ended": f".out.tmp-{host}-{ended.pid}-k2x9_q1a",
+               "ended, moved aside": f".out.old-{host}-{ended.pid}",
+               "alive": f".out.tmp-{host}-{os.getpid()}-b7m3dd0z",
+               "another host's": f".out.tmp-elsewhere-{ended.pid}-p0c4n8wq",
+               "another DIR's": f".out2.tmp-{host}-{ended.pid}-r5t6y7u8"}
+    for name in folders.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train-00000.bin").write_bytes(b"\0" * 10)
+    prepare(write_formats(tmp_path)["jsonl"], tmp_path / "out", report=quiet,
+            gpt2_files=gpt2_files, workers=1)
+    kept = {what for what, name in folders.items() if (tmp_path / name).exists()}
+    assert kept == {"alive", "another host's", "another DIR's"}

@@ -343,8 +343,11 @@ def test_save_and_load_give_the_same_tokenizer(kind, tmp_path):
 
 def test_bpe_file_holds_merges_pattern_and_byte_order(tmp_path):
     tok = BPETokenizer.train("aaabdaaabac", 259)
-    on_disk = json.loads(Path(save_tokenizer(tok, tmp_path)).read_text(encoding="utf-8"))
+    text = Path(save_tokenizer(tok, tmp_path)).read_text(encoding="utf-8")
+    on_disk = json.loads(text)
     assert on_disk["merges"] == [list(pair) for pair in tok.merges]
+    one_a_line = [line.strip().rstrip(",") for line in text.splitlines() if line.startswith("    [")]
+    assert one_a_line == [json.dumps(list(pair)) for pair in tok.merges]      # as json writes one
     assert on_disk["pattern"] == GPT2_PATTERN and on_disk["byte_order"] == "gpt2"
 
 
@@ -390,10 +393,18 @@ def test_the_fast_bpe_gives_the_reference_ids():
     from nanoandrea.tokenizer import BPETokenizer
     corpus = DEFAULT_CORPUS.read_text(encoding="utf-8")
     tokenizer = BPETokenizer.train(corpus[:50000] + FAST_TEXTS[4], 600)
-    assert tokenizer._fast() is not None
+    assert tokenizer.fast_encoding() is not None
     for text in FAST_TEXTS + [corpus[200000:260000]]:
         assert np.array_equal(tokenizer.encode_fast(text), tokenizer.encode(text)), text[:40]
     assert tokenizer.encode_fast("").dtype == np.int64
+
+
+def test_the_fast_pattern_finds_gpt2s_pieces():
+    """FAST_GPT2_PATTERN, what tiktoken runs, splits text into the pieces GPT2_PATTERN does."""
+    from nanoandrea.tokenizer import FAST_GPT2_PATTERN, GPT2_PATTERN
+    contractions = "'m it's I'm we'll they're you've he'd don't ma'am X'S Y'LL a''s b'''re c'x d'l"
+    for text in [*FAST_TEXTS, *UNSEEN_TEXTS, contractions, CORPUS[:20_000], random_unicode(3000, 7)]:
+        assert regex.findall(FAST_GPT2_PATTERN, text) == regex.findall(GPT2_PATTERN, text)
 
 
 def test_the_fast_bpe_cuts_text_only_where_no_piece_spans_the_cut():

@@ -14,7 +14,11 @@ into memory and times tiktoken on them two ways: encode_ordinary a document at a
 thread) and encode_ordinary_batch over a thread a core; reading the files is not counted for
 tiktoken, while prepare's time holds all of its work (start-up, reading, decoding, encoding,
 writing). With --repeat N, prepare and tiktoken run in turn N times and the best time of each
-counts (on a shared machine the load changes from minute to minute). Last, it checks that the
+counts (on a shared machine the load changes from minute to minute). Beside each time it gives
+the CPU seconds spent: prepare's processes together (the children this tool has reaped), and
+tiktoken's in this process. Where the machine's cores are shared out by session (Linux's
+autogroup) and other sessions keep them busy, a session's processes together get a fixed share,
+so two workers are no faster than one and the CPU seconds decide. Last, it checks that the
 shards hold tiktoken's ids, each document ended by 50256.
 GPT-2's files: tools/gpt2_files.py. With --vocab-size, prepare trains its own BPE on a sample
 of the corpus (its time counted) and there is no baseline.
@@ -22,6 +26,7 @@ of the corpus (its time counted) and there is no baseline.
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -59,8 +64,15 @@ def tree_rss(pid):
     return total
 
 
+def children_cpu():
+    """CPU seconds of this process's children that have ended (their own children's with)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_watched(command):
-    """(seconds, peak resident bytes of the process tree, output) of a command."""
+    """(seconds, CPU seconds, peak resident bytes of the process tree, output) of a command."""
+    cpu = children_cpu()
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -77,7 +89,7 @@ def run_watched(command):
     seconds = time.perf_counter() - started
     if child.returncode:
         sys.exit(f"prepare failed:\n{output}")
-    return seconds, peak[0], output
+    return seconds, children_cpu() - cpu, peak[0], output
 
 
 def cores_delivered():
@@ -150,12 +162,14 @@ def main():
         baseline = None if args.no_baseline or args.vocab_size else Baseline(corpus,
                                                                              args.gpt2_files)
         cores = [cores_delivered()]
-        runs = []                   # (prepare's seconds, tiktoken's one thread, its threads)
+        runs = []                   # {"prepare": (seconds, CPU seconds), "one": ..., ...}
         for _ in range(args.repeat):            # alternated, so both see the same load
-            seconds, peak, output = run_watched(command)
-            runs.append((seconds, peak, *(baseline.times() if baseline else ())))
+            seconds, cpu, peak, output = run_watched(command)
+            runs.append({"prepare": (seconds, cpu), "peak": peak,
+                         **(baseline.times() if baseline else {})})
             cores.append(cores_delivered())
-        seconds, peak = min(r[0] for r in runs), max(r[1] for r in runs)
+        seconds, peak = min(r["prepare"][0] for r in runs), max(r["peak"] for r in runs)
+        cpu = min(r["prepare"][1] for r in runs)
         meta = json.loads((shards / "meta.json").read_text())
         print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, load average "
               f"{os.getloadavg()[0]:.1f}, corpus {size:,.1f} MB ({args.format}), " +
@@ -165,22 +179,25 @@ def main():
               f"{', '.join(f'{c:.2f}' for c in cores)}")
         print(f"  nanoandrea prepare, {args.workers} workers, files to shards: {seconds:7.1f} s "
               f"{size / seconds:7.2f} MB/s, {sum(meta['tokens'].values()):,} tokens, peak "
-              f"resident memory {peak / 2**20:,.0f} MiB")
+              f"resident memory {peak / 2**20:,.0f} MiB, {cpu:.1f} CPU s")
         print("  " + "\n  ".join(line for line in output.splitlines() if line.startswith(
             ("training a", "prepared"))))
         if baseline is None:
             return
-        one, threads = min(r[2] for r in runs), min(r[3] for r in runs)
+        one, threads = (min(r[name][0] for r in runs) for name in ("one", "threads"))
+        one_cpu, threads_cpu = (min(r[name][1] for r in runs) for name in ("one", "threads"))
         text = baseline.megabytes
         print(f"  (the text: {text:,.1f} MB of UTF-8 in {len(baseline.documents):,} documents)")
         print(f"  tiktoken gpt2, encode_ordinary, 1 thread:         {one:7.1f} s "
-              f"{text / one:7.2f} MB/s")
+              f"{text / one:7.2f} MB/s, {one_cpu:.1f} CPU s")
         print(f"  tiktoken gpt2, encode_ordinary_batch, {os.cpu_count()} threads: {threads:7.1f} s "
-              f"{text / threads:7.2f} MB/s")
+              f"{text / threads:7.2f} MB/s, {threads_cpu:.1f} CPU s")
         print(f"  prepare / tiktoken: {one / seconds:.2f}x one thread, {threads / seconds:.2f}x "
-              f"{os.cpu_count()} threads (MB/s of text: prepare {text / seconds:.2f})")
-        print("  each run (prepare, tiktoken 1 thread, threads): " + ", ".join(
-            f"({r[0]:.1f}, {r[2]:.1f}, {r[3]:.1f}) s" for r in runs))
+              f"{os.cpu_count()} threads (MB/s of text: prepare {text / seconds:.2f}); CPU "
+              f"seconds, tiktoken's one thread / prepare's: {one_cpu / cpu:.2f}")
+        print("  each run (prepare, tiktoken 1 thread, threads), seconds / CPU seconds: " +
+              ", ".join("(" + ", ".join(f"{r[name][0]:.1f}/{r[name][1]:.1f}" for name in
+                                        ("prepare", "one", "threads")) + ")" for r in runs))
         same = baseline.same_ids() and check_shards(shards, baseline.encoded)
         print(f"  the shards hold tiktoken's ids: {'yes' if same else 'NO'}")
         sys.exit(0 if same else 1)
@@ -195,13 +212,14 @@ class Baseline:
         self.encoding = gpt2_encoding(gpt2_files)
 
     def times(self):
-        started = time.perf_counter()
+        """{"one": (seconds, CPU seconds), "threads": (...)} of encoding every document."""
+        started, cpu = time.perf_counter(), time.process_time()
         self.encoded = [self.encoding.encode_ordinary(d) for d in self.documents]
-        one = time.perf_counter() - started
-        started = time.perf_counter()
+        one = (time.perf_counter() - started, time.process_time() - cpu)
+        started, cpu = time.perf_counter(), time.process_time()
         self.batch = self.encoding.encode_ordinary_batch(self.documents,
                                                          num_threads=os.cpu_count())
-        return one, time.perf_counter() - started
+        return {"one": one, "threads": (time.perf_counter() - started, time.process_time() - cpu)}
 
     def same_ids(self):
         return self.batch == self.encoded
