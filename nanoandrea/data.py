@@ -289,8 +289,11 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     seconds = time.perf_counter() - started
+    documents = [writers[name].documents for name in ("train", "val")]
+    held_out = (f"{documents[0]:,} and {documents[1]:,} documents" if any(documents) else
+                f"one text, its last {VAL_FRACTION:.0%} held out")   # (a corpus of one .txt file)
     report(f"prepared {meta['tokens']['train']:,} train and {meta['tokens']['val']:,} val tokens "
-           f"({writers['train'].documents:,} and {writers['val'].documents:,} documents), "
+           f"({held_out}), "
            f"vocabulary {tokenizer.vocab_size}, tokenized in {seconds:.1f} s "
            f"({corpus.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s)")
     return out_dir

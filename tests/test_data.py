@@ -140,8 +140,11 @@ def test_a_long_text_file_in_blocks_encodes_as_the_whole(tmp_path, gpt2_files, m
 
 def test_the_default_corpus_splits_as_before(tmp_path):
     """tiny Shakespeare, one document: train is its first 90% of characters, val the rest, char
-    ids, one shard each: the batches the default run has always drawn."""
-    dataset = Dataset(data.resolve_data(None, cache_dir=tmp_path, report=quiet))
+    ids, one shard each: the batches the default run has always drawn. Its report says so
+    (not "0 and 0 documents")."""
+    lines = []
+    dataset = Dataset(data.resolve_data(None, cache_dir=tmp_path, report=lines.append))
+    assert any("(one text, its last 10% held out)" in line for line in lines), lines
     split = int(len(SHAKESPEARE) * (1 - VAL_FRACTION))
     tokenizer = CharTokenizer.train(SHAKESPEARE)
     assert dataset.tokenizer.to_dict() == tokenizer.to_dict()
