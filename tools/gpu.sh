@@ -9,7 +9,7 @@
 #     bench     the kernels against cuBLAS, SDPA and PyTorch's ops (tools/bench.py)
 #     dev       the optimisation ladders, each version checked and timed (tools/dev/run.py)
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
-#               matmuls and the training step in bf16 against PyTorch's (tools/bench.py)
+#               matmuls, attention and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train`
 #     sample    issue 27's sampling: the decode kernels' tests at GPU sizes (matvec, the
 #               key/value cache, cached = uncached tokens), then tools/bench.py's sample section
@@ -65,7 +65,7 @@ for step in "${steps[@]}"; do
       limit python3 -m nanoandrea compile --preset andrea-12m --precision bf16
       limit python3 -m nanoandrea compile --preset andrea-120m --batch-size 16 --block-size 1024 \
           --precision bf16
-      limit python3 tools/bench.py --only ${BENCH:-matmul,e2e} --precision bf16 \
+      limit python3 tools/bench.py --only ${BENCH:-matmul,attention,e2e} --precision bf16 \
           --json "$OUT/bench-bf16.json" > "$OUT/bench-bf16.log" 2>&1
       grep -A40 "^summary" "$OUT/bench-bf16.log" ;;
     sample)
