@@ -67,6 +67,10 @@ class Backend:
         if precision == "bf16":
             for op in ("attention_forward", "attention_backward"):
                 setattr(self, op, getattr(attention_bf16, op + "_bf16" + suffix))
+        if precision == "tf32":
+            # matvec reads float32 or bf16 weights, not tf32's: a sampled token's products
+            # stay on the tensor-core tiles
+            self.takes_matvec = lambda x, w, transpose_b=False: False
         # whether the matmul multiplies by a copy of W^T it makes (the step makes it beside;
         # the tensor-core kernels read W^T as it lies)
         self.copies_b_transposed = (lambda *shape: False) if name != "cuda" else (

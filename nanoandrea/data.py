@@ -270,8 +270,11 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
                 seconds = time.perf_counter() - started
                 bar.update(corpus.bytes_read - bar.pos,
                            f"{corpus.bytes_read / 1e6 / max(seconds, 1e-9):.1f} MB/s")
-            writers = _write_splits(_encoded(corpus, tokenizer, dtype, workers), staging,
-                                    shard_tokens, progress)
+            encoded = _encoded(corpus, tokenizer, dtype, workers)
+            try:
+                writers = _write_splits(encoded, staging, shard_tokens, progress)
+            finally:            # (an error or Ctrl-C: the pool stops here, its workers with it,
+                encoded.close()     # not when the interpreter exits and collects the generator)
         corpus.report_skipped(report)
         _check_splits(writers, corpus)
         save_tokenizer(tokenizer, staging / "tokenizer.json")
