@@ -72,8 +72,9 @@ def _train_options(f):
         click.option("--out", type=click.Path(file_okay=False), help="output folder [out]"),
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="[auto]"),
         click.option("--precision", type=click.Choice(["auto", "fp32", "tf32", "bf16"]),
-                     help="the matmuls': tf32 or bf16 on the tensor cores, float32 sums "
-                          "[auto: bf16 on a GPU of compute capability 8.0+, else fp32]"),
+                     help="the matmuls' (bf16: attention's too): tf32 or bf16 on the tensor "
+                          "cores, float32 sums [auto: bf16 on a GPU of compute capability "
+                          "8.0+, else fp32]"),
         click.option("--cuda-graph/--no-cuda-graph", default=None,
                      help="GPU: capture the training step as a CUDA graph after the first "
                      "step and replay it [on]"),
