@@ -300,8 +300,12 @@ def test_prepare_imports_no_numba(tmp_path, gpt2_files):
 
 # prepare with two workers whose first write waits: a process to stop midway, its workers busy
 # or waiting, its temporary folder there. The line "writing PID PID" says the workers' ids.
+# SIGINT's handler is set as a terminal's foreground job has it: a process started in the
+# background (`cmd &`, as a CI runner may start the tests) inherits SIGINT ignored, and Python
+# then leaves it ignored, as Unix asks (Ctrl-C does not reach a background job).
 SLOW_PREPARE = """
-import multiprocessing, sys, time
+import multiprocessing, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from nanoandrea import data
 from nanoandrea.cli import main
 data.TASK_CHARACTERS = 10_000                          # (tasks enough for two workers)
