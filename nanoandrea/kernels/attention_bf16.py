@@ -194,12 +194,18 @@ def tile_functions(D):
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 2))
 
 
+def kernel_pieces(D, dropout):
+    """tile_functions(D), then the dropout factor's function (dropout: the hash; else 1,
+    compiled to nothing) and the words of a tile's two stages (a shared array's size)."""
+    pieces = tile_functions(D)
+    return pieces + (dropout_factor if dropout else no_dropout, 2 * pieces[-1])
+
+
 @kernel_factory
 def forward_kernel(D, dropout):
     """The forward for heads of D; dropout: built with the dropout hash, else without."""
-    stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS = tile_functions(D)
-    factor = dropout_factor if dropout else no_dropout
-    TWO_TILES = 2 * TILE_WORDS                      # (a shared array's size: a constant)
+    (stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS, factor,
+     TWO_TILES) = kernel_pieces(D, dropout)
 
     @cuda.jit(**BOUNDS)
     def attention_forward_bf16_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
@@ -287,9 +293,8 @@ def forward_kernel(D, dropout):
 @kernel_factory
 def dq_kernel(D, dropout):
     """dq for heads of D: the forward's walk over the key tiles, P from lse."""
-    stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS = tile_functions(D)
-    factor = dropout_factor if dropout else no_dropout
-    TWO_TILES = 2 * TILE_WORDS                      # (a shared array's size: a constant)
+    (stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS, factor,
+     TWO_TILES) = kernel_pieces(D, dropout)
 
     @cuda.jit(**BOUNDS)
     def attention_dq_bf16_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
@@ -354,9 +359,8 @@ def dq_kernel(D, dropout):
 @kernel_factory
 def dkdv_kernel(D, dropout):
     """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
-    stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS = tile_functions(D)
-    factor = dropout_factor if dropout else no_dropout
-    TWO_TILES = 2 * TILE_WORDS                      # (a shared array's size: a constant)
+    (stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS, factor,
+     TWO_TILES) = kernel_pieces(D, dropout)
 
     @inlined
     def stage_rows(lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
