@@ -180,7 +180,7 @@ def _arguments(command, values):
               help="the matmuls' [on a GPU: the one the checkpoint was trained in]")
 @click.option("--kv-cache/--no-kv-cache", default=True, show_default=True,
               help="keep each layer's keys and values: a new token costs O(T), not a forward "
-                   "over the context (the same tokens either way)")
+                   "over the context (the same logits either way, to float32's rounding)")
 def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature, top_k,
                    num_samples, seed, device, precision, kv_cache):
     """Continue a prompt with a trained model."""

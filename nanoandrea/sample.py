@@ -135,9 +135,12 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
     progress(ids): called with the ids so far after each new token. vocab: draw only ids below
     it (the tokenizer's; an imported GPT-2's "<|endoftext|>" lies beyond its byte-level BPE).
     kv_cache: keep the keys and values (the module's doc); False runs the whole window for
-    every token. Both give the same tokens. The weights do not change during the call: each
-    is made the products' operand once (ops.fixed_weights: in bf16 rounded once, not at every
-    token), and the decoder's graph reads those copies."""
+    every token. Both give the same tokens on the CPU; on the GPU the same logits to float32's
+    rounding (a cached token's products, matvec.py, sum in another order than the full
+    forward's tiles), so a draw that falls at a boundary between two tokens may differ. The
+    weights do not change during the call: each is made the products' operand once
+    (ops.fixed_weights: in bf16 rounded once, not at every token), and the decoder's graph
+    reads those copies."""
     rng = rng or np.random.default_rng()
     ids = np.array(ids, dtype=np.int64)
     block = model.config.block_size
