@@ -101,6 +101,11 @@ CPU_DEFAULTS = dict(preset="andrea-mini", batch_size=16, block_size=64, max_step
 SHAPE_OPTIONS = ("preset", "data", "tokenizer", "vocab_size", "n_layer", "n_head", "n_embd",
                  "block_size")
 
+# what each precision runs on, as the run's first line says it (backend.py)
+PRECISION_LINE = {"fp32": "float32 throughout",
+                  "tf32": "matmuls tf32 on the tensor cores, attention float32",
+                  "bf16": "matmuls and attention (heads of 32 or 64) bf16 on the tensor cores"}
+
 # dense peaks of the matmuls' precision: float32 without tensor cores, tf32 and bf16 on them
 PEAK_FLOPS = {"fp32": {"H200": 67e12, "H100": 67e12, "A100": 19.5e12},
               "tf32": {"H200": 495e12, "H100": 495e12, "A100": 156e12},
@@ -334,7 +339,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
         total = parameter_breakdown(self.config)[-1][1]
         self.report(f"{o.preset}: {total:,} parameters, {self.config}, backend "
-                    f"{self.backend.name}, matmuls {self.backend.precision}")
+                    f"{self.backend.name}, {PRECISION_LINE[self.backend.precision]}")
         ranks = "" if self.world is None else (
             f", over {self.ranks} ranks ({self.rank_batch} sequences each"
             f"{', ZeRO-1' if isinstance(self.optimizer, ShardedAdamW) else ''})")
