@@ -198,11 +198,20 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
         batch = np.repeat(ids[None, :], num_samples, axis=0)
         rng = np.random.default_rng(seed)
         started = time.perf_counter()
+        first = []                      # when the first new token came (its prefill and the
+                                        # decoder's capture are in it)
+
+        def timed(update):
+            def progress(ids):
+                if not first:
+                    first.append(time.perf_counter())
+                update(ids)
+            return progress
         if num_samples == 1:            # one sample: its text as it comes
             stream = TextStream(tokenizer, lambda piece: click.echo(piece, nl=False))
             stream.update(batch)
             out = generate(model, batch, max_new_tokens, temperature, top_k, rng,
-                           progress=stream.update, vocab=tokenizer.vocab_size,
+                           progress=timed(stream.update), vocab=tokenizer.vocab_size,
                            kv_cache=kv_cache)
             stream.update(out, final=True)
             click.echo()
@@ -210,15 +219,25 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
             with click.progressbar(length=max_new_tokens, label="sampling",
                                    file=sys.stderr) as bar:
                 out = generate(model, batch, max_new_tokens, temperature, top_k, rng,
-                               progress=lambda ids: bar.update(1), vocab=tokenizer.vocab_size,
-                               kv_cache=kv_cache)
+                               progress=timed(lambda ids: bar.update(1)),
+                               vocab=tokenizer.vocab_size, kv_cache=kv_cache)
             for i, row in enumerate(out):
                 click.echo(f"--- sample {i + 1} ---")
                 click.echo(tokenizer.decode(row))
-        seconds = time.perf_counter() - started
-        click.echo(f"{num_samples * max_new_tokens} tokens in {seconds:.2f} s "
-                   f"({num_samples * max_new_tokens / max(seconds, 1e-9):,.0f} tokens/s)", err=True)
+        ended = time.perf_counter()
+        click.echo(sampling_speed(num_samples, max_new_tokens, ended - started,
+                                  first[0] - started if first else None), err=True)
     _run(action)
+
+
+def sampling_speed(rows, new_tokens, seconds, first_seconds):
+    """The line sample ends with: all tokens and the time, then the first token's wait (the
+    prompt's forward) apart from the rate of the rest, which is what a longer sample runs at."""
+    line = f"{rows * new_tokens} tokens in {seconds:.2f} s"
+    if first_seconds is None or new_tokens < 2:
+        return line + f" ({rows * new_tokens / max(seconds, 1e-9):,.0f} tokens/s)"
+    rest = rows * (new_tokens - 1) / max(seconds - first_seconds, 1e-9)
+    return line + f": the first after {first_seconds:.2f} s, then {rest:,.0f} tokens/s"
 
 
 @click.command("compile")

@@ -21,6 +21,7 @@ run's batches, schedule and (within float32 rounding) losses are the same whatev
 checkpoint of N ranks resumes on M. Rank 0 alone logs, evaluates, samples and writes
 checkpoints. Dropout draws each rank's masks from a seed of its own.
 """
+import contextlib
 import dataclasses
 import json
 import math
@@ -425,9 +426,13 @@ class Trainer:
         sampler = BatchSampler(self.dataset.splits[split], o.batch_size, self.config.block_size,
                                seed=mix32(o.seed + 7919 * self.step + (split == "val")))
         total = 0.0
-        with click.progressbar(range(o.eval_iters), label=f"eval {split}", file=sys.stderr,
-                               show_eta=False) as bar:
-            for _ in bar:
+        # (a bar on a terminal; in a log, where click prints each bar's label as a line of its
+        # own, nothing: the eval line follows)
+        bar = (click.progressbar(range(o.eval_iters), label=f"eval {split}", file=sys.stderr,
+                                 show_eta=False) if sys.stderr.isatty()
+               else contextlib.nullcontext(range(o.eval_iters)))
+        with bar as batches:
+            for _ in batches:
                 x, y = sampler.next()
                 for rows in range(0, o.batch_size, self.rank_batch):
                     part = slice(rows, rows + self.rank_batch)

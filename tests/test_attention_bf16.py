@@ -61,8 +61,9 @@ def test_attention_bf16_takes_the_tensor_cores(rng, monkeypatch):
     for D, expected in ((64, [attention_bf16.forward_kernel(64, False),
                               attention_bf16.dq_kernel(64, False),
                               attention_bf16.dkdv_kernel(64, False)]),
-                        (72, [attention.attention_forward_reference_kernel,
-                              attention.attention_backward_reference_kernel])):
+                        (72, [attention.reference_forward_kernel(attention.lane_dims(72)),
+                              attention.reference_dq_kernel(attention.lane_dims(72)),
+                              attention.reference_dkdv_kernel(attention.lane_dims(72))])):
         launched = recording_launches(monkeypatch, attention_bf16)
         launched_fp32 = recording_launches(monkeypatch, attention)
         q, k, v, dout = (device(rng.standard_normal((B, H, T, D))) for _ in range(4))

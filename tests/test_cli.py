@@ -6,6 +6,7 @@ no traceback, and must never damage a checkpoint that was already there.
 """
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,9 @@ def test_sample_prepare_and_info(corpus, tmp_path):
     assert run(*args, "--prompt", "First", "--no-kv-cache").stdout == one.stdout
     long = run(*args, "--prompt", "Speak, " * 5, "--num-samples", "2")
     assert "keeping its last 8" in long.stderr and long.stdout.count("--- sample") == 2
+    # the speed: the first token's wait (the prompt's forward) apart from the rate after it
+    assert re.search(r"40 tokens in [0-9.]+ s: the first after [0-9.]+ s, then [0-9,]+ "
+                     r"tokens/s", long.stderr), long.stderr
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("All:")
     assert run(*args, "--prompt-file", prompt_file).stdout.startswith("All:")

@@ -303,7 +303,8 @@ def test_merge_inverts_split(rng):
 
 def attention_cases():
     cases = []
-    for D in (8, 32, 64, 72):
+    # the reference kernels' lanes hold 1, 2 or 3 of a row's values, some lanes none (8, 40)
+    for D in (8, 32, 40, 64, 72) + ((16, 384) if GPU else ()):
         for kernel in ("reference", "fast"):
             if kernel == "fast" and D not in attention.FAST_HEAD_SIZES:
                 continue
@@ -462,8 +463,10 @@ def test_attention_unaligned_heads_take_the_reference(rng, monkeypatch, D):
         monkeypatch.setattr(attention, "aligned16", lambda array: False)
     launched = recording_launches(monkeypatch, attention)
     check_attention(rng, D, "auto", None, 1, 2, 9, 0.3, offset=1)
-    assert set(launched) == {attention.attention_forward_reference_kernel,
-                             attention.attention_backward_reference_kernel}
+    dims = attention.lane_dims(D)
+    assert set(launched) == {attention.reference_forward_kernel(dims),
+                             attention.reference_dq_kernel(dims),
+                             attention.reference_dkdv_kernel(dims)}
     with pytest.raises(ValueError, match="16-byte aligned rows"):
         check_attention(rng, D, "fast", None, 1, 2, 9, 0.3, offset=1)
 

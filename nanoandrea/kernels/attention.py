@@ -27,9 +27,10 @@ by dropout_arguments; threshold 0 means no dropout.
 
 The kernels do not know about heads: a thread block takes one (batch, head) pair (and, in the
 fast kernels, a range of its rows), and the launch grid supplies the parallelism over all B*H.
-  reference kernels  any D, one block per (batch, head); a thread walks the keys of its row
-                     twice (normaliser first, then the weighted sum of values), reading q, k, v
-                     straight from global memory. Readable, and the fallback for D=72 or D=8.
+  reference kernels  any D, a warp per row, its lanes splitting the row's D values: the
+                     forward and dq walk a query's keys, dk/dv a key's queries, one pair at a
+                     time, a dot product a warp_sum. Readable, and the fallback for D=72, 16 or
+                     384.
   fast kernels       D a compile-time constant (32 or 64), flash-attention-2 tiles computed
                      like a register-blocked SGEMM (tile_functions): a block takes a tile of
                      query rows, stages it in shared memory and walks the key tiles up to the
@@ -110,14 +111,24 @@ def attention_backward_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumul
 
 
 # --- reference kernels: any head size ------------------------------------------------------
+#
+# A warp per row: the 32 lanes split the row's D values, lane l holding d = l, l + 32, ...
+# (LANE_DIMS = ceil(D / 32) of them, in registers), so a dot product of two rows is each
+# lane's LANE_DIMS multiply-adds and one warp_sum, whatever D is. The forward and dq walk
+# a query row's keys, dk and dv a key row's queries, one (i, j) pair at a time: no tiles and no
+# shared memory, the math of the module's doc line by line, and fast enough to train with at
+# a head size the fast kernels do not take (1 head of 384, 24 of 16).
+# In the simulator a row's "warp" is one thread (LANES = 1) holding the whole row: the same
+# code, where each warp_sum would otherwise stop 32 Python threads at a barrier (50x slower).
+
+LANES = 1 if SIMULATOR else WARP        # threads a row
+ROW_WARPS = 4                           # rows a block
+
 
 @inlined
-def row_dot(x, y, b, h, i, j, D):
-    # x[b,h,i,:] . y[b,h,j,:]
-    total = float32(0.0)
-    for d in range(D):
-        total += x[b, h, i, d] * y[b, h, j, d]
-    return total
+def lanes_sum(value):
+    # the sum over the row's lanes, to each of them
+    return warp_sum(value) if LANES == WARP else value
 
 
 @inlined
@@ -135,66 +146,174 @@ def no_dropout(seed, site, threshold, keep, b, h, i, j, H, T):
     return float32(1.0)
 
 
-@cuda.jit
-def attention_forward_reference_kernel(out, lse, q, k, v, scale, seed, site, threshold, keep):
-    # out[B,H,T,D], lse[B,H,T] from q, k, v [B,H,T,D]; grid B*H, block: threads share the rows
-    B, H, T, D = q.shape
-    b = cuda.blockIdx.x // H
-    h = cuda.blockIdx.x % H
-    for i in range(cuda.threadIdx.x, T, cuda.blockDim.x):
-        # pass 1: the softmax normaliser, as a running max m and sum l of exp(S - m)
-        m = NEG_INF
-        l = float32(0.0)
+def lane_dims(D):
+    """The head dimensions each lane of a reference kernel's warp holds."""
+    return -(-D // LANES)
+
+
+def row_functions(LANE_DIMS):
+    """load_row, warp_dot, add_row and store_row for rows of up to LANES x LANE_DIMS values."""
+
+    @inlined
+    def load_row(row, x, b, h, i, lane, scale):
+        # row[n] = x[b, h, i, lane + 32 n] * scale, 0 past D
+        for n in range(LANE_DIMS):
+            d = lane + LANES * n
+            row[n] = x[b, h, i, d] * scale if d < x.shape[3] else float32(0.0)
+
+    @inlined
+    def warp_dot(row, x, b, h, j, lane):
+        # row . x[b, h, j, :], to every lane of the warp
+        partial = float32(0.0)
+        for n in range(LANE_DIMS):
+            d = lane + LANES * n
+            if d < x.shape[3]:
+                partial += row[n] * x[b, h, j, d]
+        return lanes_sum(partial)
+
+    @inlined
+    def add_row(acc, weight, x, b, h, j, lane):
+        # acc += weight * x[b, h, j, :]
+        for n in range(LANE_DIMS):
+            d = lane + LANES * n
+            if d < x.shape[3]:
+                acc[n] += weight * x[b, h, j, d]
+
+    @inlined
+    def store_row(x, b, h, i, lane, row, accumulate):
+        # x[b, h, i, :] (+)= row
+        for n in range(LANE_DIMS):
+            d = lane + LANES * n
+            if d < x.shape[3]:
+                x[b, h, i, d] = row[n] + (x[b, h, i, d] if accumulate else float32(0.0))
+
+    return load_row, warp_dot, add_row, store_row
+
+
+@inlined
+def warp_row():
+    # (b*H + h, r, lane) of grid (B*H, T/ROW_WARPS): warp r of the (batch, head)'s rows, with
+    # nothing to do at r >= T (the whole warp: warp_sum needs all 32 lanes or none). The
+    # kernels walking a query's keys take row i = T-1-r, the longest first, so that the last
+    # blocks to start are the short ones
+    return cuda.blockIdx.x, cuda.blockIdx.y * ROW_WARPS + cuda.threadIdx.x // LANES, \
+        cuda.threadIdx.x % LANES
+
+
+@kernel_factory
+def reference_forward_kernel(LANE_DIMS):
+    """The forward for heads of up to LANES x LANE_DIMS dimensions."""
+    load_row, warp_dot, add_row, store_row = row_functions(LANE_DIMS)
+
+    @cuda.jit
+    def attention_forward_reference_kernel(out, lse, q, k, v, scale, seed, site, threshold,
+                                           keep):
+        # out[B,H,T,D], lse[B,H,T] from q, k, v [B,H,T,D]; a warp per query row i, its keys
+        # j <= i in order, the softmax online: a running max m and sum l of exp(S - m), and
+        # o = sum_j exp(S_ij - m) G_ij v_j, rescaled whenever m grows
+        B, H, T, D = q.shape
+        bh, r, lane = warp_row()
+        if r >= T:
+            return
+        i = T - 1 - r
+        b, h = bh // H, bh % H
+        q_row = cuda.local.array(LANE_DIMS, float32)
+        o = cuda.local.array(LANE_DIMS, float32)
+        load_row(q_row, q, b, h, i, lane, scale)
+        for n in range(LANE_DIMS):
+            o[n] = float32(0.0)
+        m, l = NEG_INF, float32(0.0)
         for j in range(i + 1):
-            s = row_dot(q, k, b, h, i, j, D) * scale
+            s = warp_dot(q_row, k, b, h, j, lane)
             m_new = max(m, s)
-            l = l * math.exp(m - m_new) + math.exp(s - m_new)
+            rescale, p = math.exp(m - m_new), math.exp(s - m_new)
+            l = l * rescale + p
+            for n in range(LANE_DIMS):
+                o[n] *= rescale
+            add_row(o, p * dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T), v, b,
+                    h, j, lane)
             m = m_new
-        row_lse = m + math.log(l)
-        lse[b, h, i] = row_lse
-        # pass 2: out_i = sum_j P_ij v_j, accumulated in place in out's row
-        for d in range(D):
-            out[b, h, i, d] = float32(0.0)
-        for j in range(i + 1):
-            p = math.exp(row_dot(q, k, b, h, i, j, D) * scale - row_lse)
-            p *= dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T)
-            for d in range(D):
-                out[b, h, i, d] += p * v[b, h, j, d]
+        for n in range(LANE_DIMS):
+            o[n] /= l
+        store_row(out, b, h, i, lane, o, False)
+        if lane == 0:
+            lse[b, h, i] = m + math.log(l)
+
+    return attention_forward_reference_kernel
 
 
-@cuda.jit
-def attention_backward_reference_kernel(dq, dk, dv, delta, dout, q, k, v, out, lse, scale,
-                                        seed, site, threshold, keep, accumulate):
-    # dq, dk, dv [B,H,T,D] (+)= gradients; delta[B,H,T] scratch; grid B*H.
-    # The block owns its head, so the phases only need block-wide barriers between them.
-    B, H, T, D = q.shape
-    b = cuda.blockIdx.x // H
-    h = cuda.blockIdx.x % H
-    first = cuda.threadIdx.x
-    stride = cuda.blockDim.x
-    for i in range(first, T, stride):                       # delta_i = dout_i . out_i
-        delta[b, h, i] = row_dot(dout, out, b, h, i, i, D)
-        if not accumulate:
-            for d in range(D):
-                dq[b, h, i, d] = float32(0.0)
-                dk[b, h, i, d] = float32(0.0)
-                dv[b, h, i, d] = float32(0.0)
-    cuda.syncthreads()
-    for i in range(first, T, stride):                       # dq_i: a thread per query row
+@kernel_factory
+def reference_dq_kernel(LANE_DIMS):
+    """dq and delta (which dk/dv reads), for heads of up to LANES x LANE_DIMS dimensions."""
+    load_row, warp_dot, add_row, store_row = row_functions(LANE_DIMS)
+
+    @cuda.jit
+    def attention_dq_reference_kernel(dq, delta, dout, q, k, v, out, lse, scale, seed, site,
+                                      threshold, keep, accumulate):
+        # dq [B,H,T,D] (+)= sum_{j<=i} dS_ij k_j / sqrt(D), delta[B,H,T] = dout_i . out_i; a
+        # warp per query row i
+        B, H, T, D = q.shape
+        bh, r, lane = warp_row()
+        if r >= T:
+            return
+        i = T - 1 - r
+        b, h = bh // H, bh % H
+        q_row = cuda.local.array(LANE_DIMS, float32)
+        g_row = cuda.local.array(LANE_DIMS, float32)
+        acc = cuda.local.array(LANE_DIMS, float32)
+        load_row(q_row, q, b, h, i, lane, scale)
+        load_row(g_row, dout, b, h, i, lane, float32(1.0))
+        for n in range(LANE_DIMS):
+            acc[n] = float32(0.0)
+        row_delta = warp_dot(g_row, out, b, h, i, lane)
+        row_lse = lse[b, h, i]
         for j in range(i + 1):
-            p = math.exp(row_dot(q, k, b, h, i, j, D) * scale - lse[b, h, i])
+            p = math.exp(warp_dot(q_row, k, b, h, j, lane) - row_lse)
             g = dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T)
-            ds = p * (g * row_dot(dout, v, b, h, i, j, D) - delta[b, h, i]) * scale
-            for d in range(D):
-                dq[b, h, i, d] += ds * k[b, h, j, d]
-    for j in range(first, T, stride):                       # dk_j, dv_j: a thread per key row
+            add_row(acc, p * (g * warp_dot(g_row, v, b, h, j, lane) - row_delta) * scale, k,
+                    b, h, j, lane)
+        store_row(dq, b, h, i, lane, acc, accumulate)
+        if lane == 0:
+            delta[b, h, i] = row_delta
+
+    return attention_dq_reference_kernel
+
+
+@kernel_factory
+def reference_dkdv_kernel(LANE_DIMS):
+    """dk and dv, after reference_dq_kernel (its delta), for heads of up to LANES x LANE_DIMS
+    dimensions."""
+    load_row, warp_dot, add_row, store_row = row_functions(LANE_DIMS)
+
+    @cuda.jit
+    def attention_dkdv_reference_kernel(dk, dv, delta, dout, q, k, v, lse, scale, seed, site,
+                                        threshold, keep, accumulate):
+        # dk_j (+)= sum_{i>=j} dS_ij q_i / sqrt(D), dv_j (+)= sum_{i>=j} P_ij G_ij dout_i; a warp
+        # per key row j
+        B, H, T, D = q.shape
+        bh, j, lane = warp_row()
+        if j >= T:
+            return
+        b, h = bh // H, bh % H
+        k_row = cuda.local.array(LANE_DIMS, float32)
+        v_row = cuda.local.array(LANE_DIMS, float32)
+        dk_acc = cuda.local.array(LANE_DIMS, float32)
+        dv_acc = cuda.local.array(LANE_DIMS, float32)
+        load_row(k_row, k, b, h, j, lane, scale)
+        load_row(v_row, v, b, h, j, lane, float32(1.0))
+        for n in range(LANE_DIMS):
+            dk_acc[n] = float32(0.0)
+            dv_acc[n] = float32(0.0)
         for i in range(j, T):
-            p = math.exp(row_dot(q, k, b, h, i, j, D) * scale - lse[b, h, i])
+            p = math.exp(warp_dot(k_row, q, b, h, i, lane) - lse[b, h, i])
             g = dropout_factor(seed, site, threshold, keep, b, h, i, j, H, T)
-            ds = p * (g * row_dot(dout, v, b, h, i, j, D) - delta[b, h, i]) * scale
-            for d in range(D):
-                dv[b, h, j, d] += p * g * dout[b, h, i, d]
-                dk[b, h, j, d] += ds * q[b, h, i, d]
+            add_row(dv_acc, p * g, dout, b, h, i, lane)
+            add_row(dk_acc, p * (g * warp_dot(v_row, dout, b, h, i, lane) - delta[b, h, i])
+                    * scale, q, b, h, i, lane)
+        store_row(dk, b, h, j, lane, dk_acc, accumulate)
+        store_row(dv, b, h, j, lane, dv_acc, accumulate)
+
+    return attention_dkdv_reference_kernel
 
 
 # --- fast kernels: D known at compile time, flash-attention-2 tiles ------------------------
@@ -546,7 +665,6 @@ def attention_delta4_kernel(delta, dout, out):
 
 # --- launchers -----------------------------------------------------------------------------
 
-THREADS = 32 if SIMULATOR else 128      # the reference kernels' block
 
 # The fast kernels' tiles per head size, (forward, dk/dv), picked by timing on the H200
 # (docs/perf.md). The forward at D=64 is bounded at 4 blocks a multiprocessor (128 registers);
@@ -603,8 +721,8 @@ def attention_forward(out, lse, q, k, v, kernel="auto", dropout_p=0.0, seed=None
     scale = np.float32(1.0 / math.sqrt(D))
     drop = dropout_arguments(dropout_p, seed, site)
     if _pick(kernel, D, (out, q, k, v)) == "reference":
-        launch(attention_forward_reference_kernel, B * H, THREADS, out, lse, q, k, v, scale,
-               *drop)
+        launch(reference_forward_kernel(lane_dims(D)), (B * H, blocks(T, ROW_WARPS)),
+               ROW_WARPS * LANES, out, lse, q, k, v, scale, *drop)
         return
     forward = forward_kernel(D, TILES[D][0], dropout_p > 0)
     rows = min(T, rows_per_block or forward.tile.rows)
@@ -624,8 +742,11 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
     scale = np.float32(1.0 / math.sqrt(D))
     drop = dropout_arguments(dropout_p, seed, site)
     if _pick(kernel, D, (dq, dk, dv, dout, q, k, v, out)) == "reference":
-        launch(attention_backward_reference_kernel, B * H, THREADS,
-               dq, dk, dv, delta, dout, q, k, v, out, lse, scale, *drop, accumulate)
+        grid = (B * H, blocks(T, ROW_WARPS))
+        launch(reference_dq_kernel(lane_dims(D)), grid, ROW_WARPS * LANES, dq, delta, dout, q, k,
+               v, out, lse, scale, *drop, accumulate)
+        launch(reference_dkdv_kernel(lane_dims(D)), grid, ROW_WARPS * LANES, dk, dv, delta, dout,
+               q, k, v, lse, scale, *drop, accumulate)
         return
     attention_delta(delta, dout, out)
     backward = dkdv_kernel(D, TILES[D][1], dropout_p > 0)
