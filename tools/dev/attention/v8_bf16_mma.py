@@ -1,6 +1,6 @@
 """bf16 mma.sync m16n8k16, a warp per 16 rows, rounded as staged.
 H200 2026-12-01: fwd 0.489 ms (0.17x SDPA bf16), fwd+bwd 1.806 ms (0.20x) at [16,12,1024,64]
-(the package's first bf16 attention, this code with dropout, tools/bench.py --precision bf16)
+(as the package's kernels then, with dropout: tools/bench.py --precision bf16)
 
 The first bf16 version of the package's attention (kernels/attention_bf16.py today is its
 successor), without dropout. q, k, v and dout arrive as float32 and are rounded to bf16 where
@@ -30,10 +30,10 @@ and stores them as one 16-byte chunk of a shared tile, the chunks swizzled as ma
 are, so that ldmatrix reads them without bank conflicts: as they lie for S = Q K^T (K's rows
 are n, their pairs run along k), with .trans for O += P V (V's rows are k).
 
-What it leaves to the next version: no pipelining. A tile is staged between two barriers, its
-loads waited for before any product starts, and every kernel rounds the same q, k, v again as
-it stages them. The package's kernel now rounds q, k, v and dout once into bf16 words in
-device memory and copies the tiles with cp.async one tile ahead of the products.
+What it leaves undone: pipelining. A tile is staged between two barriers, its loads waited
+for before any product starts, and every kernel rounds the same q, k, v again as it stages
+them. The package's kernel (attention_bf16.py) rounds q, k, v and dout once into bf16 words in
+device memory and copies the tiles with cp.async, one tile ahead of the products.
 """
 import math
 
