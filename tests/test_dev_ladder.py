@@ -25,7 +25,7 @@ def check(op, path, shape, rng):
     module = run.load(path)
     shape = op.nearest(module, shape)
     errors = op.check(module, shape, rng)
-    assert max(errors.values()) < op.TOLERANCE, f"{path.stem} at {shape}: {errors}"
+    assert max(errors.values()) < op.tolerance(module), f"{path.stem} at {shape}: {errors}"
 
 
 @pytest.mark.parametrize("path", run.versions("matmul"), ids=lambda path: path.stem)

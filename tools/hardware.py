@@ -8,13 +8,27 @@
     (kernels/matmul_bf16.py, its operands rounded to bf16 once beforehand, as the model rounds
     them) and cuBLAS bf16 (torch).
 (b) Causal attention, forward + backward, TFLOP/s at head sizes 32, 64, 72 and 128 on
-    [32, 12, 512, D]: ours (float32 FFMA: the fast kernels take D = 32 and 64, any other D
-    the reference kernel) and torch's scaled_dot_product_attention in bf16 (tensor cores)
-    and in float32.
+    [32, 12, 512, D], four columns:
+      ours float32   FFMA (kernels/attention.py: the fast kernels take D = 32 and 64, any
+                     other D the reference kernel)
+      ours bf16      the tensor cores (kernels/attention_bf16.py, what --precision bf16
+                     trains with), called as the bf16 backend calls it: each call rounds its
+                     float32 operands to bf16 words first (heads_bf16: q, k, v in the
+                     forward, dout, q, k, v in the backward), and those passes are timed with
+                     the kernels, as the training step pays them. It takes D = 32 and 64; any
+                     other D falls back to the float32 kernels, so at 72 and 128 its figure is
+                     the float32 column's (checked to launch the same kernels, not timed again)
+      SDPA bf16      torch's scaled_dot_product_attention on bf16 tensors (tensor cores)
+      SDPA float32   the same on float32 tensors.
 Timings as tools/bench.py's: CUDA events after warm-up, the median of repeated calls queued
-back to back; each of our outputs is checked against the reference before it is timed. The
-H per-head products are timed as one CUDA graph each side (torch.cuda.graph), so that what is
-measured is the GPU's time, not twelve launches from Python.
+back to back; each of our outputs is checked before it is timed: float32 against SDPA float32
+to 1e-4, bf16 against SDPA float32 of the same inputs rounded to bf16 to 2e-2 (what is left
+is the kernels' rounding of P and dS to bf16, tools/bench.py's limit). The H per-head products
+are timed as one CUDA graph each side (torch.cuda.graph), so that what is measured is the
+GPU's time, not twelve launches from Python.
+
+--json writes every row (part, name, ms, TFLOP/s, note; part (b)'s rows also the head size and
+the column); --plot draws both parts, (b) as bars by head size.
 """
 import argparse
 import json
@@ -31,20 +45,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from bench import event_time_ms, relative_error, require, warm_up_clocks  # noqa: E402
-from nanoandrea.kernels import attention, launch  # noqa: E402
+from bench import Mismatch, event_time_ms, relative_error, require, warm_up_clocks  # noqa: E402
+from nanoandrea.kernels import attention, attention_bf16, launch  # noqa: E402
 from nanoandrea.kernels.matmul_bf16 import matmul_bf16, rounded  # noqa: E402
 
 ROWS = []
+HEAD_SIZES = (32, 64, 72, 128)
+# part (b)'s columns
+COLUMNS = ("ours float32 (FFMA)", "ours bf16 (tensor cores)", "SDPA bf16", "SDPA float32")
+BF16_LIMIT = 2e-2           # bf16 attention against float32 of the rounded inputs
 
 
 def timed(fn, repeat=10, calls=5):
     return event_time_ms(fn, repeat=repeat, calls=calls)
 
 
-def report(claim, name, ms, flops, note=""):
+def report(claim, name, ms, flops, note="", **fields):
     rate = flops / ms / 1e9
-    ROWS.append(dict(claim=claim, name=name, ms=ms, tflops=rate, note=note))
+    ROWS.append(dict(claim=claim, name=name, ms=ms, tflops=rate, note=note, **fields))
     print(f"  {name:52s} {ms:9.3f} ms {rate:9.1f} TFLOP/s  {note}", flush=True)
 
 
@@ -109,22 +127,67 @@ def fused_against_per_head():
         report("a", f"{shape} cuBLAS, {H} heads of {D}", timed(as_graph(cublas_heads)), flops)
 
 
+def ours_bf16(Q, K, V, DOUT):
+    """The bf16 backend's attention on float32 q, k, v, dout (Numba device arrays [B,H,T,D]):
+    (run, (out, dq, dk, dv)). run() is attention_bf16's forward and backward, each of which
+    rounds its operands to bf16 words before its kernels (heads_bf16), so that a timing of
+    run() includes those passes; the outputs are NaN until run() writes them."""
+    B, H, T, D = Q.shape
+    out, dq, dk, dv = (cuda.to_device(np.full((B, H, T, D), np.nan, np.float32))
+                       for _ in range(4))
+    lse, delta = (cuda.device_array((B, H, T), np.float32) for _ in range(2))
+
+    def run():
+        attention_bf16.attention_forward_bf16(out, lse, Q, K, V)
+        attention_bf16.attention_backward_bf16(dq, dk, dv, delta, DOUT, Q, K, V, out, lse)
+    return run, (out, dq, dk, dv)
+
+
+def check_bf16(outputs, wants, D):
+    """Each of ours_bf16's (out, dq, dk, dv), after a run, within BF16_LIMIT of want (host
+    arrays: float32 or float64 attention of the inputs rounded to bf16)."""
+    for got, want, name in zip(outputs, wants, ("out", "dq", "dk", "dv")):
+        require(relative_error(got.copy_to_host(), want), BF16_LIMIT,
+                f"attention bf16 D={D} {name}")
+
+
+def launches_of(forward, backward, D, T=512):
+    """The kernels (with their argument types) that forward and backward launch for one head
+    [1, 1, T, D] of float32: what is launched depends on T and D, not on B or H."""
+    from nanoandrea.precompile import kernels_of
+    q, out, lse = (cuda.device_array(shape, np.float32) for shape in
+                   ((1, 1, T, D), (1, 1, T, D), (1, 1, T)))
+
+    def both():
+        forward(out, lse, q, q, q)
+        backward(out, out, out, lse, q, q, q, q, out, lse)
+    return kernels_of(both)
+
+
+def falls_back(D):
+    """Whether attention_bf16 takes float32's kernels for heads of D (those it launches are
+    the float32 path's): then part (b) reports the float32 figure for it, not timed again."""
+    if D in attention_bf16.HEAD_SIZES:
+        return False
+    if (launches_of(attention_bf16.attention_forward_bf16,
+                    attention_bf16.attention_backward_bf16, D)
+            != launches_of(attention.attention_forward, attention.attention_backward, D)):
+        raise Mismatch(f"attention bf16 D={D}: launches other kernels than float32's")
+    return True
+
+
 def attention_by_head_size():
     import torch
     import torch.nn.functional as F
     torch.backends.cuda.matmul.allow_tf32 = False
     print("(b) causal attention forward + backward by head size")
-    from nanoandrea.precompile import compile_kernels, kernels_of
+    from nanoandrea.precompile import compile_kernels
     B, H, T = 32, 12, 512
-    head_sizes = (32, 64, 72, 128)
-
-    def both(D):                        # (one head: what is launched depends on T and D)
-        q, out, lse = (cuda.device_array(shape, np.float32) for shape in
-                       ((1, 1, T, D), (1, 1, T, D), (1, 1, T)))
-        attention.attention_forward(out, lse, q, q, q)
-        attention.attention_backward(out, out, out, lse, q, q, q, q, out, lse)
-    compile_kernels(set().union(*(kernels_of(lambda D=D: both(D)) for D in head_sizes)))
-    for D in head_sizes:
+    compile_kernels(set().union(*(
+        launches_of(forward, backward, D, T) for D in HEAD_SIZES for forward, backward in (
+            (attention.attention_forward, attention.attention_backward),
+            (attention_bf16.attention_forward_bf16, attention_bf16.attention_backward_bf16)))))
+    for D in HEAD_SIZES:
         generator = torch.Generator(device="cuda").manual_seed(D)
         q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", generator=generator)
                          for _ in range(4))
@@ -144,6 +207,16 @@ def attention_by_head_size():
         for got, ref, name in ((out, want, "out"), (dq, qs.grad, "dq"), (dk, ks.grad, "dk")):
             require(relative_error(got.cpu().numpy(), ref.detach().cpu().numpy()), 1e-4,
                     f"attention D={D} {name}")
+        fallback = falls_back(D)
+        if not fallback:                # (float32 attention of the values the kernels read)
+            run_bf16, outputs = ours_bf16(Q, K, V, DOUT)
+            run_bf16()
+            cuda.synchronize()
+            qr, kr, vr = (t.bfloat16().float().requires_grad_(True) for t in (q, k, v))
+            want = F.scaled_dot_product_attention(qr, kr, vr, is_causal=True)
+            want.backward(dout.bfloat16().float())
+            check_bf16(outputs, [t.detach().cpu().numpy() for t in
+                                 (want, qr.grad, kr.grad, vr.grad)], D)
 
         def sdpa(dtype):
             qd, kd, vd = (t.to(dtype).requires_grad_(True) for t in (q, k, v))
@@ -156,25 +229,81 @@ def attention_by_head_size():
         flops = 3.5 * 4 * B * H * T * T * D / 2     # tools/bench.py's count
         kind = "fast" if D in attention.FAST_HEAD_SIZES else "reference"
         label = f"[{B},{H},{T},{D}]"
-        report("b", f"{label} ours (float32 FFMA, {kind} kernel)",
-               timed(ours, repeat=5, calls=1 if kind == "reference" else 5), flops)
-        report("b", f"{label} SDPA bf16", timed(sdpa(torch.bfloat16)), flops)
-        report("b", f"{label} SDPA float32", timed(sdpa(torch.float32)), flops)
+        fp32_ms = timed(ours, repeat=5, calls=1 if kind == "reference" else 5)
+        report("b", f"{label} ours (float32 FFMA, {kind} kernel)", fp32_ms, flops,
+               head_size=D, column=COLUMNS[0])
+        if fallback:
+            report("b", f"{label} ours bf16 (float32 fallback, {kind} kernel)", fp32_ms,
+                   flops, "the float32 row's kernels, not timed again", head_size=D,
+                   column=COLUMNS[1], fallback=True)
+        else:
+            report("b", f"{label} ours bf16 (tensor cores)", timed(run_bf16), flops,
+                   "with the rounding of q, k, v, dout to bf16", head_size=D,
+                   column=COLUMNS[1], fallback=False)
+        report("b", f"{label} SDPA bf16", timed(sdpa(torch.bfloat16)), flops, head_size=D,
+               column=COLUMNS[2])
+        report("b", f"{label} SDPA float32", timed(sdpa(torch.float32)), flops, head_size=D,
+               column=COLUMNS[3])
+    print_head_size_table()
+
+
+def head_size_table():
+    """Part (b)'s rows as table lines: a head size a line, COLUMNS across, each
+    "ms, TFLOP/s" (a fallback's marked)."""
+    cells = {(r["head_size"], r["column"]): r for r in ROWS if r["claim"] == "b"}
+    lines = [f"{'D':>4s} " + " ".join(f"{c:>28s}" for c in COLUMNS)]
+    for D in sorted({D for D, _ in cells}):
+        texts = []
+        for column in COLUMNS:
+            row = cells.get((D, column))
+            text = "-" if row is None else (f"{row['ms']:.3f} ms, {row['tflops']:.1f} TFLOP/s"
+                                            + (" *" if row.get("fallback") else ""))
+            texts.append(f"{text:>28s}")
+        lines.append(f"{D:4d} " + " ".join(texts))
+    if any(r.get("fallback") for r in cells.values()):
+        lines.append("* float32 fallback: attention_bf16 takes D = "
+                     + " and ".join(map(str, attention_bf16.HEAD_SIZES))
+                     + "; the float32 column's figure")
+    return lines
+
+
+def print_head_size_table():
+    print("\n(b) forward + backward by head size")
+    for line in head_size_table():
+        print("  " + line)
 
 
 def plot(path):
+    """(a) as one bar a row; (b) as bars by head size, a colour a column, the bf16 fallback's
+    hatched (the float32 figure, shown where the bf16 training step would be)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    for axis, claim, title in ((left, "a", "(a) fused [C,C] against per-head products, bf16"),
-                               (right, "b", "(b) attention fwd+bwd by head size")):
-        rows = [r for r in ROWS if r["claim"] == claim]
-        axis.barh([r["name"] for r in rows], [r["tflops"] for r in rows])
-        axis.invert_yaxis()
-        axis.set_xlabel("TFLOP/s")
-        axis.set_title(title, fontsize=10)
-        axis.tick_params(axis="y", labelsize=7)
+    rows = [r for r in ROWS if r["claim"] == "a"]
+    left.barh([r["name"] for r in rows], [r["tflops"] for r in rows])
+    left.invert_yaxis()
+    left.set_xlabel("TFLOP/s")
+    left.set_title("(a) fused [C,C] against per-head products, bf16", fontsize=10)
+    left.tick_params(axis="y", labelsize=7)
+    rows = [r for r in ROWS if r["claim"] == "b"]
+    sizes = sorted({r["head_size"] for r in rows})
+    width = 0.8 / len(COLUMNS)
+    for c, column in enumerate(COLUMNS):
+        cells = {r["head_size"]: r for r in rows if r["column"] == column}
+        at = [i + (c - (len(COLUMNS) - 1) / 2) * width for i, D in enumerate(sizes)
+              if D in cells]
+        bars = right.bar(at, [cells[D]["tflops"] for D in sizes if D in cells], width,
+                         label=column, color=f"C{c}")
+        for bar, D in zip(bars, [D for D in sizes if D in cells]):
+            if cells[D].get("fallback"):
+                bar.set_hatch("//")
+                bar.set_alpha(0.5)
+    right.set_xticks(range(len(sizes)), [f"D={D}" for D in sizes])
+    right.set_ylabel("TFLOP/s")
+    right.set_title("(b) attention fwd+bwd, [32,12,512,D]; hatched: bf16's float32 fallback",
+                    fontsize=10)
+    right.legend(fontsize=8, loc="upper left")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 

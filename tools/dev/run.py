@@ -6,11 +6,13 @@
 Every version is imported in the order of its number and checked against float64 NumPy on
 fresh random inputs, its outputs poisoned with NaN first (so an element it never writes
 shows): the relative error ||out - ref|| / ||ref|| of every output must stay below the op's
-TOLERANCE. A version that fails (or does not import, or raises) is reported and not timed, the
-others go on, and the run exits with status 1. On a GPU each version that passed is then timed
-beside the library, in the same process on the same inputs, and one table is printed: the
-version, its idea (the first line of its docstring), milliseconds, TFLOP/s, and its speed as a
-ratio of the library's (library ms / version ms: 0.92x is 8% slower).
+tolerance (TOLERANCE; an attention version in bf16, BF16_TOLERANCE). A version that fails
+(or does not import, or raises) is reported and not timed, the others go on, and the run
+exits with status 1. On a GPU each version that passed is then timed beside the library, in
+the same process on the same inputs, and one table is printed: the version, its idea (the
+first line of its docstring), milliseconds, TFLOP/s, and its speed as a ratio of the
+library's (library ms / version ms: 0.92x is 8% slower; a bf16 version's against the
+library in bf16).
 
 What a version exposes:
   matmul     matmul(out, a, b): out[M,N] = a[M,K] @ b[K,N], C-contiguous float32 Numba device
@@ -25,8 +27,13 @@ What a version exposes:
              backward(dq, dk, dv, dout, q, k, v, out, lse), or backward = None: the gradients
              of the inputs (written, not added), given out and lse from forward.
              HEAD_SIZES = (32, 64), optional: the head sizes D it takes (None: any).
+             PRECISION = "bf16", optional: it multiplies on the tensor cores in bf16 (its
+             inputs still float32, rounded by the version): checked against float64 attention
+             of q, k, v, dout rounded to bf16, within BF16_TOLERANCE (what is left is the
+             version's rounding of P and dS), and timed beside SDPA on bf16 tensors.
              Library: torch's scaled_dot_product_attention(is_causal=True), float32 with TF32
-             off; forward alone, and forward + backward (autograd) where there is a backward.
+             off (bf16 versions: on bf16 copies of the inputs, made before the timings);
+             forward alone, and forward + backward (autograd) where there is a backward.
              Work: 4BHT^2D/2 flops forward (two products over the causal half of the scores),
              3.5 times that forward + backward (the backward's 5 products), as tools/bench.py
              counts. Default shape 16,12,1024,64 (andrea-120m); 64,12,256,32 is andrea-12m's.
@@ -139,6 +146,12 @@ class Matmul:
         return getattr(module, "PRECISION", "fp32") == "bf16"
 
     @staticmethod
+    def tolerance(module):
+        """TOLERANCE, bf16 or not: a bf16 version is checked against the product of the bf16
+        values, which float32 sums meet to float32's rounding."""
+        return Matmul.TOLERANCE
+
+    @staticmethod
     def operands(module, a, b):
         """a, b as the version takes them (host arrays), and their float64 values."""
         if Matmul.bf16(module):
@@ -206,6 +219,19 @@ class Attention:
     name, axes, library = "attention", "B,H,T,D", "SDPA"
     gpu_shape, simulator_shape = (16, 12, 1024, 64), (1, 2, 40, 32)
     TOLERANCE = 1e-4
+    BF16_TOLERANCE = 2e-2       # (tools/bench.py's for the package's bf16 attention)
+
+    @staticmethod
+    def bf16(module):
+        """Whether the version multiplies in bf16 (PRECISION = "bf16"), else float32."""
+        return getattr(module, "PRECISION", "fp32") == "bf16"
+
+    @staticmethod
+    def tolerance(module):
+        """TOLERANCE, or BF16_TOLERANCE for a bf16 version: its reference has q, k, v, dout
+        rounded as the version rounds them, but not P and dS, which the version rounds to bf16
+        before its second products (~2^-9 relative each)."""
+        return Attention.BF16_TOLERANCE if Attention.bf16(module) else Attention.TOLERANCE
 
     @staticmethod
     def nearest(module, shape):
@@ -240,10 +266,14 @@ class Attention:
 
     @staticmethod
     def check(module, shape, rng):
-        """{output: relative error} of forward (and backward) against float64 NumPy."""
+        """{output: relative error} of forward (and backward) against float64 NumPy, of the
+        inputs rounded to bf16 for a bf16 version (it takes them float32 all the same)."""
         B, H, T, D = shape
         q, k, v, dout = (random_float32(rng, shape) for _ in range(4))
         Q, K, V, DOUT = (cuda.to_device(x) for x in (q, k, v, dout))
+        if Attention.bf16(module):
+            from nanoandrea.kernels.tensorcores import bf16_values
+            q, k, v, dout = (bf16_values(x) for x in (q, k, v, dout))
         got = dict(out=poisoned(shape), lse=poisoned((B, H, T)))
         module.forward(got["out"], got["lse"], Q, K, V)
         backward = getattr(module, "backward", None)
@@ -294,28 +324,39 @@ class Attention:
         dq, dk, dv = (cuda.device_array(shape, np.float32) for _ in range(3))
         work = Attention.flops(shape)
 
-        def sdpa_forward():
-            with torch.no_grad():
-                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        def sdpa(q, k, v, dout, leaves):
+            def forward():
+                with torch.no_grad():
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-        def sdpa_both():                        # (autograd.grad: nothing accumulates)
-            y = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-            torch.autograd.grad(y, (qs, ks, vs), dout)
+            def both():                         # (autograd.grad: nothing accumulates)
+                y = F.scaled_dot_product_attention(*leaves, is_causal=True)
+                torch.autograd.grad(y, leaves, dout)
+            return forward, both
 
+        library = list(zip(("fwd", "fwd+bwd"), sdpa(q, k, v, dout, (qs, ks, vs)),
+                           (work, 3.5 * work)))
         ours = {}
         for name, module in modules.items():
+            bf16 = Attention.bf16(module)
+            if bf16 and len(library) == 2:      # (SDPA on bf16 copies, once)
+                copies = [t.bfloat16() for t in (q, k, v, dout)]
+                leaves = tuple(t.clone().requires_grad_(True) for t in copies[:3])
+                library += zip(("bf16 fwd", "bf16 fwd+bwd"), sdpa(*copies, leaves),
+                               (work, 3.5 * work))
+
             def forward(m=module):
                 m.forward(out, lse, Q, K, V)
 
-            cases = [("fwd", forward, work)]
+            prefix = "bf16 " if bf16 else ""
+            cases = [(prefix + "fwd", forward, work)]
             if getattr(module, "backward", None) is not None:
                 def both(m=module, forward=forward):
                     forward()
                     m.backward(dq, dk, dv, DOUT, Q, K, V, out, lse)
-                cases.append(("fwd+bwd", both, 3.5 * work))
+                cases.append((prefix + "fwd+bwd", both, 3.5 * work))
             ours[name] = cases
-        return ("SDPA (torch, float32, TF32 off)",
-                [("fwd", sdpa_forward, work), ("fwd+bwd", sdpa_both, 3.5 * work)], ours)
+        return ("SDPA (torch, float32, TF32 off; bf16 passes on bf16 tensors)", library, ours)
 
 
 OPS = {"matmul": Matmul, "attention": Attention}
@@ -394,11 +435,12 @@ def check_all(op, paths, shape, rng):
             print(f"{path.stem}: {row['note']}", flush=True)
             continue
         worst = max(row["errors"].values())
-        row["ok"] = worst < op.TOLERANCE
+        tolerance = op.tolerance(module)
+        row["ok"] = worst < tolerance
         errors = ", ".join(f"{name} {e:.1e}" for name, e in row["errors"].items())
         at = "x".join(map(str, checked))
         if not row["ok"]:
-            row["note"] = f"FAILED: relative error over {op.TOLERANCE:.0e} ({errors})"
+            row["note"] = f"FAILED: relative error over {tolerance:.0e} ({errors})"
         elif tuple(checked) != tuple(shape):
             row["note"] = f"checked at {at} (the shape it takes), not timed"
         else:
@@ -437,7 +479,7 @@ def time_all(op, shape, modules, rows, repeat):
 def print_table(op, rows, title):
     passes = any(row.get("pass") for row in rows)
     print(f"\n{title}")
-    header = (f"{'version':26s} {'idea':64s} " + (f"{'pass':8s} " if passes else "")
+    header = (f"{'version':26s} {'idea':64s} " + (f"{'pass':12s} " if passes else "")
               + f"{'error':>8s} {'ms':>9s} {'TFLOP/s':>8s} {'vs ' + op.library:>10s}")
     print(header)
     print("-" * len(header))
@@ -447,7 +489,7 @@ def print_table(op, rows, title):
         timing = (f"{ms:9.3f} {row['tflops']:8.2f} {row['ratio']:9.2f}x" if ms is not None
                   else f"{'-':>9s} {'-':>8s} {'-':>10s}")
         print(f"{row['version']:26s} {row['idea']:64s} "
-              + (f"{row.get('pass', ''):8s} " if passes else "") + f"{error:>8s} {timing}"
+              + (f"{row.get('pass', ''):12s} " if passes else "") + f"{error:>8s} {timing}"
               + (f"  {row['note']}" if row.get("note") else ""))
 
 
