@@ -34,9 +34,13 @@ def kernels_of(work):
 
 def for_sampling(model):
     """What sampling from `model` launches (sample.generate): the prompt's forward, then a
-    token's against the key/value cache."""
+    token's against the key/value cache; and the whole window's forward, which a sample takes
+    once its context outgrows the block (or without the cache), on more rows than a token's
+    products (matvec.py) take."""
     from .sample import generate
-    return kernels_of(lambda: generate(model, np.zeros((1, 1), np.int64), 2, temperature=0))
+    needed = kernels_of(lambda: generate(model, np.zeros((1, 1), np.int64), 2, temperature=0))
+    window = np.zeros((1, model.config.block_size), np.int64)
+    return needed | kernels_of(lambda: generate(model, window, 1, temperature=0, kv_cache=False))
 
 
 def for_training(model, batch_size, block_size, grad_accum=1, optimizer=None):

@@ -22,6 +22,7 @@ from nanoandrea.config import get_preset
 from nanoandrea.kernels import cache, matmul
 from nanoandrea.model import GPT
 from nanoandrea.precompile import compile_kernels, for_sampling, for_training, kernels_of
+from nanoandrea.sample import generate
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nanoandrea"
 
@@ -114,6 +115,8 @@ def test_a_runs_kernels_are_listed_without_running_them():
     assert for_sampling(model) <= needed
     assert {"kv_store_kernel", "attention_cached_kernel"} <= {   # (the cached token's forward)
         kernel.py_func.__name__ for kernel, _ in for_sampling(model)}
+    window = np.zeros((1, model.config.block_size + 2), np.int64)     # (outgrows the block)
+    assert kernels_of(lambda: generate(model, window, 2, temperature=0)) <= for_sampling(model)
     assert kernels_of(lambda: None) == set()
 
 
