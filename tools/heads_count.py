@@ -27,12 +27,15 @@ def main():
     parser.add_argument("--eval-interval", type=int, default=250)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="out/heads_count")
+    parser.add_argument("--log-heads", action="store_true",
+                        help="train's --log-heads in each run (heads_grad.png in DIR/heads-N)")
     args = parser.parse_args()
     out = Path(args.out)
     results = []
     for heads in [int(h) for h in args.heads.split(",")]:
         given = dict(preset=args.preset, n_head=heads, max_steps=args.steps,
                      eval_interval=args.eval_interval, device=args.device,
+                     log_heads=args.log_heads,
                      out=str(out / f"heads-{heads}"))
         options = resolve_options(given, report=lambda line: None)
         result = train(options, report=lambda line: print(f"[{heads} heads] {line}",

@@ -29,9 +29,9 @@ The kernels do not know about heads: a thread block takes one (batch, head) pair
 fast kernels, a range of its rows), and the launch grid supplies the parallelism over all B*H.
   reference kernels  any D, a warp per row, its lanes splitting the row's D values: the
                      forward and dq walk a query's keys, dk/dv a key's queries, one pair at a
-                     time, a dot product a warp_sum. Readable, and the fallback for D=72, 16 or
+                     time, a dot product a warp_sum. Readable, and the fallback for D=72 or
                      384.
-  fast kernels       D a compile-time constant (32 or 64), flash-attention-2 tiles computed
+  fast kernels       D a compile-time constant (16, 32 or 64), flash-attention-2 tiles computed
                      like a register-blocked SGEMM (tile_functions): a block takes a tile of
                      query rows, stages it in shared memory and walks the key tiles up to the
                      diagonal. Per key tile S = Q K^T is a small matrix product in which each
@@ -63,7 +63,7 @@ from .sharedmem import dynamic_shared_floats, shared_tile
 from .vector import aligned16, load4, store4
 
 NEG_INF = float32(-np.inf)
-FAST_HEAD_SIZES = (32, 64)
+FAST_HEAD_SIZES = (16, 32, 64)
 
 
 # --- NumPy twins: the definition -----------------------------------------------------------
@@ -117,7 +117,7 @@ def attention_backward_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumul
 # lane's LANE_DIMS multiply-adds and one warp_sum, whatever D is. The forward and dq walk
 # a query row's keys, dk and dv a key row's queries, one (i, j) pair at a time: no tiles and no
 # shared memory, the math of the module's doc line by line, and fast enough to train with at
-# a head size the fast kernels do not take (1 head of 384, 24 of 16).
+# a head size the fast kernels do not take (andrea-12m's width as 1 head of 384).
 # In the simulator a row's "warp" is one thread (LANES = 1) holding the whole row: the same
 # code, where each warp_sum would otherwise stop 32 Python threads at a barrier (50x slower).
 
@@ -671,10 +671,12 @@ def attention_delta4_kernel(delta, dout, out):
 # at D=32 it stages 4 bytes at a time (96 registers, against 150 with 16-byte loads). Static
 # shared memory is at most 48 KB a block: the forward at D=64 takes 44.5 KB; dk/dv at D=64
 # takes 64-key tiles of two 32-query tiles in 68 KB of dynamic shared memory, 3 blocks of 128
-# threads a multiprocessor. In the simulator the tiles are tiny (4 x 4, 1 x 2 threads), so T=7
-# crosses two tiles.
+# threads a multiprocessor. At D=16 (andrea-12m's width in 24 heads) a thread's 4 head
+# dimensions make a 16-column tile forward, and dk/dv takes one warp a block (untuned). In the simulator the tiles are tiny (4 x 4,
+# 1 x 2 threads), so T=7 crosses two tiles.
 GPU_TILES = {64: (Tile(64, 32, blocks_per_sm=4), Tile(64, 32, blocks_per_sm=3, score_steps=2)),
-             32: (Tile(64, 32, wide_staging=False), Tile(32, 32, blocks_per_sm=6, score_steps=1))}
+             32: (Tile(64, 32, wide_staging=False), Tile(32, 32, blocks_per_sm=6, score_steps=1)),
+             16: (Tile(64, 16), Tile(32, 32, 4, 8, score_steps=1))}
 SIMULATOR_TILES = {D: (Tile(4, 4, 4, 2), Tile(4, 4, 4, 1, score_steps=1)) for D in FAST_HEAD_SIZES}
 TILES = SIMULATOR_TILES if SIMULATOR else GPU_TILES
 
