@@ -7,7 +7,9 @@ same steps on the same batches, compared on val loss and time per step.
 
 Each run is `nanoandrea train` (the default recipe, its schedule over --steps) into
 DIR/heads-N; then DIR/heads_count.json and DIR/heads_count.png (val loss over steps, one line a
-head count) and a table on stdout: heads x D, best val loss, ms a step.
+head count) and a table on stdout: heads x D, best val loss, ms a step. --reuse reads a head
+count's run from DIR/heads-N/metrics.jsonl where it reached --steps (the runs made one GPU
+session at a time), instead of training it again.
 """
 import argparse
 import json
@@ -19,6 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nanoandrea.train import resolve_options, train  # noqa: E402
 
 
+def finished(metrics, steps):
+    """Whether a run's metrics.jsonl holds its last step's evaluation."""
+    return metrics.exists() and any(
+        json.loads(line).get("step") == steps and "val_loss" in json.loads(line)
+        for line in metrics.read_text().splitlines())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="andrea-12m")
@@ -27,25 +36,27 @@ def main():
     parser.add_argument("--eval-interval", type=int, default=250)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="out/heads_count")
+    parser.add_argument("--reuse", action="store_true",
+                        help="a head count whose DIR/heads-N/metrics.jsonl reached --steps is "
+                             "read, not trained again (runs made one machine at a time)")
     parser.add_argument("--log-heads", action="store_true",
                         help="train's --log-heads in each run (heads_grad.png in DIR/heads-N)")
     args = parser.parse_args()
     out = Path(args.out)
     results = []
     for heads in [int(h) for h in args.heads.split(",")]:
-        given = dict(preset=args.preset, n_head=heads, max_steps=args.steps,
-                     eval_interval=args.eval_interval, device=args.device,
-                     log_heads=args.log_heads,
-                     out=str(out / f"heads-{heads}"))
-        options = resolve_options(given, report=lambda line: None)
-        result = train(options, report=lambda line: print(f"[{heads} heads] {line}",
-                                                          flush=True))
-        metrics = [json.loads(line) for line in
-                   (Path(options.out) / "metrics.jsonl").read_text().splitlines()]
+        run = out / f"heads-{heads}"
+        if not (args.reuse and finished(run / "metrics.jsonl", args.steps)):
+            given = dict(preset=args.preset, n_head=heads, max_steps=args.steps,
+                         eval_interval=args.eval_interval, device=args.device,
+                         log_heads=args.log_heads, out=str(run))
+            options = resolve_options(given, report=lambda line: None)
+            train(options, report=lambda line: print(f"[{heads} heads] {line}", flush=True))
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         step_ms = [m["ms_per_step"] for m in metrics if "ms_per_step" in m][1:]  # (not step 1)
         evals = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
-        results.append(dict(heads=heads, best_val=result["best_val"],
-                            best_step=result["best_step"], evals=evals,
+        best_step, best_val = min(evals, key=lambda e: e[1])
+        results.append(dict(heads=heads, best_val=best_val, best_step=best_step, evals=evals,
                             ms_per_step=sorted(step_ms)[len(step_ms) // 2] if step_ms else None,
                             preset=args.preset))
     (out / "heads_count.json").write_text(json.dumps(results, indent=1))
