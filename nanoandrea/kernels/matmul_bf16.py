@@ -46,7 +46,7 @@ same code, small enough to test there.
 import functools
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_derivative, gelu_value
@@ -239,25 +239,55 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     LOG_BK_CHUNKS = log2(BK // CHUNK)
     LOG_BM_CHUNKS, LOG_BN_CHUNKS = log2(BM // CHUNK), log2(BN // CHUNK)
 
+    # A thread's copies of a slice: the slice's rows are `chunks` 16-byte chunks wide, and
+    # thread tid copies chunk tid % chunks of rows i, i + APART, i + 2 APART, ... (i = tid //
+    # chunks, APART = THREADS // chunks). Its chunk, and so the column it reads, is the same
+    # in every copy and every slice, and the rows differ by a constant: one offset, computed
+    # once (copy_start), stands for them all, and each slice only moves it along k
+    A_LOG_CHUNKS = LOG_BK_CHUNKS if A_ALONG_K else LOG_BM_CHUNKS
+    B_LOG_CHUNKS = LOG_BK_CHUNKS if B_ALONG_K else LOG_BN_CHUNKS
+    A_APART, B_APART = THREADS >> A_LOG_CHUNKS, THREADS >> B_LOG_CHUNKS
+    # (rows APART apart have the same swizzle: its pattern repeats every 8 rows, or every 4
+    # for word_swizzle, so the stored place of copy r is copy 0's plus r APART rows)
+    check(A_APART % (4 if A_WORDWISE else 8) == 0 and B_APART % (4 if B_WORDWISE else 8) == 0,
+          "matmul_bf16: a thread's copies would not share a swizzle")
+
     @inlined
-    def load_slice(tiles, base, x, pitch, copies, along_k, row_words, log_chunks, size, k_end,
-                   first, k0, tid, swizzled):
-        # start copying op(x)'s slice [first : first + width] x [k0 : k0 + BK] into the stage
-        # at tiles[base:], CHUNK values a copy; zeros outside [:size] x [:k_end] (x's pad is
-        # zeros). x: flat(words), `pitch` words a row
+    def copy_start(tid, log_chunks, row_words, swizzled, along_k, first, size, k_end):
+        # where thread tid's first copy of every slice goes, and what it reads: (place, row,
+        # col, row_end, col_end): the word in a stage it is stored at; x's row and column (in
+        # values) at k = 0, which load_slice moves to the slice's k; the bounds of x that
+        # hold values, [:row_end] x [:col_end]
+        i, chunk = tid >> log_chunks, tid & ((1 << log_chunks) - 1)
+        place = int32(i * row_words + 4 * swizzled(i, chunk))
+        if along_k:                     # x[size, K]: a copy is CHUNK consecutive k
+            return place, int32(first + i), int32(CHUNK * chunk), int32(size), int32(k_end)
+        return place, int32(i), int32(first + CHUNK * chunk), int32(k_end), int32(size)
+
+    @inlined
+    def load_slice(tiles, base, x, pitch, copies, along_k, apart, row_words, start, k0):
+        # start copying this thread's part of op(x)'s slice at k0 into the stage at
+        # tiles[base:]: x[row + r apart, col : col + CHUNK] to tiles[base + place + r apart
+        # row_words :], r = 0 .. copies - 1 (start: copy_start's); zeros outside [:row_end] x
+        # [:col_end] (x's pad is zeros). x: flat(words), `pitch` words a row. The offsets are
+        # 32-bit sums (a 64-bit one costs two instructions, its compares three, and the loop
+        # has few to spare): the launcher checks that x holds fewer than 2^31 words (the
+        # largest the model has, the LM head's dlogits [16384, 50304] in tf32, holds 2^29.6)
+        place, row, col, row_end, col_end = start
+        if along_k:
+            col = int32(col + k0)
+        else:
+            row = int32(row + k0)
+        at = int32(row * pitch + (col >> LOG_PER))
+        rows_left = int32(row_end - row)    # (a row past x's end is not read: zeros)
+        cols_inside = col < col_end
         for r in range(copies):
-            c = tid + r * THREADS
-            i, chunk = c >> log_chunks, c & ((1 << log_chunks) - 1)
-            if along_k:                 # x[size, K]: a copy is CHUNK consecutive k
-                row, col = first + i, k0 + CHUNK * chunk
-                inside = row < size and col < k_end
-            else:                       # x[K, size]: CHUNK consecutive m (or n)
-                row, col = k0 + i, first + CHUNK * chunk
-                inside = row < k_end and col < size
-            at = row * pitch + (col >> LOG_PER) if inside else 0    # (nothing is read; x[0]
-                                                                    # is legal)
-            copy16_async(tiles, (base + i * row_words + 4 * swizzled(i, chunk),), x, (at,),
-                         inside)
+            inside = cols_inside and apart * r < rows_left
+            copy16_async(tiles, (base + place + apart * r * row_words,), x,
+                         (uint32(at + apart * r * pitch) if inside else uint32(0),), inside)
+                                        # (nothing is read outside; x[0] is legal. Unsigned:
+                                        # widened to the 64-bit address by zeros, one
+                                        # multiply-add, where a signed index takes four)
 
     @inlined
     def a_offset(i, step, wm, row_in, chunk_in):
@@ -428,14 +458,14 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                 for e in range(4):
                     acc[i, j, e] = float32(0.0)
 
+        a_start = copy_start(tid, A_LOG_CHUNKS, A_ROW, a_swizzled, A_ALONG_K, m0, M, k_end)
+        b_start = copy_start(tid, B_LOG_CHUNKS, B_ROW, b_swizzled, B_ALONG_K, n0, N, k_end)
         for s in range(STAGES - 1):     # the first slices on their way, a group each
             if s < slices:
-                load_slice(a_tiles, s * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K, A_ROW,
-                           LOG_BK_CHUNKS if A_ALONG_K else LOG_BM_CHUNKS, M, k_end, m0,
-                           k_start + s * BK, tid, a_swizzled)
-                load_slice(b_tiles, s * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K, B_ROW,
-                           LOG_BK_CHUNKS if B_ALONG_K else LOG_BN_CHUNKS, N, k_end, n0,
-                           k_start + s * BK, tid, b_swizzled)
+                load_slice(a_tiles, s * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K, A_APART,
+                           A_ROW, a_start, k_start + s * BK)
+                load_slice(b_tiles, s * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K, B_APART,
+                           B_ROW, b_start, k_start + s * BK)
             commit_copies()
         read, write = 0, STAGES - 1     # the stages of slice t and of slice t + STAGES - 1
         for t in range(slices):
@@ -443,12 +473,10 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
             cuda.syncthreads()          # everyone's; and everyone is done with slice t - 1
             if t + STAGES - 1 < slices:     # into slice t - 1's stage
                 k0 = k_start + (t + STAGES - 1) * BK
-                load_slice(a_tiles, write * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K, A_ROW,
-                           LOG_BK_CHUNKS if A_ALONG_K else LOG_BM_CHUNKS, M, k_end, m0, k0,
-                           tid, a_swizzled)
-                load_slice(b_tiles, write * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K, B_ROW,
-                           LOG_BK_CHUNKS if B_ALONG_K else LOG_BN_CHUNKS, N, k_end, n0, k0,
-                           tid, b_swizzled)
+                load_slice(a_tiles, write * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K,
+                           A_APART, A_ROW, a_start, k0)
+                load_slice(b_tiles, write * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K,
+                           B_APART, B_ROW, b_start, k0)
             commit_copies()             # (a group each slice, empty ones too: wait counts them)
             # the slice's two k steps, written out: each indexes the fragments' offsets
             # with a constant step
@@ -499,6 +527,8 @@ def mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, 
     the rounded copy's `words` and x's `shape`."""
     check_float32(out=out, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
+    check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
+          f"matmul_{element}: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
     hidden = gelu_out if gelu_out is not None else gelu_input
     # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
     can_split = all(aligned16(x) for x in (out, bias, hidden) if x is not None)
