@@ -290,23 +290,23 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                                         # multiply-add, where a signed index takes four)
 
     @inlined
-    def a_offset(i, step, wm, row_in, chunk_in):
-        # the word, within a stage, of the row this lane gives ldmatrix for A's fragment i
-        # (m = wm + 16 i) at k16 step `step` of the slice
-        if A_ALONG_K:                   # rows m, chunks along k
-            r = wm + row_in
-            return (r + 16 * i) * A_ROW + 4 * a_swizzled(r, 2 * step + chunk_in)
-        r = 16 * step + row_in          # rows k, chunks along m
-        return r * A_ROW + 4 * a_swizzled(r, ((wm + 16 * i) >> 3) + chunk_in)
-
-    @inlined
-    def b_offset(j, step, wn, row_in, chunk_in):
-        # likewise for B's fragments j, j + 1 (n = wn + 8 j)
-        if B_ALONG_K:
-            r = wn + row_in
-            return (r + 8 * j) * B_ROW + 4 * b_swizzled(r, 2 * step + chunk_in)
-        r = 16 * step + row_in
-        return r * B_ROW + 4 * b_swizzled(r, ((wn + 8 * j) >> 3) + chunk_in)
+    def fragment_lanes(first, row_in, chunk_in, along_k, row_words, swizzled):
+        # the words, within a stage, that this lane gives ldmatrix for an operand's fragments
+        # (first: the warp's first row m or n of the block tile), computed once: every other
+        # is one of them plus a constant (the swizzle repeats every 8 rows). Rows along k (m
+        # or n rows): one for each k16 step of the slice, (2 step + chunk_in) the chunk,
+        # fragment i (A: 16 rows) or tile j (B: 8) further down. k-major (k rows): one for
+        # each group q of 16 columns (A's fragment i = q, B's tiles j = 2q and j + 1), step 1
+        # 16 rows further down
+        if along_k:
+            r = first + row_in
+            return (int32(r * row_words + 4 * swizzled(r, chunk_in)),
+                    int32(r * row_words + 4 * swizzled(r, 2 + chunk_in)), int32(0), int32(0))
+        r = row_in                      # (the chunk of m (n) = first + 16 q is 2 q + first / 8)
+        return (int32(r * row_words + 4 * swizzled(r, (first >> 3) + chunk_in)),
+                int32(r * row_words + 4 * swizzled(r, (first >> 3) + 2 + chunk_in)),
+                int32(r * row_words + 4 * swizzled(r, (first >> 3) + 4 + chunk_in)),
+                int32(r * row_words + 4 * swizzled(r, (first >> 3) + 6 + chunk_in)))
 
     @inlined
     def word_columns(first, lane, row_words, swizzled):
@@ -321,13 +321,13 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                 t * row_words + 4 * swizzled(t, (first >> 2) + 6 + (g >> 2)) + (g & 3))
 
     @inlined
-    def k_step(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, step, wm, wn, a_lane,
-               b_lane, a_columns, b_columns):
+    def k_step(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, step, a_lanes, b_lanes,
+               a_columns, b_columns):
         # the warp's 16 x 8 tiles times k step `step` (8 words) of the slice in the stages at
         # a_base, b_base. One ldmatrix gives a lane one word of each of four 8 x 8 matrices, in
         # the order of the fragment's registers (A: m16 x 8 words, 4 words; B: two 8 words x
-        # n8, 2 words each); lanes 8q .. 8q+7 address matrix q's 8 rows: a_lane, b_lane say
-        # which row of the slice and which chunk of it (the kernel's doc of lane_rows). A
+        # n8, 2 words each); lanes 8q .. 8q+7 address matrix q's 8 rows, at a_lanes, b_lanes
+        # (fragment_lanes, of the kernel's lane_rows) plus constants. A
         # wordwise operand's lane reads its fragment's words one by one (tensorcores.py's tf32
         # table), rows k = t, t + 4 of the step by columns m = g, g + 8 (A) or n = g (B), at
         # a_columns, b_columns (word_columns) plus constants
@@ -339,7 +339,8 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                     a_frag[i, e] = load_shared_u32(a_tiles, (
                         a_base + a_columns[u & 3] + 32 * (u >> 2) + row * A_ROW,))
                 continue
-            at = (a_base + a_offset(i, step, wm, a_lane[0], a_lane[1]),)
+            at = (a_base + a_lanes[step] + 16 * i * A_ROW if A_ALONG_K else
+                  a_base + a_lanes[i] + 16 * step * A_ROW,)
             if A_ALONG_K:
                 a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3] = ldmatrix_x4(a_tiles, at)
             else:
@@ -353,7 +354,8 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                     b_frag[u, e & 1] = load_shared_u32(b_tiles, (
                         b_base + b_columns[u & 3] + 32 * (u >> 2) + row * B_ROW,))
                 continue
-            at = (b_base + b_offset(j, step, wn, b_lane[0], b_lane[1]),)
+            at = (b_base + b_lanes[step] + 8 * j * B_ROW if B_ALONG_K else
+                  b_base + b_lanes[j >> 1] + 16 * step * B_ROW,)
             if B_ALONG_K:
                 b_frag[j, 0], b_frag[j, 1], b_frag[j + 1, 0], b_frag[j + 1, 1] = ldmatrix_x4(
                     b_tiles, at)
@@ -434,7 +436,7 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         z = cuda.blockIdx.z
         k_start = z * k_per_split
         k_end = min(K, k_start + k_per_split)
-        slices = (k_end - k_start + BK - 1) // BK
+        slices = int32((k_end - k_start + BK - 1) // BK)     # (32-bit: the loop's counters too)
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
         wm, wn = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
@@ -450,6 +452,8 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         high_bit_rows = ((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1)
         a_lane = low_bit_rows if A_ALONG_K else high_bit_rows
         b_lane = high_bit_rows if B_ALONG_K else low_bit_rows
+        a_lanes = fragment_lanes(wm, a_lane[0], a_lane[1], A_ALONG_K, A_ROW, a_swizzled)
+        b_lanes = fragment_lanes(wn, b_lane[0], b_lane[1], B_ALONG_K, B_ROW, b_swizzled)
         # (for a wordwise operand; else never read)
         a_columns = word_columns(wm, lane, A_ROW, a_swizzled)
         b_columns = word_columns(wn, lane, B_ROW, b_swizzled)
@@ -467,7 +471,7 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                 load_slice(b_tiles, s * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K, B_APART,
                            B_ROW, b_start, k_start + s * BK)
             commit_copies()
-        read, write = 0, STAGES - 1     # the stages of slice t and of slice t + STAGES - 1
+        read, write = int32(0), int32(STAGES - 1)   # the stages of slices t, t + STAGES - 1
         for t in range(slices):
             WAIT_FOR_OLDEST()           # this thread's copies of slice t have landed, and
             cuda.syncthreads()          # everyone's; and everyone is done with slice t - 1
@@ -481,11 +485,11 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
             # the slice's two k steps, written out: each indexes the fragments' offsets
             # with a constant step
             k_step(acc, a_frag, b_frag, a_tiles, b_tiles, read * A_STAGE, read * B_STAGE, 0,
-                   wm, wn, a_lane, b_lane, a_columns, b_columns)
+                   a_lanes, b_lanes, a_columns, b_columns)
             k_step(acc, a_frag, b_frag, a_tiles, b_tiles, read * A_STAGE, read * B_STAGE, 1,
-                   wm, wn, a_lane, b_lane, a_columns, b_columns)
-            read = read + 1 if read < STAGES - 1 else 0
-            write = write + 1 if write < STAGES - 1 else 0
+                   a_lanes, b_lanes, a_columns, b_columns)
+            read = int32(read + 1) if read < STAGES - 1 else int32(0)
+            write = int32(write + 1) if write < STAGES - 1 else int32(0)
 
         # the epilogue, tile by tile, written out (as in slice_product, the loops there are
         # unrolled by the compiler; here their bodies are too long for it): a loop over the
