@@ -29,9 +29,14 @@ word a lane instead of through ldmatrix.trans):
                slice t, slices t+1 and t+2 are on their way, and no register holds them
   fragments    ldmatrix hands each lane its fragment of a 16 x 16 square, with .trans where
                the slice lies the other way, so a transposed operand costs nothing
-  integers     the loop has ~5 instructions an mma to spare: offsets are shifts, masks and
-               sums (no signed // or %), shared addresses 32-bit, and fragments come out of
-               ldmatrix in the order the mma takes them (else each mma moves registers)
+  integers     the loop has few instructions an mma to spare, and they stand between the
+               barrier and the first mma of a slice, where every warp of the block waits at
+               once: what a thread copies, from where to where, and where a lane's fragments
+               lie are computed once before the loop (copy_start, fragment_lanes), and each
+               slice adds its k and its stage; offsets are 32-bit sums, shifts and masks (no
+               signed // or %; the launcher checks that an operand has fewer than 2^31 words),
+               a copy's bounds one compare, and fragments come out of ldmatrix in the order
+               the mma takes them (else each mma moves registers)
   swizzle      the 8 rows one ldmatrix reads must fall in 8 different groups of 4 banks: each
                row's 16-byte chunks are stored permuted, chunk c of row r at c XOR (a few bits
                of r) (`swizzled`), instead of padding the rows (which would not fit three stages
@@ -315,10 +320,10 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         # step, the k + 4 half or the group u, the place is column[u & 3] plus a constant,
         # (8 step + 4 half) row_words + 32 (u >> 2) (word_swizzle's doc says why)
         g, t = lane >> 2, lane & 3
-        return (t * row_words + 4 * swizzled(t, (first >> 2) + (g >> 2)) + (g & 3),
-                t * row_words + 4 * swizzled(t, (first >> 2) + 2 + (g >> 2)) + (g & 3),
-                t * row_words + 4 * swizzled(t, (first >> 2) + 4 + (g >> 2)) + (g & 3),
-                t * row_words + 4 * swizzled(t, (first >> 2) + 6 + (g >> 2)) + (g & 3))
+        return (int32(t * row_words + 4 * swizzled(t, (first >> 2) + (g >> 2)) + (g & 3)),
+                int32(t * row_words + 4 * swizzled(t, (first >> 2) + 2 + (g >> 2)) + (g & 3)),
+                int32(t * row_words + 4 * swizzled(t, (first >> 2) + 4 + (g >> 2)) + (g & 3)),
+                int32(t * row_words + 4 * swizzled(t, (first >> 2) + 6 + (g >> 2)) + (g & 3)))
 
     @inlined
     def k_step(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, step, a_lanes, b_lanes,
