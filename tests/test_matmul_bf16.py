@@ -11,6 +11,7 @@ import pytest
 
 from conftest import GPU, relative_error
 from nanoandrea.kernels import matmul, matmul_bf16, matmul_tf32
+from nanoandrea.kernels.launch import kernel_factory
 from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values, pack_bf16, unpack_bf16
 from test_kernels import ORIENTATIONS, device, output_and_prior, poisoned
 
@@ -102,3 +103,22 @@ def test_bf16_rounding_is_to_nearest_even():
     assert np.array_equal(bf16_values(x), want)         # (the ties go to the even mantissa)
     assert np.array_equal(unpack_bf16(pack_bf16(x[:6].reshape(1, -1))).ravel(), want[:6])
     assert bf16_bits(np.float32(1.0)) == 0x3F80
+
+
+GPU_BLOCK = dict(MMA_M=4, MMA_N=8, WM=64, WN=64, BM=128, BN=128, A_COPIES=4, B_COPIES=4)
+
+
+@pytest.mark.skipif(GPU, reason="on the GPU every test runs this block")
+@pytest.mark.parametrize("precision", ["bf16", "tf32"])
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (True, True)])
+def test_the_gpu_block_in_the_simulator(rng, monkeypatch, precision, transpose_a, transpose_b):
+    """The GPU's block tile (128 x 128, 4 warps of 64 x 64) in the simulator, where each thread
+    makes 4 copies of a slice of each operand, rows APART apart (the simulator's 32 x 32 block
+    makes one): the copies past the first, inside and outside out's M = 100 rows, 24
+    columns and K = 40, and the fragments of every tile of a warp. Two orientations take
+    each operand both ways, along k and k-major (one block: the simulator is slow at it)."""
+    for name, value in GPU_BLOCK.items():
+        monkeypatch.setattr(matmul_bf16, name, value)
+    monkeypatch.setattr(matmul_bf16, "mma_matmul_kernel",       # (a new cache of kernels)
+                        kernel_factory(matmul_bf16.mma_matmul_kernel.__wrapped__))
+    check(rng, transpose_a, transpose_b, 100, 24, 40, True, False, precision=precision)

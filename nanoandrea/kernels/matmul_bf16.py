@@ -29,9 +29,14 @@ word a lane instead of through ldmatrix.trans):
                slice t, slices t+1 and t+2 are on their way, and no register holds them
   fragments    ldmatrix hands each lane its fragment of a 16 x 16 square, with .trans where
                the slice lies the other way, so a transposed operand costs nothing
-  integers     the loop has ~5 instructions an mma to spare: offsets are shifts, masks and
-               sums (no signed // or %), shared addresses 32-bit, and fragments come out of
-               ldmatrix in the order the mma takes them (else each mma moves registers)
+  integers     the loop has few instructions an mma to spare, and they stand between the
+               barrier and the first mma of a slice, where every warp of the block waits at
+               once: what a thread copies, from where to where, and where a lane's fragments
+               lie are computed once before the loop (copy_start, fragment_lanes), and each
+               slice adds its k and its stage; offsets are 32-bit sums, shifts and masks (no
+               signed // or %; the launcher checks that an operand has fewer than 2^31 words),
+               a copy's bounds one compare, and fragments come out of ldmatrix in the order
+               the mma takes them (else each mma moves registers)
   swizzle      the 8 rows one ldmatrix reads must fall in 8 different groups of 4 banks: each
                row's 16-byte chunks are stored permuted, chunk c of row r at c XOR (a few bits
                of r) (`swizzled`), instead of padding the rows (which would not fit three stages
@@ -46,7 +51,7 @@ same code, small enough to test there.
 import functools
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_derivative, gelu_value
@@ -239,44 +244,74 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     LOG_BK_CHUNKS = log2(BK // CHUNK)
     LOG_BM_CHUNKS, LOG_BN_CHUNKS = log2(BM // CHUNK), log2(BN // CHUNK)
 
+    # A thread's copies of a slice: the slice's rows are `chunks` 16-byte chunks wide, and
+    # thread tid copies chunk tid % chunks of rows i, i + APART, i + 2 APART, ... (i = tid //
+    # chunks, APART = THREADS // chunks). Its chunk, and so the column it reads, is the same
+    # in every copy and every slice, and the rows differ by a constant: one offset, computed
+    # once (copy_start), stands for them all, and each slice only moves it along k
+    A_LOG_CHUNKS = LOG_BK_CHUNKS if A_ALONG_K else LOG_BM_CHUNKS
+    B_LOG_CHUNKS = LOG_BK_CHUNKS if B_ALONG_K else LOG_BN_CHUNKS
+    A_APART, B_APART = THREADS >> A_LOG_CHUNKS, THREADS >> B_LOG_CHUNKS
+    # (rows APART apart have the same swizzle: its pattern repeats every 8 rows, or every 4
+    # for word_swizzle, so the stored place of copy r is copy 0's plus r APART rows)
+    check(A_APART % (4 if A_WORDWISE else 8) == 0 and B_APART % (4 if B_WORDWISE else 8) == 0,
+          "matmul_bf16: a thread's copies would not share a swizzle")
+
     @inlined
-    def load_slice(tiles, base, x, pitch, copies, along_k, row_words, log_chunks, size, k_end,
-                   first, k0, tid, swizzled):
-        # start copying op(x)'s slice [first : first + width] x [k0 : k0 + BK] into the stage
-        # at tiles[base:], CHUNK values a copy; zeros outside [:size] x [:k_end] (x's pad is
-        # zeros). x: flat(words), `pitch` words a row
+    def copy_start(tid, log_chunks, row_words, swizzled, along_k, first, size, k_end):
+        # where thread tid's first copy of every slice goes, and what it reads: (place, row,
+        # col, row_end, col_end): the word in a stage it is stored at; x's row and column (in
+        # values) at k = 0, which load_slice moves to the slice's k; the bounds of x that
+        # hold values, [:row_end] x [:col_end]
+        i, chunk = tid >> log_chunks, tid & ((1 << log_chunks) - 1)
+        place = int32(i * row_words + 4 * swizzled(i, chunk))
+        if along_k:                     # x[size, K]: a copy is CHUNK consecutive k
+            return place, int32(first + i), int32(CHUNK * chunk), int32(size), int32(k_end)
+        return place, int32(i), int32(first + CHUNK * chunk), int32(k_end), int32(size)
+
+    @inlined
+    def load_slice(tiles, base, x, pitch, copies, along_k, apart, row_words, start, k0):
+        # start copying this thread's part of op(x)'s slice at k0 into the stage at
+        # tiles[base:]: x[row + r apart, col : col + CHUNK] to tiles[base + place + r apart
+        # row_words :], r = 0 .. copies - 1 (start: copy_start's); zeros outside [:row_end] x
+        # [:col_end] (x's pad is zeros). x: flat(words), `pitch` words a row. The offsets are
+        # 32-bit sums (a 64-bit one costs two instructions, its compares three, and the loop
+        # has few to spare): the launcher checks that x holds fewer than 2^31 words (the
+        # largest the model has, the LM head's dlogits [16384, 50304] in tf32, holds 2^29.6)
+        place, row, col, row_end, col_end = start
+        if along_k:
+            col = int32(col + k0)
+        else:
+            row = int32(row + k0)
+        at = int32(row * pitch + (col >> LOG_PER))
+        rows_left = int32(row_end - row)    # (a row past x's end is not read: zeros)
+        cols_inside = col < col_end
         for r in range(copies):
-            c = tid + r * THREADS
-            i, chunk = c >> log_chunks, c & ((1 << log_chunks) - 1)
-            if along_k:                 # x[size, K]: a copy is CHUNK consecutive k
-                row, col = first + i, k0 + CHUNK * chunk
-                inside = row < size and col < k_end
-            else:                       # x[K, size]: CHUNK consecutive m (or n)
-                row, col = k0 + i, first + CHUNK * chunk
-                inside = row < k_end and col < size
-            at = row * pitch + (col >> LOG_PER) if inside else 0    # (nothing is read; x[0]
-                                                                    # is legal)
-            copy16_async(tiles, (base + i * row_words + 4 * swizzled(i, chunk),), x, (at,),
-                         inside)
+            inside = cols_inside and apart * r < rows_left
+            copy16_async(tiles, (base + place + apart * r * row_words,), x,
+                         (uint32(at + apart * r * pitch) if inside else uint32(0),), inside)
+                                        # (nothing is read outside; x[0] is legal. Unsigned:
+                                        # widened to the 64-bit address by zeros, one
+                                        # multiply-add, where a signed index takes four)
 
     @inlined
-    def a_offset(i, step, wm, row_in, chunk_in):
-        # the word, within a stage, of the row this lane gives ldmatrix for A's fragment i
-        # (m = wm + 16 i) at k16 step `step` of the slice
-        if A_ALONG_K:                   # rows m, chunks along k
-            r = wm + row_in
-            return (r + 16 * i) * A_ROW + 4 * a_swizzled(r, 2 * step + chunk_in)
-        r = 16 * step + row_in          # rows k, chunks along m
-        return r * A_ROW + 4 * a_swizzled(r, ((wm + 16 * i) >> 3) + chunk_in)
-
-    @inlined
-    def b_offset(j, step, wn, row_in, chunk_in):
-        # likewise for B's fragments j, j + 1 (n = wn + 8 j)
-        if B_ALONG_K:
-            r = wn + row_in
-            return (r + 8 * j) * B_ROW + 4 * b_swizzled(r, 2 * step + chunk_in)
-        r = 16 * step + row_in
-        return r * B_ROW + 4 * b_swizzled(r, ((wn + 8 * j) >> 3) + chunk_in)
+    def fragment_lanes(first, row_in, chunk_in, along_k, row_words, swizzled):
+        # the words, within a stage, that this lane gives ldmatrix for an operand's fragments
+        # (first: the warp's first row m or n of the block tile), computed once: every other
+        # is one of them plus a constant (the swizzle repeats every 8 rows). Rows along k (m
+        # or n rows): one for each k16 step of the slice, (2 step + chunk_in) the chunk,
+        # fragment i (A: 16 rows) or tile j (B: 8) further down. k-major (k rows): one for
+        # each group q of 16 columns (A's fragment i = q, B's tiles j = 2q and j + 1), step 1
+        # 16 rows further down
+        if along_k:
+            r = first + row_in
+            return (int32(r * row_words + 4 * swizzled(r, chunk_in)),
+                    int32(r * row_words + 4 * swizzled(r, 2 + chunk_in)), int32(0), int32(0))
+        r = row_in                      # (the chunk of m (n) = first + 16 q is 2 q + first / 8)
+        return (int32(r * row_words + 4 * swizzled(r, (first >> 3) + chunk_in)),
+                int32(r * row_words + 4 * swizzled(r, (first >> 3) + 2 + chunk_in)),
+                int32(r * row_words + 4 * swizzled(r, (first >> 3) + 4 + chunk_in)),
+                int32(r * row_words + 4 * swizzled(r, (first >> 3) + 6 + chunk_in)))
 
     @inlined
     def word_columns(first, lane, row_words, swizzled):
@@ -285,19 +320,19 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         # step, the k + 4 half or the group u, the place is column[u & 3] plus a constant,
         # (8 step + 4 half) row_words + 32 (u >> 2) (word_swizzle's doc says why)
         g, t = lane >> 2, lane & 3
-        return (t * row_words + 4 * swizzled(t, (first >> 2) + (g >> 2)) + (g & 3),
-                t * row_words + 4 * swizzled(t, (first >> 2) + 2 + (g >> 2)) + (g & 3),
-                t * row_words + 4 * swizzled(t, (first >> 2) + 4 + (g >> 2)) + (g & 3),
-                t * row_words + 4 * swizzled(t, (first >> 2) + 6 + (g >> 2)) + (g & 3))
+        return (int32(t * row_words + 4 * swizzled(t, (first >> 2) + (g >> 2)) + (g & 3)),
+                int32(t * row_words + 4 * swizzled(t, (first >> 2) + 2 + (g >> 2)) + (g & 3)),
+                int32(t * row_words + 4 * swizzled(t, (first >> 2) + 4 + (g >> 2)) + (g & 3)),
+                int32(t * row_words + 4 * swizzled(t, (first >> 2) + 6 + (g >> 2)) + (g & 3)))
 
     @inlined
-    def k_step(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, step, wm, wn, a_lane,
-               b_lane, a_columns, b_columns):
+    def k_step(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, step, a_lanes, b_lanes,
+               a_columns, b_columns):
         # the warp's 16 x 8 tiles times k step `step` (8 words) of the slice in the stages at
         # a_base, b_base. One ldmatrix gives a lane one word of each of four 8 x 8 matrices, in
         # the order of the fragment's registers (A: m16 x 8 words, 4 words; B: two 8 words x
-        # n8, 2 words each); lanes 8q .. 8q+7 address matrix q's 8 rows: a_lane, b_lane say
-        # which row of the slice and which chunk of it (the kernel's doc of lane_rows). A
+        # n8, 2 words each); lanes 8q .. 8q+7 address matrix q's 8 rows, at a_lanes, b_lanes
+        # (fragment_lanes, of the kernel's lane_rows) plus constants. A
         # wordwise operand's lane reads its fragment's words one by one (tensorcores.py's tf32
         # table), rows k = t, t + 4 of the step by columns m = g, g + 8 (A) or n = g (B), at
         # a_columns, b_columns (word_columns) plus constants
@@ -309,7 +344,8 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                     a_frag[i, e] = load_shared_u32(a_tiles, (
                         a_base + a_columns[u & 3] + 32 * (u >> 2) + row * A_ROW,))
                 continue
-            at = (a_base + a_offset(i, step, wm, a_lane[0], a_lane[1]),)
+            at = (a_base + a_lanes[step] + 16 * i * A_ROW if A_ALONG_K else
+                  a_base + a_lanes[i] + 16 * step * A_ROW,)
             if A_ALONG_K:
                 a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3] = ldmatrix_x4(a_tiles, at)
             else:
@@ -323,7 +359,8 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                     b_frag[u, e & 1] = load_shared_u32(b_tiles, (
                         b_base + b_columns[u & 3] + 32 * (u >> 2) + row * B_ROW,))
                 continue
-            at = (b_base + b_offset(j, step, wn, b_lane[0], b_lane[1]),)
+            at = (b_base + b_lanes[step] + 8 * j * B_ROW if B_ALONG_K else
+                  b_base + b_lanes[j >> 1] + 16 * step * B_ROW,)
             if B_ALONG_K:
                 b_frag[j, 0], b_frag[j, 1], b_frag[j + 1, 0], b_frag[j + 1, 1] = ldmatrix_x4(
                     b_tiles, at)
@@ -404,7 +441,7 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         z = cuda.blockIdx.z
         k_start = z * k_per_split
         k_end = min(K, k_start + k_per_split)
-        slices = (k_end - k_start + BK - 1) // BK
+        slices = int32((k_end - k_start + BK - 1) // BK)     # (32-bit: the loop's counters too)
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
         wm, wn = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
@@ -420,6 +457,8 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         high_bit_rows = ((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1)
         a_lane = low_bit_rows if A_ALONG_K else high_bit_rows
         b_lane = high_bit_rows if B_ALONG_K else low_bit_rows
+        a_lanes = fragment_lanes(wm, a_lane[0], a_lane[1], A_ALONG_K, A_ROW, a_swizzled)
+        b_lanes = fragment_lanes(wn, b_lane[0], b_lane[1], B_ALONG_K, B_ROW, b_swizzled)
         # (for a wordwise operand; else never read)
         a_columns = word_columns(wm, lane, A_ROW, a_swizzled)
         b_columns = word_columns(wn, lane, B_ROW, b_swizzled)
@@ -428,36 +467,34 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                 for e in range(4):
                     acc[i, j, e] = float32(0.0)
 
+        a_start = copy_start(tid, A_LOG_CHUNKS, A_ROW, a_swizzled, A_ALONG_K, m0, M, k_end)
+        b_start = copy_start(tid, B_LOG_CHUNKS, B_ROW, b_swizzled, B_ALONG_K, n0, N, k_end)
         for s in range(STAGES - 1):     # the first slices on their way, a group each
             if s < slices:
-                load_slice(a_tiles, s * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K, A_ROW,
-                           LOG_BK_CHUNKS if A_ALONG_K else LOG_BM_CHUNKS, M, k_end, m0,
-                           k_start + s * BK, tid, a_swizzled)
-                load_slice(b_tiles, s * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K, B_ROW,
-                           LOG_BK_CHUNKS if B_ALONG_K else LOG_BN_CHUNKS, N, k_end, n0,
-                           k_start + s * BK, tid, b_swizzled)
+                load_slice(a_tiles, s * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K, A_APART,
+                           A_ROW, a_start, k_start + s * BK)
+                load_slice(b_tiles, s * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K, B_APART,
+                           B_ROW, b_start, k_start + s * BK)
             commit_copies()
-        read, write = 0, STAGES - 1     # the stages of slice t and of slice t + STAGES - 1
+        read, write = int32(0), int32(STAGES - 1)   # the stages of slices t, t + STAGES - 1
         for t in range(slices):
             WAIT_FOR_OLDEST()           # this thread's copies of slice t have landed, and
             cuda.syncthreads()          # everyone's; and everyone is done with slice t - 1
             if t + STAGES - 1 < slices:     # into slice t - 1's stage
                 k0 = k_start + (t + STAGES - 1) * BK
-                load_slice(a_tiles, write * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K, A_ROW,
-                           LOG_BK_CHUNKS if A_ALONG_K else LOG_BM_CHUNKS, M, k_end, m0, k0,
-                           tid, a_swizzled)
-                load_slice(b_tiles, write * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K, B_ROW,
-                           LOG_BK_CHUNKS if B_ALONG_K else LOG_BN_CHUNKS, N, k_end, n0, k0,
-                           tid, b_swizzled)
+                load_slice(a_tiles, write * A_STAGE, a_words, a_pitch, A_COPIES, A_ALONG_K,
+                           A_APART, A_ROW, a_start, k0)
+                load_slice(b_tiles, write * B_STAGE, b_words, b_pitch, B_COPIES, B_ALONG_K,
+                           B_APART, B_ROW, b_start, k0)
             commit_copies()             # (a group each slice, empty ones too: wait counts them)
             # the slice's two k steps, written out: each indexes the fragments' offsets
             # with a constant step
             k_step(acc, a_frag, b_frag, a_tiles, b_tiles, read * A_STAGE, read * B_STAGE, 0,
-                   wm, wn, a_lane, b_lane, a_columns, b_columns)
+                   a_lanes, b_lanes, a_columns, b_columns)
             k_step(acc, a_frag, b_frag, a_tiles, b_tiles, read * A_STAGE, read * B_STAGE, 1,
-                   wm, wn, a_lane, b_lane, a_columns, b_columns)
-            read = read + 1 if read < STAGES - 1 else 0
-            write = write + 1 if write < STAGES - 1 else 0
+                   a_lanes, b_lanes, a_columns, b_columns)
+            read = int32(read + 1) if read < STAGES - 1 else int32(0)
+            write = int32(write + 1) if write < STAGES - 1 else int32(0)
 
         # the epilogue, tile by tile, written out (as in slice_product, the loops there are
         # unrolled by the compiler; here their bodies are too long for it): a loop over the
@@ -499,6 +536,8 @@ def mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, 
     the rounded copy's `words` and x's `shape`."""
     check_float32(out=out, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
+    check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
+          f"matmul_{element}: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
     hidden = gelu_out if gelu_out is not None else gelu_input
     # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
     can_split = all(aligned16(x) for x in (out, bias, hidden) if x is not None)
