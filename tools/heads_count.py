@@ -8,8 +8,8 @@ same steps on the same batches, compared on val loss and time per step.
 Each run is `nanoandrea train` (the default recipe, its schedule over --steps) into
 DIR/heads-N; then DIR/heads_count.json and DIR/heads_count.png (val loss over steps, one line a
 head count) and a table on stdout: heads x D, best val loss, ms a step. --reuse reads a head
-count's run from DIR/heads-N/metrics.jsonl where it reached --steps (the runs made one GPU
-session at a time), instead of training it again.
+count's run from DIR/heads-N/metrics.jsonl where there is one (the runs made one GPU session at
+a time), instead of training it again; a run cut short says where its evaluations end.
 """
 import argparse
 import json
@@ -21,13 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nanoandrea.train import resolve_options, train  # noqa: E402
 
 
-def finished(metrics, steps):
-    """Whether a run's metrics.jsonl holds its last step's evaluation."""
-    return metrics.exists() and any(
-        json.loads(line).get("step") == steps and "val_loss" in json.loads(line)
-        for line in metrics.read_text().splitlines())
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="andrea-12m")
@@ -37,8 +30,9 @@ def main():
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="out/heads_count")
     parser.add_argument("--reuse", action="store_true",
-                        help="a head count whose DIR/heads-N/metrics.jsonl reached --steps is "
-                             "read, not trained again (runs made one machine at a time)")
+                        help="a head count with a DIR/heads-N/metrics.jsonl is read, not "
+                             "trained again (runs made one machine at a time); one that stopped "
+                             "early says where its evaluations end")
     parser.add_argument("--log-heads", action="store_true",
                         help="train's --log-heads in each run (heads_grad.png in DIR/heads-N)")
     args = parser.parse_args()
@@ -46,7 +40,7 @@ def main():
     results = []
     for heads in [int(h) for h in args.heads.split(",")]:
         run = out / f"heads-{heads}"
-        if not (args.reuse and finished(run / "metrics.jsonl", args.steps)):
+        if not (args.reuse and (run / "metrics.jsonl").exists()):
             given = dict(preset=args.preset, n_head=heads, max_steps=args.steps,
                          eval_interval=args.eval_interval, device=args.device,
                          log_heads=args.log_heads, out=str(run))
@@ -57,13 +51,17 @@ def main():
         evals = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
         best_step, best_val = min(evals, key=lambda e: e[1])
         results.append(dict(heads=heads, best_val=best_val, best_step=best_step, evals=evals,
+                            last_eval=evals[-1][0],
                             ms_per_step=sorted(step_ms)[len(step_ms) // 2] if step_ms else None,
                             preset=args.preset))
     (out / "heads_count.json").write_text(json.dumps(results, indent=1))
     print(f"\n{args.preset}, {args.steps} steps, the same seed and batches")
     print(f"{'heads':>6} {'best val':>9} {'at step':>8} {'ms/step':>8}")
     for r in results:
-        print(f"{r['heads']:>6} {r['best_val']:9.4f} {r['best_step']:>8} {r['ms_per_step']:8.1f}")
+        short = (f"  (evaluated to step {r['last_eval']} only)" if r["last_eval"] < args.steps
+                 else "")
+        print(f"{r['heads']:>6} {r['best_val']:9.4f} {r['best_step']:>8} {r['ms_per_step']:8.1f}"
+              f"{short}")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
