@@ -9,8 +9,8 @@
     them) and cuBLAS bf16 (torch).
 (b) Causal attention, forward + backward, TFLOP/s at head sizes 32, 64, 72 and 128 on
     [32, 12, 512, D], four columns:
-      ours float32   FFMA (kernels/attention.py: the fast kernels take D = 32 and 64, any
-                     other D the reference kernel)
+      ours float32   FFMA (kernels/attention.py: the fast kernels take D = 16, 32 and 64,
+                     any other D the reference kernels, a warp a row)
       ours bf16      the tensor cores (kernels/attention_bf16.py, what --precision bf16
                      trains with), called as the bf16 backend calls it: each call rounds its
                      float32 operands to bf16 words first (heads_bf16: q, k, v in the

@@ -1,7 +1,8 @@
 """One block per (batch, head), a thread per row, global memory.
 H200 2026-12-01: fwd 0.01x, fwd+bwd 0.00x SDPA float32 at [16,12,1024,64] (tools/dev/run.py)
 
-The starting point, and the package's reference kernels (any D) without dropout. A block
+The starting point, and the design of the package's first reference kernels (any D), without
+dropout (attention.py's reference kernels are now a warp a row: lanes split D). A block
 takes one (batch, head) pair; its threads share out the rows. A thread walks the keys of its
 row twice: first for the softmax normaliser (a running max m and sum l of exp(S - m), so
 that no exp overflows), then for the weighted sum of the values, recomputing every score.
