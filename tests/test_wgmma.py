@@ -1,0 +1,80 @@
+"""One wgmma (tools/dev/matmul/wgmma.py, the ladder's v12) on its own: D [64,128] = A [64,16]
+B [16,128], the operands put in shared memory by the host in the 128-byte-swizzled layouts,
+built here from the layouts' plain description (rows of 128 bytes, chunk c of row r stored at
+chunk c ^ (r % 8)), not from the module's address arithmetic. In the simulator it checks the
+twin; on an sm_90 GPU it checks the instruction, the descriptors and D's fragment layout
+against the same NumPy product, apart from v12's pipeline (where a wrong layout would only
+show as a wrong matmul).
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numba import cuda, float32
+
+from nanoandrea.kernels.launch import SIMULATOR
+from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "dev" / "matmul"))
+from wgmma import (A_K_MAJOR, ACCUMULATORS, B_N_MAJOR, dynamic_shared_words,  # noqa: E402
+                   fence_proxy_async, wgmma_commit, wgmma_fence, wgmma_m64n128k16, wgmma_wait)
+
+ROWS_A, K_ROW, ROWS_B = 64, 64, 64        # A: 64 rows of 64 k; B: 64 k-rows of 128 n
+A_WORDS = ROWS_A * 32                     # 128-byte rows, 32 words each
+B_BLOCK_WORDS = ROWS_B * 32               # one block of 64 columns of B
+multiply = wgmma_m64n128k16(A_K_MAJOR, B_N_MAJOR(4 * B_BLOCK_WORDS))
+
+if not SIMULATOR and cuda.is_available() and \
+        cuda.get_current_device().compute_capability < (9, 0):
+    pytest.skip("wgmma needs sm_90", allow_module_level=True)
+
+
+def swizzled_rows(x):
+    """x [rows, 64] as bf16 in 128-byte rows, chunk c (8 values) of row r at c ^ (r % 8):
+    uint32 words [rows * 32]."""
+    chunks = bf16_bits(x).reshape(len(x), 8, 8)
+    stored = np.empty_like(chunks)
+    for r in range(len(x)):
+        for c in range(8):
+            stored[r, c ^ (r % 8)] = chunks[r, c]
+    return stored.reshape(-1).view(np.uint32)
+
+
+@cuda.jit
+def one_wgmma(out, words, a_word, b_word):
+    # out[64, 128] = the wgmma of the operands at words[a_word], words[b_word]; 128 threads
+    tiles = dynamic_shared_words()
+    acc = cuda.local.array(ACCUMULATORS, float32)
+    tid = cuda.threadIdx.x
+    for i in range(tid, words.shape[0], 128):
+        tiles[i] = words[i]
+    for e in range(ACCUMULATORS):
+        acc[e] = float32(0.0)
+    fence_proxy_async()                 # (generic-proxy stores, read by the async proxy)
+    cuda.syncthreads()
+    wgmma_fence(acc)
+    multiply(acc, tiles, a_word, tiles, b_word)
+    wgmma_commit()
+    wgmma_wait(acc)
+    warp, lane = tid // 32, tid % 32
+    row, col = 16 * warp + lane // 4, 2 * (lane % 4)
+    for j in range(16):
+        out[row, col + 8 * j], out[row, col + 8 * j + 1] = acc[4 * j], acc[4 * j + 1]
+        out[row + 8, col + 8 * j], out[row + 8, col + 8 * j + 1] = acc[4 * j + 2], acc[4 * j + 3]
+
+
+@pytest.mark.parametrize("a_step,b_step", [(0, 0), (1, 2), (3, 3)])
+def test_one_wgmma(rng, a_step, b_step):
+    """A is k 16 a_step .. of a 64 x 64 K-major tile (its start 32 a_step bytes into each
+    row), B is k rows 16 b_step .. of a 64 x 128 n-major tile (two blocks of 64 columns)."""
+    a_full = rng.standard_normal((ROWS_A, K_ROW), dtype=np.float32)
+    b_full = rng.standard_normal((ROWS_B, 128), dtype=np.float32)
+    words = np.concatenate([swizzled_rows(a_full), swizzled_rows(b_full[:, :64]),
+                            swizzled_rows(b_full[:, 64:])])
+    out = cuda.to_device(np.full((64, 128), np.nan, np.float32))
+    one_wgmma[1, 128, 0, 4 * len(words)](out, cuda.to_device(words), 8 * a_step,
+                                         A_WORDS + 16 * b_step * 32)
+    a = bf16_values(a_full[:, 16 * a_step:16 * a_step + 16]).astype(np.float64)
+    b = bf16_values(b_full[16 * b_step:16 * b_step + 16]).astype(np.float64)
+    np.testing.assert_allclose(out.copy_to_host(), a @ b, rtol=1e-5, atol=1e-5)
