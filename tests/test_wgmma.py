@@ -17,8 +17,9 @@ from nanoandrea.kernels.launch import SIMULATOR
 from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "dev" / "matmul"))
-from wgmma import (A_K_MAJOR, ACCUMULATORS, B_N_MAJOR, dynamic_shared_words,  # noqa: E402
-                   fence_proxy_async, wgmma_commit, wgmma_fence, wgmma_m64n128k16, wgmma_wait)
+from wgmma import (A_K_MAJOR, ACCUMULATORS, ATOM_BYTES, B_N_MAJOR, atom_start,  # noqa: E402
+                   dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
+                   wgmma_m64n128k16, wgmma_wait)
 
 ROWS_A, K_ROW, ROWS_B = 64, 64, 64        # A: 64 rows of 64 k; B: 64 k-rows of 128 n
 A_WORDS = ROWS_A * 32                     # 128-byte rows, 32 words each
@@ -45,16 +46,17 @@ def swizzled_rows(x):
 def one_wgmma(out, words, a_word, b_word):
     # out[64, 128] = the wgmma of the operands at words[a_word], words[b_word]; 128 threads
     tiles = dynamic_shared_words()
+    first = atom_start(tiles)                   # (words go from a 1024-byte boundary on)
     acc = cuda.local.array(ACCUMULATORS, float32)
     tid = cuda.threadIdx.x
     for i in range(tid, words.shape[0], 128):
-        tiles[i] = words[i]
+        tiles[first + i] = words[i]
     for e in range(ACCUMULATORS):
         acc[e] = float32(0.0)
     fence_proxy_async()                 # (generic-proxy stores, read by the async proxy)
     cuda.syncthreads()
     wgmma_fence(acc)
-    multiply(acc, tiles, a_word, tiles, b_word)
+    multiply(acc, tiles, first + a_word, tiles, first + b_word)
     wgmma_commit()
     wgmma_wait(acc)
     warp, lane = tid // 32, tid % 32
@@ -73,7 +75,7 @@ def test_one_wgmma(rng, a_step, b_step):
     words = np.concatenate([swizzled_rows(a_full), swizzled_rows(b_full[:, :64]),
                             swizzled_rows(b_full[:, 64:])])
     out = cuda.to_device(np.full((64, 128), np.nan, np.float32))
-    one_wgmma[1, 128, 0, 4 * len(words)](out, cuda.to_device(words), 8 * a_step,
+    one_wgmma[1, 128, 0, 4 * len(words) + ATOM_BYTES](out, cuda.to_device(words), 8 * a_step,
                                          A_WORDS + 16 * b_step * 32)
     a = bf16_values(a_full[:, 16 * a_step:16 * a_step + 16]).astype(np.float64)
     b = bf16_values(b_full[16 * b_step:16 * b_step + 16]).astype(np.float64)

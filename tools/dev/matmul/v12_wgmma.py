@@ -15,9 +15,10 @@ a slice: 64 k, 128 bytes) and for b n-major (as b lies in memory: rows of 64 n, 
 
 A block of 2 warpgroups (256 threads) computes a 128 x 128 tile of out, warpgroup w rows 64w
 .. 64w+63, all 128 columns: one m64n128 accumulator of 64 float32 a thread. K advances 64 at
-a time through STAGES = 3 slices in dynamic shared memory (32 KB a slice: 96 KB, two blocks
-an SM), filled by cp.async 16 bytes a copy, each copy's 16-byte chunk placed at its
-swizzled position (chunk c of row r at c ^ (r % 8)), as v7 fills its stages:
+a time through STAGES = 3 slices in dynamic shared memory (32 KB a slice, from the array's
+first 1024-byte boundary on: 97 KB asked for, two blocks an SM), filled by cp.async 16 bytes a
+copy, each copy's 16-byte chunk placed at its swizzled position (chunk c of row r at
+c ^ (r % 8)), as v7 fills its stages:
   - top of slice s: wait for this thread's copies of s (at most STAGES - 2 groups still in
     flight), fence.proxy.async (cp.async writes through the generic proxy, wgmma reads through
     the async proxy), then the block's barrier: every copy of s is in and visible to wgmma,
@@ -36,8 +37,9 @@ from numba import cuda, float32
 
 from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
 from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
-from wgmma import (A_K_MAJOR, ACCUMULATORS, B_N_MAJOR, dynamic_shared_words, fence_proxy_async,
-                   wgmma_commit, wgmma_fence, wgmma_m64n128k16, wgmma_wait)
+from wgmma import (A_K_MAJOR, ACCUMULATORS, ATOM_BYTES, B_N_MAJOR, atom_start,
+                   dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
+                   wgmma_m64n128k16, wgmma_wait)
 
 PRECISION = "bf16"              # (tools/dev/run.py: operands packed bf16, cuBLAS bf16 beside)
 MULTIPLE_OF = (128, 128, 64)
@@ -57,10 +59,11 @@ multiply = wgmma_m64n128k16(A_K_MAJOR, B_N_MAJOR(4 * B_HALF_WORDS))
 
 @cuda.jit(**BOUNDS)
 def wgmma_kernel(out, a, b):
-    # out[M,N] = a . b; grid (N/128, M/128), block 256; dynamic shared STAGES x STAGE_WORDS:
-    # stage s at s * STAGE_WORDS: a's slice [128 m, 64 k], then b's two [64 k, 64 n] blocks,
-    # all in swizzled 128-byte rows
+    # out[M,N] = a . b; grid (N/128, M/128), block 256; dynamic shared STAGES x STAGE_WORDS
+    # from its first 1024-byte boundary (`first`): stage s at first + s * STAGE_WORDS, a's
+    # slice [128 m, 64 k], then b's two [64 k, 64 n] blocks, all in swizzled 128-byte rows
     tiles = dynamic_shared_words()
+    first = atom_start(tiles)
     acc = cuda.local.array(ACCUMULATORS, float32)
     K = 2 * a.shape[1]
     tid = cuda.threadIdx.x
@@ -71,7 +74,7 @@ def wgmma_kernel(out, a, b):
     slices = K // BK
     for s in range(STAGES - 1):                    # the pipeline's first slices
         if s < slices:
-            copy_slice(tiles, s * STAGE_WORDS, a, b, m0, n0, s * BK, tid)
+            copy_slice(tiles, first + s * STAGE_WORDS, a, b, m0, n0, s * BK, tid)
         commit_copies()
     for s in range(slices):
         WAIT_FOR_OLDEST()
@@ -79,9 +82,9 @@ def wgmma_kernel(out, a, b):
         cuda.syncthreads()
         ahead = s + STAGES - 1
         if ahead < slices:
-            copy_slice(tiles, (ahead % STAGES) * STAGE_WORDS, a, b, m0, n0, ahead * BK, tid)
+            copy_slice(tiles, first + (ahead % STAGES) * STAGE_WORDS, a, b, m0, n0, ahead * BK, tid)
         commit_copies()
-        stage = (s % STAGES) * STAGE_WORDS
+        stage = first + (s % STAGES) * STAGE_WORDS
         wgmma_fence(acc)
         for kk in range(BK // 16):                 # a: 32 bytes on along its rows; b: 16 rows
             multiply(acc, tiles, stage + group * 64 * ROW_WORDS + 8 * kk,
@@ -118,4 +121,4 @@ def copy_slice(tiles, stage, a, b, m0, n0, k0, tid):
 def matmul(out, a, b):
     M, N = out.shape
     launch(wgmma_kernel, (N // BN, M // BM), THREADS, out, a, b,
-           shared_bytes=4 * STAGES * STAGE_WORDS)
+           shared_bytes=4 * STAGES * STAGE_WORDS + ATOM_BYTES)

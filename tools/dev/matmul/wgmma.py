@@ -12,8 +12,10 @@ from, each instruction with a simulator twin written from the PTX ISA's definiti
     wgmma_wait(acc)                              wait for all groups; acc readable again
     fence_proxy_async()                          this thread's generic-proxy writes to shared
                                                  memory (cp.async's) visible to wgmma's reads
-    words = dynamic_shared_words()               the dynamic shared array, uint32, aligned to
-                                                 1024 bytes (a 128-byte swizzle's period)
+    words = dynamic_shared_words()               the dynamic shared array, uint32
+    first = atom_start(words)                    the first word of words on a 1024-byte
+                                                 boundary (a 128-byte swizzle's period): 0 to
+                                                 255 (launch with ATOM_BYTES more than used)
 
 wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 is ONE instruction for a warpgroup (4
 consecutive warps, 128 threads, the first a multiple of 128): A [64,16] and B [16,128], bf16,
@@ -35,7 +37,9 @@ With the 128-byte swizzle, a matrix is made of ATOMS of 8 rows of 128 bytes (102
 inside each the 16-byte chunk c of row r is stored at chunk c ^ r: the 8 rows of any chunk
 column fall on 8 different 16-byte groups of banks, so the tensor cores (and cp.async's
 writes) meet no bank conflicts. The XOR is of address bits 4-6 with bits 7-9 of the absolute
-address, hence the 1024-byte alignment. In the canonical layouts (CUTLASS's names; T = 8
+address, hence the 1024-byte alignment. (The alignment a kernel declares for its dynamic shared
+array is a promise the compiler believes, and the launch places the array; atom_start asks the
+address instead, at the cost of one add an index.) In the canonical layouts (CUTLASS's names; T = 8
 bf16, one 16-byte chunk):
   K-major (A here, rows of m along k):  element (m, k) at byte
         128 (m % 8) + SBO (m // 8) + 2k            (k < 64: one 128-byte row holds k0..k63)
@@ -118,35 +122,46 @@ def logical_bytes(layout, rows, cols):
     return 2 * (n % 64) + layout.leading * (n // 64) + 128 * (k % 8) + layout.stride * (k // 8)
 
 
-def read_operand(words, desc, major, rows, cols):
+def read_operand(words, first, desc, major, rows, cols):
     """The bf16 operand a descriptor names, read as wgmma would from a uint32 array of shared
-    memory (byte 0 taken as 1024-aligned), as float64 [rows, cols]: the descriptor's fields
-    decoded, the canonical layout, then the swizzle."""
+    memory whose word `first` is at shared address 0 (a 1024-byte boundary), as float64 [rows,
+    cols]: the descriptor's fields decoded, the canonical layout, then the swizzle."""
     start = (desc & 0x3FFF) << 4
     layout = Layout(major, leading=((desc >> 16) & 0x3FFF) << 4,
                     stride=((desc >> 32) & 0x3FFF) << 4)
     if desc >> 62 != SWIZZLE_128B:
         raise ValueError("the twin reads only the 128-byte swizzle")
     stored = swizzled(start + logical_bytes(layout, rows, cols))
-    bits = (np.asarray(words, np.uint32)[stored // 4] >> (16 * ((stored // 2) % 2))) & 0xFFFF
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    bits = (np.asarray(words, np.uint32)[first + stored // 4] >> (16 * ((stored // 2) % 2)))
+    return ((bits & 0xFFFF).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
 if SIMULATOR:
     @cuda.jit(device=True)
     def dynamic_shared_words():
-        return cuda.shared.array(0, uint32)        # (the simulator takes no alignment)
+        return cuda.shared.array(0, uint32)
+
+    # The simulator's arrays have no shared addresses; the twin gives the dynamic array one
+    # that puts its word SIMULATED_START on a 1024-byte boundary, not word 0, so that a kernel
+    # that forgets to start its tiles at atom_start fails here as it would on the GPU.
+    SIMULATED_START = 24
+
+    def atom_start(words):
+        return SIMULATED_START
 
     def fence_proxy_async():
         pass
 
     def wgmma_m64n128k16(a_layout, b_layout):
-        """The twin of one wgmma with operands in these layouts: the word offsets' byte
-        addresses (array start = shared address 0) made into descriptors, and read back."""
+        """The twin of one wgmma with operands in these layouts: the words' shared addresses
+        (word SIMULATED_START at address 0) made into descriptors, and read back."""
         @cuda.jit(device=True)  # (a device function: `cuda` in it is the simulated one)
         def multiply(acc, a_tiles, a_word, b_tiles, b_word):
-            a = read_operand(a_tiles, descriptor(4 * a_word, a_layout), "K", M, K)
-            b = read_operand(b_tiles, descriptor(4 * b_word, b_layout), "MN", K, N)
+            first = SIMULATED_START
+            a = read_operand(a_tiles, first, descriptor(4 * (a_word - first), a_layout), "K",
+                             M, K)
+            b = read_operand(b_tiles, first, descriptor(4 * (b_word - first), b_layout), "MN",
+                             K, N)
             thread = cuda.threadIdx.x % 128
             warp, lane = thread // 32, thread % 32
             g, t = lane // 4, lane % 4
@@ -178,7 +193,20 @@ else:
 
     @inlined_by_numba
     def dynamic_shared_words():
-        return cuda.shared.array(0, uint32, alignment=ATOM_BYTES)
+        return cuda.shared.array(0, uint32, alignment=16)
+
+    @intrinsic
+    def atom_start(typingctx, words):
+        if not (isinstance(words, types.Array) and words.dtype == types.uint32):
+            return None
+
+        def codegen(context, builder, signature, args):
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            address = shared_address(builder, data)
+            skip = builder.and_(builder.neg(address), ir.Constant(I32, ATOM_BYTES - 1))
+            return builder.zext(builder.lshr(skip, ir.Constant(I32, 2)), I64)   # (bytes to words)
+
+        return types.intp(words), codegen
 
     def _asm(builder, text, constraints, arguments, kinds, result=ir.VoidType()):
         function = ir.InlineAsm(ir.FunctionType(result, kinds), text, constraints,
