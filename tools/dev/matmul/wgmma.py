@@ -37,10 +37,9 @@ With the 128-byte swizzle, a matrix is made of ATOMS of 8 rows of 128 bytes (102
 inside each the 16-byte chunk c of row r is stored at chunk c ^ r: the 8 rows of any chunk
 column fall on 8 different 16-byte groups of banks, so the tensor cores (and cp.async's
 writes) meet no bank conflicts. The XOR is of address bits 4-6 with bits 7-9 of the absolute
-address, hence the 1024-byte alignment. (The alignment a kernel declares for its dynamic shared
-array is a promise the compiler believes, and the launch places the array; atom_start asks the
-address instead, at the cost of one add an index.) In the canonical layouts (CUTLASS's names; T = 8
-bf16, one 16-byte chunk):
+address, hence the 1024-byte alignment. (An alignment declared for the dynamic shared array is
+a promise the compiler believes, and the launch places the array; atom_start asks the address
+instead, at the cost of one add an index.) In the canonical layouts (CUTLASS's names):
   K-major (A here, rows of m along k):  element (m, k) at byte
         128 (m % 8) + SBO (m // 8) + 2k            (k < 64: one 128-byte row holds k0..k63)
     a 64 x 64 slice is 8 atoms, SBO = 1024, LBO unused. A k16 step inside the row is a start
@@ -61,13 +60,17 @@ registers, as tensorcores.mma_bf16 ties its 4). wgmma's results are not there wh
 instruction issues, only after wgmma.wait_group, so the wait (and wgmma.fence, before) take
 the same 64 values as tied operands: every read of acc after the wait reads the wait's
 outputs, and the compiler cannot move one above it. acc is a local array whose elements
-become registers once every index into it is a constant (unrolled loops, as v11's acc).
+become registers once every index into it is a constant (unrolled loops, as v11's acc). What
+ptxas makes of v12's slice (tools/dev/offline.py): WARPGROUP.ARRIVE, 4 HGMMA.64x128x16 on the
+same registers R24-R87 with nothing moved between them, WARPGROUP.DEPBAR; no warning that it
+had to serialize them.
 
 On the GPU these are inline PTX (llvmlite InlineAsm). Under the simulator they are Python:
 multiply reads A and B from the shared array through the same descriptor (encoded, then
 decoded field by field) and adds this thread's part of A B to acc at once, a legal schedule of
 an asynchronous instruction; fences, commit and wait do nothing. The twin assumes a 1-D block
-(warpgroup = threadIdx.x // 128).
+(warpgroup = threadIdx.x // 128), and gives the shared array an address whose 1024-byte
+boundary is at word SIMULATED_START, not 0, as a GPU might.
 """
 from collections import namedtuple
 
