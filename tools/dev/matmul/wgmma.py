@@ -63,7 +63,10 @@ outputs, and the compiler cannot move one above it. acc is a local array whose e
 become registers once every index into it is a constant (unrolled loops, as v11's acc). What
 ptxas makes of v12's slice (tools/dev/offline.py): WARPGROUP.ARRIVE, 4 HGMMA.64x128x16 on the
 same registers R24-R87 with nothing moved between them, WARPGROUP.DEPBAR; no warning that it
-had to serialize them.
+had to serialize them. ptxas knows wgmma's registers itself: with the wait untied, and even with
+wgmma.fence left out, it made the same SASS (inserting the ARRIVE on its own; 2026-12-01,
+offline). The ties are for LLVM and NVVM, which know nothing of it: they keep a read of acc
+from being scheduled between the instruction and its wait.
 
 On the GPU these are inline PTX (llvmlite InlineAsm). Under the simulator they are Python:
 multiply reads A and B from the shared array through the same descriptor (encoded, then
