@@ -40,6 +40,7 @@ from .data import BatchSampler, DataError, Dataset, resolve_data
 from .distributed import DistributedError, data_parallel
 from .heads import HeadsError, gradient_shares, plot_gradient_shares
 from .hf import InteropError
+from .kernels import attention_bf16
 from .kernels.dropout import mix32
 from .kernels.launch import SIMULATOR, gpu_available
 from .model import GPT
@@ -102,10 +103,19 @@ CPU_DEFAULTS = dict(preset="andrea-mini", batch_size=16, block_size=64, max_step
 SHAPE_OPTIONS = ("preset", "data", "tokenizer", "vocab_size", "n_layer", "n_head", "n_embd",
                  "block_size")
 
-# what each precision runs on, as the run's first line says it (backend.py)
-PRECISION_LINE = {"fp32": "float32 throughout",
-                  "tf32": "matmuls tf32 on the tensor cores, attention float32",
-                  "bf16": "matmuls and attention (heads of 32 or 64) bf16 on the tensor cores"}
+
+def precision_line(precision, head_size):
+    """What a run's precision puts on the tensor cores, as its first line says it
+    (backend.py): in bf16 the attention too, where a tensor-core kernel takes its head size."""
+    if precision == "fp32":
+        return "float32 throughout"
+    if precision == "tf32":
+        return "matmuls tf32 on the tensor cores, attention float32"
+    if head_size in attention_bf16.HEAD_SIZES:
+        return "matmuls and attention bf16 on the tensor cores"
+    return (f"matmuls bf16 on the tensor cores, attention float32 (no tensor-core kernel takes "
+            f"heads of {head_size})")
+
 
 # dense peaks of the matmuls' precision: float32 without tensor cores, tf32 and bf16 on them
 PEAK_FLOPS = {"fp32": {"H200": 67e12, "H100": 67e12, "A100": 19.5e12},
@@ -339,8 +349,9 @@ class Trainer:
         if self.main:
             self.out.mkdir(parents=True, exist_ok=True)
         total = parameter_breakdown(self.config)[-1][1]
+        precision = precision_line(self.backend.precision, self.config.head_size)
         self.report(f"{o.preset}: {total:,} parameters, {self.config}, backend "
-                    f"{self.backend.name}, {PRECISION_LINE[self.backend.precision]}")
+                    f"{self.backend.name}, {precision}")
         ranks = "" if self.world is None else (
             f", over {self.ranks} ranks ({self.rank_batch} sequences each"
             f"{', ZeRO-1' if isinstance(self.optimizer, ShardedAdamW) else ''})")

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from conftest import GPU
 from nanoandrea.checkpoint import read_checkpoint, save_checkpoint
 from nanoandrea.cli import main
+from nanoandrea.train import precision_line
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 40
@@ -58,6 +59,16 @@ def train(corpus, out, *extra, device="cpu"):
 
 
 # --- training leaves what it promises -------------------------------------------------------------
+
+def test_the_first_line_says_what_runs_on_the_tensor_cores():
+    """In bf16 the attention is on the tensor cores only at the head sizes a kernel there
+    takes: a run of 24 heads of 16 says that its attention is float32."""
+    assert precision_line("bf16", 32) == "matmuls and attention bf16 on the tensor cores"
+    assert precision_line("bf16", 16) == ("matmuls bf16 on the tensor cores, attention float32 "
+                                          "(no tensor-core kernel takes heads of 16)")
+    assert precision_line("tf32", 64).endswith("attention float32")
+    assert precision_line("fp32", 64) == "float32 throughout"
+
 
 def test_train_writes_logs_plot_samples_and_checkpoints(corpus, tmp_path):
     out = tmp_path / "run"
