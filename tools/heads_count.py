@@ -8,8 +8,8 @@ same steps on the same batches, compared on val loss and time per step.
 Each run is `nanoandrea train` (the default recipe, its schedule over --steps) into
 DIR/heads-N; then DIR/heads_count.json and DIR/heads_count.png (val loss over steps, one line a
 head count) and a table on stdout: heads x D, best val loss, ms a step. --reuse reads a head
-count's run from DIR/heads-N/metrics.jsonl where there is one (the runs made one GPU session at
-a time), instead of training it again; a run cut short says where its evaluations end.
+count's run from DIR/heads-N/metrics.jsonl where there is one (runs made on different
+machines), instead of training it again; a run cut short says where its evaluations end.
 """
 import argparse
 import json
@@ -31,7 +31,7 @@ def main():
     parser.add_argument("--out", default="out/heads_count")
     parser.add_argument("--reuse", action="store_true",
                         help="a head count with a DIR/heads-N/metrics.jsonl is read, not "
-                             "trained again (runs made one machine at a time); one that stopped "
+                             "trained again (runs made on different machines); one that stopped "
                              "early says where its evaluations end")
     parser.add_argument("--log-heads", action="store_true",
                         help="train's --log-heads in each run (heads_grad.png in DIR/heads-N)")
