@@ -24,11 +24,13 @@ one after another. So:
                             query, WARPS warps of CHUNK / WARPS keys each. A warp's 32 lanes
                             split the head's D columns (a key's row is read by consecutive
                             lanes: coalesced); its score q . k_j meets in a butterfly of
-                            shuffles (reduce.warp_sum), and the warp keeps the online softmax
-                            of its keys as the flash attention forward does: the running max m,
-                            the sum l of exp(s_j - m) and o = the sum of exp(s_j - m) v_j, both
-                            rescaled by exp(m_old - m_new) when the max grows. The block's warps
-                            then meet in shared memory, and it writes its chunk's (m, l) and o.
+                            shuffles (reduce.warp_sum); each lane holds ceil(D / 32) of the
+                            columns (the kernel is made for that count: any D). The warp keeps
+                            the online softmax of its keys as the flash attention forward does:
+                            the running max m, the sum l of exp(s_j - m) and o = the sum of
+                            exp(s_j - m) v_j, both rescaled by exp(m_old - m_new) when the max
+                            grows. The block's warps then meet in shared memory, and it writes
+                            its chunk's (m, l) and o.
                             Chunks past the query's last key return at once: the grid does not
                             depend on start, so a captured decode step replays it unchanged.
   attention_combine_kernel  grid (Tq, H, B): the chunks of a query, in order: with M the
@@ -41,14 +43,12 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
-                     launch)
+                     kernel_factory, launch)
 from .reduce import WARP, warp_sum
 
 THREADS = 32 if SIMULATOR else 128      # kv_store's block
 WARPS = 2 if SIMULATOR else 4           # attention_cached_kernel's block
 CHUNK = 4 if SIMULATOR else 64          # keys a block: WARPS warps of CHUNK / WARPS keys
-LANE_COLUMNS = 4                        # a head's columns a lane: D <= 128
-MAX_D = WARP * LANE_COLUMNS
 MAX_CHUNKS = 1024                       # (the combine's weights sit in shared memory)
 COMBINE_THREADS = 32 if SIMULATOR else 64
 
@@ -90,64 +90,76 @@ def kv_store_kernel(cache, k, v, start):
         cache[1, b, h, start[0] + t, d] = v[b, h, t, d]
 
 
-@cuda.jit
-def attention_cached_kernel(m_l, partial, q, cache, start, scale):
-    # grid (chunks, Tq * H, B), block WARPS * 32: chunk c's keys for query i of (b, h);
-    # m_l [B,H,Tq,chunks,2] gets the chunk's (m, l), partial [B,H,Tq,chunks,D] its o
-    B, H, Tq, D = q.shape
-    c, b = cuda.blockIdx.x, cuda.blockIdx.z
-    i, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
-    first = c * CHUNK
-    keys = start[0] + i + 1                 # query i sees keys 0 .. start + i
-    if first >= keys:
-        return
-    warp_m = cuda.shared.array(WARPS, float32)
-    warp_l = cuda.shared.array(WARPS, float32)
-    warp_o = cuda.shared.array((WARPS, MAX_D), float32)
-    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
-    qs = cuda.local.array(LANE_COLUMNS, float32)    # q's columns lane, lane + 32, ... (scaled)
-    o = cuda.local.array(LANE_COLUMNS, float32)
-    for r in range(LANE_COLUMNS):
-        d = lane + WARP * r
-        qs[r] = q[b, h, i, d] * scale if d < D else float32(0.0)
-        o[r] = float32(0.0)
-    m, l = float32(-math.inf), float32(0.0)
-    for j in range(first + warp, min(keys, first + CHUNK), WARPS):
-        dot = float32(0.0)
+def lane_columns(D):
+    """A head's columns each lane of attention_cached's warps holds: lane, lane + 32, ..."""
+    return -(-D // WARP)
+
+
+@kernel_factory
+def attention_cached_kernel(LANE_COLUMNS):
+    """attention_cached's first pass for heads of up to 32 x LANE_COLUMNS dimensions."""
+    D_MAX = WARP * LANE_COLUMNS
+
+    @cuda.jit
+    def attention_cached_kernel(m_l, partial, q, cache, start, scale):
+        # grid (chunks, Tq * H, B), block WARPS * 32: chunk c's keys for query i of (b, h);
+        # m_l [B,H,Tq,chunks,2] gets the chunk's (m, l), partial [B,H,Tq,chunks,D] its o
+        B, H, Tq, D = q.shape
+        c, b = cuda.blockIdx.x, cuda.blockIdx.z
+        i, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        first = c * CHUNK
+        keys = start[0] + i + 1                 # query i sees keys 0 .. start + i
+        if first >= keys:
+            return
+        warp_m = cuda.shared.array(WARPS, float32)
+        warp_l = cuda.shared.array(WARPS, float32)
+        warp_o = cuda.shared.array((WARPS, D_MAX), float32)
+        warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        qs = cuda.local.array(LANE_COLUMNS, float32)    # q's columns lane, lane + 32, ...
+        o = cuda.local.array(LANE_COLUMNS, float32)
+        for r in range(LANE_COLUMNS):
+            d = lane + WARP * r
+            qs[r] = q[b, h, i, d] * scale if d < D else float32(0.0)
+            o[r] = float32(0.0)
+        m, l = float32(-math.inf), float32(0.0)
+        for j in range(first + warp, min(keys, first + CHUNK), WARPS):
+            dot = float32(0.0)
+            for r in range(LANE_COLUMNS):
+                d = lane + WARP * r
+                if d < D:
+                    dot += qs[r] * cache[0, b, h, j, d]
+            s = warp_sum(dot)                   # (all lanes: j is the same across the warp)
+            grown = max(m, s)
+            rescale, p = math.exp(m - grown), math.exp(s - grown)
+            l = l * rescale + p
+            for r in range(LANE_COLUMNS):
+                d = lane + WARP * r
+                if d < D:
+                    o[r] = o[r] * rescale + p * cache[1, b, h, j, d]
+            m = grown
+        if lane == 0:
+            warp_m[warp], warp_l[warp] = m, l
         for r in range(LANE_COLUMNS):
             d = lane + WARP * r
             if d < D:
-                dot += qs[r] * cache[0, b, h, j, d]
-        s = warp_sum(dot)                   # (all lanes: j is the same across the warp)
-        grown = max(m, s)
-        rescale, p = math.exp(m - grown), math.exp(s - grown)
-        l = l * rescale + p
-        for r in range(LANE_COLUMNS):
-            d = lane + WARP * r
-            if d < D:
-                o[r] = o[r] * rescale + p * cache[1, b, h, j, d]
-        m = grown
-    if lane == 0:
-        warp_m[warp], warp_l[warp] = m, l
-    for r in range(LANE_COLUMNS):
-        d = lane + WARP * r
-        if d < D:
-            warp_o[warp, d] = o[r]
-    cuda.syncthreads()
-    # the warps' softmaxes as one, in warp order (a warp without keys has m = -inf: weight 0)
-    top = warp_m[0]
-    for w in range(1, WARPS):
-        top = max(top, warp_m[w])
-    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        acc = float32(0.0)
-        for w in range(WARPS):
-            acc += math.exp(warp_m[w] - top) * warp_o[w, d]
-        partial[b, h, i, c, d] = acc
-    if cuda.threadIdx.x == 0:
-        total = float32(0.0)
-        for w in range(WARPS):
-            total += math.exp(warp_m[w] - top) * warp_l[w]
-        m_l[b, h, i, c, 0], m_l[b, h, i, c, 1] = top, total
+                warp_o[warp, d] = o[r]
+        cuda.syncthreads()
+        # the warps' softmaxes as one, in warp order (a warp without keys has m = -inf: weight 0)
+        top = warp_m[0]
+        for w in range(1, WARPS):
+            top = max(top, warp_m[w])
+        for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+            acc = float32(0.0)
+            for w in range(WARPS):
+                acc += math.exp(warp_m[w] - top) * warp_o[w, d]
+            partial[b, h, i, c, d] = acc
+        if cuda.threadIdx.x == 0:
+            total = float32(0.0)
+            for w in range(WARPS):
+                total += math.exp(warp_m[w] - top) * warp_l[w]
+            m_l[b, h, i, c, 0], m_l[b, h, i, c, 1] = top, total
+
+    return attention_cached_kernel
 
 
 @cuda.jit
@@ -190,13 +202,13 @@ def attention_cached(out, q, cache, start):
     B, H, Tq, D = q.shape
     _check_attention(out, q, cache, Tq)
     chunks = blocks(cache.shape[3], CHUNK)
-    check(D <= MAX_D and chunks <= MAX_CHUNKS, f"attention_cached: heads of {D} (at most "
-          f"{MAX_D}) and {cache.shape[3]} positions (at most {MAX_CHUNKS * CHUNK})")
+    check(chunks <= MAX_CHUNKS, f"attention_cached: {cache.shape[3]} positions (at most "
+          f"{MAX_CHUNKS * CHUNK})")
     stream = current_stream()
     m_l = cuda.device_array((B, H, Tq, chunks, 2), np.float32, stream=stream)
     partial = cuda.device_array((B, H, Tq, chunks, D), np.float32, stream=stream)
-    launch(attention_cached_kernel, (chunks, Tq * H, B), WARPS * WARP, m_l, partial, q, cache,
-           start, np.float32(1.0 / math.sqrt(D)))
+    launch(attention_cached_kernel(lane_columns(D)), (chunks, Tq * H, B), WARPS * WARP, m_l,
+           partial, q, cache, start, np.float32(1.0 / math.sqrt(D)))
     launch(attention_combine_kernel, (Tq, H, B), COMBINE_THREADS, out, m_l, partial, start)
 
 
