@@ -178,7 +178,7 @@ def bench_matmul(args):
              lambda: dy @ w.T, out_dx),
             ("bwd dW=X^T.dY", lambda: matmul_kernels.matmul(out_dw, X, DY, transpose_a=True),
              lambda: x.T @ dy, out_dw)]
-        short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
+        short = short_name(label)
         for name, ours, theirs, out in cases:
             cupy.asarray(out).fill(cupy.nan)    # poisoned: an element left unwritten fails
             ours()
@@ -196,6 +196,11 @@ def bench_matmul(args):
 
 
 M_ROWS = 16 * 1024
+def short_name(label):
+    """A product's name in the report: its label up to the shapes ("mlp up")."""
+    return label.split("[")[0].strip()
+
+
 MATMUL_SHAPES = [("qkv/W_O  [16384x768]x[768x768]", M_ROWS, 768, 768),   # andrea-120m, B=16 T=1024
                  ("mlp up   [16384x768]x[768x3072]", M_ROWS, 3072, 768),
                  ("mlp down [16384x3072]x[3072x768]", M_ROWS, 768, 3072),
@@ -241,7 +246,7 @@ def bench_matmul_bf16(args):
         mm = getattr(kernels, f"matmul_{precision}")
         round_x = getattr(kernels, f"round_{precision}")
         round_ms = kernel_ms(lambda: round_x(X, x_float), args)
-        row("matmul", f"{' '.join(label.split()[:2 if label.startswith('12m') else 1]):8s} "
+        row("matmul", f"{short_name(label):8s} "
             f"round X {precision}", round_ms, 4.0 * m * k + X.words.nbytes, "TB/s", None, None,
             f"(float32 read, {precision} written)")
         cases = [           # (name, ours, cuBLAS's, the reference, our output)
@@ -250,7 +255,7 @@ def bench_matmul_bf16(args):
              lambda: dyr @ wr.T, outs[1]),
             ("bwd dW=X^T.dY", lambda: mm(out_dw, X, DY, transpose_a=True), lambda: xb.T @ dyb,
              lambda: xr.T @ dyr, outs[2])]
-        short = " ".join(label.split()[:2 if label.startswith("12m") else 1])
+        short = short_name(label)
         for name, ours, theirs, reference, out in cases:
             out.fill_(float("nan"))
             ours()

@@ -91,9 +91,16 @@ def wgmma_kernel(out, a, b):
                      tiles, stage + A_WORDS + 16 * kk * ROW_WORDS)
         wgmma_commit()
         wgmma_wait(acc)
-    warp, lane = thread // 32, thread % 32         # D's layout: rows 16 warp + g (+ 8),
-    row = m0 + 64 * group + 16 * warp + lane // 4  # columns 8j + 2t (+ 1)
-    col = n0 + 2 * (lane % 4)
+    store_tile(out, acc, m0 + 64 * group, n0, thread)
+
+
+@inlined
+def store_tile(out, acc, row0, col0, thread):
+    """out[row0:+64, col0:+128] = a warpgroup's acc, by wgmma's D layout: thread 32 w + 4 g + t
+    holds rows 16 w + g and 16 w + g + 8, columns 8 j + 2 t and 8 j + 2 t + 1."""
+    warp, lane = thread // 32, thread % 32
+    row = row0 + 16 * warp + lane // 4
+    col = col0 + 2 * (lane % 4)
     for j in range(BN // 8):
         out[row, col + 8 * j], out[row, col + 8 * j + 1] = acc[4 * j], acc[4 * j + 1]
         out[row + 8, col + 8 * j], out[row + 8, col + 8 * j + 1] = acc[4 * j + 2], acc[4 * j + 3]

@@ -187,6 +187,9 @@ if SIMULATOR:
     def wgmma_wait(acc):
         pass
 
+    def wgmma_wait_but_one(acc):
+        pass
+
 else:
     from llvmlite import ir
     from numba import types
@@ -258,6 +261,7 @@ else:
 
     wgmma_fence = _tied("wgmma.fence.sync.aligned;")
     wgmma_wait = _tied("wgmma.wait_group.sync.aligned 0;")
+    wgmma_wait_but_one = _tied("wgmma.wait_group.sync.aligned 1;")   # (the newest runs on)
 
     @intrinsic
     def wgmma_commit(typingctx):
