@@ -24,15 +24,15 @@ one after another. So:
                             query, WARPS warps of CHUNK / WARPS keys each. A warp's 32 lanes
                             split the head's D columns (a key's row is read by consecutive
                             lanes: coalesced); its score q . k_j meets in a butterfly of
-                            shuffles (reduce.warp_sum); each lane holds ceil(D / 32) of the
-                            columns (the kernel is made for that count: any D). The warp keeps
-                            the online softmax of its keys as the flash attention forward does:
-                            the running max m, the sum l of exp(s_j - m) and o = the sum of
-                            exp(s_j - m) v_j, both rescaled by exp(m_old - m_new) when the max
-                            grows. The block's warps then meet in shared memory, and it writes
-                            its chunk's (m, l) and o.
-                            Chunks past the query's last key return at once: the grid does not
-                            depend on start, so a captured decode step replays it unchanged.
+                            shuffles (reduce.warp_sum); each lane holds 4 of the columns, or
+                            ceil(D / 32) past D = 128 (the kernel is made for the count: any D
+                            is taken). The warp keeps the online softmax of its keys as the
+                            flash attention forward does: the running max m, the sum l of
+                            exp(s_j - m) and o = the sum of exp(s_j - m) v_j, both rescaled by
+                            exp(m_old - m_new) when the max grows. The block's warps then meet
+                            in shared memory, and it writes its chunk's (m, l) and o. Chunks
+                            past the query's last key return at once: the grid does not depend
+                            on start, so a captured decode step replays it unchanged.
   attention_combine_kernel  grid (Tq, H, B): the chunks of a query, in order: with M the
                             largest m_c, out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c.
 Every sum runs in a fixed order: the same bits at every call.
@@ -91,8 +91,9 @@ def kv_store_kernel(cache, k, v, start):
 
 
 def lane_columns(D):
-    """A head's columns each lane of attention_cached's warps holds: lane, lane + 32, ..."""
-    return -(-D // WARP)
+    """A head's columns each lane of attention_cached's warps holds (lane, lane + 32, ...): 4
+    up to D = 128, so that one kernel serves every usual head size; past it, ceil(D / 32)."""
+    return max(4, -(-D // WARP))
 
 
 @kernel_factory
