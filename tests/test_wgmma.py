@@ -1,10 +1,11 @@
-"""One wgmma (tools/dev/matmul/wgmma.py, the ladder's v12) on its own: D [64,128] = A [64,16]
-B [16,128], the operands put in shared memory by the host in the 128-byte-swizzled layouts,
-built here from the layouts' plain description (rows of 128 bytes, chunk c of row r stored at
-chunk c ^ (r % 8)), not from the module's address arithmetic. In the simulator it checks the
-twin; on an sm_90 GPU it checks the instruction, the descriptors and D's fragment layout
-against the same NumPy product, apart from v12's pipeline (where a wrong layout would only
-show as a wrong matmul).
+"""One wgmma (tools/dev/matmul/wgmma.py, the ladder's v12 and on) on its own: D [64,128] =
+A [64,16] B [16,128], the operands put in shared memory by the host in the 128-byte-swizzled
+layouts, built here from the layouts' plain description (rows of 128 bytes, chunk c of row r
+stored at chunk c ^ (r % 8)), not from the module's address arithmetic; each operand K-major
+or MN-major (the forward's A K-major and B n-major, dX's B K-major, dW's A m-major). In the
+simulator it checks the twin; on an sm_90 GPU it checks the instruction, the descriptors,
+the transposes and D's fragment layout against the same NumPy product, apart from any
+kernel's pipeline (where a wrong layout would only show as a wrong matmul).
 """
 import sys
 from pathlib import Path
@@ -17,14 +18,18 @@ from nanoandrea.kernels.launch import SIMULATOR
 from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "dev" / "matmul"))
-from wgmma import (A_K_MAJOR, ACCUMULATORS, ATOM_BYTES, B_N_MAJOR, atom_start,  # noqa: E402
+from wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,  # noqa: E402
                    dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
                    wgmma_m64n128k16, wgmma_wait)
 
-ROWS_A, K_ROW, ROWS_B = 64, 64, 64        # A: 64 rows of 64 k; B: 64 k-rows of 128 n
-A_WORDS = ROWS_A * 32                     # 128-byte rows, 32 words each
-B_BLOCK_WORDS = ROWS_B * 32               # one block of 64 columns of B
-multiply = wgmma_m64n128k16(A_K_MAJOR, B_N_MAJOR(4 * B_BLOCK_WORDS))
+ROW_WORDS = 32                            # a swizzled row: 128 bytes
+BLOCK_WORDS = 64 * ROW_WORDS              # 64 rows of it: one block of 64 columns, MN-major
+A_WORDS = 64 * ROW_WORDS                  # A's tile, either way: 64 x 64, 8 KB
+multiplies = {(a_major, b_major): wgmma_m64n128k16(K_MAJOR if a_major == "K" else
+                                                   MN_MAJOR(4 * BLOCK_WORDS),
+                                                   K_MAJOR if b_major == "K" else
+                                                   MN_MAJOR(4 * BLOCK_WORDS))
+              for a_major in ("K", "MN") for b_major in ("K", "MN")}
 
 if not SIMULATOR and cuda.is_available() and \
         cuda.get_current_device().compute_capability < (9, 0):
@@ -42,41 +47,54 @@ def swizzled_rows(x):
     return stored.reshape(-1).view(np.uint32)
 
 
-@cuda.jit
-def one_wgmma(out, words, a_word, b_word):
-    # out[64, 128] = the wgmma of the operands at words[a_word], words[b_word]; 128 threads
-    tiles = dynamic_shared_words()
-    first = atom_start(tiles)                   # (words go from a 1024-byte boundary on)
-    acc = cuda.local.array(ACCUMULATORS, float32)
-    tid = cuda.threadIdx.x
-    for i in range(tid, words.shape[0], 128):
-        tiles[first + i] = words[i]
-    for e in range(ACCUMULATORS):
-        acc[e] = float32(0.0)
-    fence_proxy_async()                 # (generic-proxy stores, read by the async proxy)
-    cuda.syncthreads()
-    wgmma_fence(acc)
-    multiply(acc, tiles, first + a_word, tiles, first + b_word)
-    wgmma_commit()
-    wgmma_wait(acc)
-    warp, lane = tid // 32, tid % 32
-    row, col = 16 * warp + lane // 4, 2 * (lane % 4)
-    for j in range(16):
-        out[row, col + 8 * j], out[row, col + 8 * j + 1] = acc[4 * j], acc[4 * j + 1]
-        out[row + 8, col + 8 * j], out[row + 8, col + 8 * j + 1] = acc[4 * j + 2], acc[4 * j + 3]
+def one_wgmma_kernel(multiply):
+    @cuda.jit
+    def one_wgmma(out, words, a_word, b_word):
+        # out[64, 128] = the wgmma of the operands at words[a_word], words[b_word]; 128 threads
+        tiles = dynamic_shared_words()
+        first = atom_start(tiles)                   # (words go from a 1024-byte boundary on)
+        acc = cuda.local.array(ACCUMULATORS, float32)
+        tid = cuda.threadIdx.x
+        for i in range(tid, words.shape[0], 128):
+            tiles[first + i] = words[i]
+        for e in range(ACCUMULATORS):
+            acc[e] = float32(0.0)
+        fence_proxy_async()                 # (generic-proxy stores, read by the async proxy)
+        cuda.syncthreads()
+        wgmma_fence(acc)
+        multiply(acc, tiles, first + a_word, tiles, first + b_word)
+        wgmma_commit()
+        wgmma_wait(acc)
+        warp, lane = tid // 32, tid % 32
+        row, col = 16 * warp + lane // 4, 2 * (lane % 4)
+        for j in range(16):
+            out[row, col + 8 * j], out[row, col + 8 * j + 1] = acc[4 * j], acc[4 * j + 1]
+            out[row + 8, col + 8 * j], out[row + 8, col + 8 * j + 1] = (acc[4 * j + 2],
+                                                                        acc[4 * j + 3])
+    return one_wgmma
 
 
+@pytest.mark.parametrize("a_major,b_major", [("K", "MN"), ("K", "K"), ("MN", "MN"), ("MN", "K")])
 @pytest.mark.parametrize("a_step,b_step", [(0, 0), (1, 2), (3, 3)])
-def test_one_wgmma(rng, a_step, b_step):
-    """A is k 16 a_step .. of a 64 x 64 K-major tile (its start 32 a_step bytes into each
-    row), B is k rows 16 b_step .. of a 64 x 128 n-major tile (two blocks of 64 columns)."""
-    a_full = rng.standard_normal((ROWS_A, K_ROW), dtype=np.float32)
-    b_full = rng.standard_normal((ROWS_B, 128), dtype=np.float32)
-    words = np.concatenate([swizzled_rows(a_full), swizzled_rows(b_full[:, :64]),
-                            swizzled_rows(b_full[:, 64:])])
+def test_one_wgmma(rng, a_major, b_major, a_step, b_step):
+    """A is k 16 a_step .. of a 64 x 64 tile (K-major: 64 rows of m, its start 32 a_step bytes
+    into each; MN-major: 64 rows of k, its start 16 a_step rows on), B k 16 b_step .. of a 64 x
+    128 tile (MN-major: 64 rows of k in two blocks of 64 columns; K-major: 128 rows of n)."""
+    a_full = rng.standard_normal((64, 64), dtype=np.float32)           # [m, k]
+    b_full = rng.standard_normal((64, 128), dtype=np.float32)          # [k, n]
+    if a_major == "K":
+        a_words, a_word = swizzled_rows(a_full), 8 * a_step
+    else:
+        a_words, a_word = swizzled_rows(a_full.T), 16 * a_step * ROW_WORDS
+    if b_major == "MN":
+        b_words = np.concatenate([swizzled_rows(b_full[:, :64]), swizzled_rows(b_full[:, 64:])])
+        b_word = A_WORDS + 16 * b_step * ROW_WORDS
+    else:
+        b_words, b_word = swizzled_rows(b_full.T), A_WORDS + 8 * b_step
+    words = np.concatenate([a_words, b_words])
     out = cuda.to_device(np.full((64, 128), np.nan, np.float32))
-    one_wgmma[1, 128, 0, 4 * len(words) + ATOM_BYTES](out, cuda.to_device(words), 8 * a_step,
-                                         A_WORDS + 16 * b_step * 32)
+    kernel = one_wgmma_kernel(multiplies[a_major, b_major])
+    kernel[1, 128, 0, 4 * len(words) + ATOM_BYTES](out, cuda.to_device(words), a_word, b_word)
     a = bf16_values(a_full[:, 16 * a_step:16 * a_step + 16]).astype(np.float64)
     b = bf16_values(b_full[16 * b_step:16 * b_step + 16]).astype(np.float64)
     np.testing.assert_allclose(out.copy_to_host(), a @ b, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,8 @@ says (registers, spills) and the tensor-core, copy and barrier instructions of i
 (tools/kernel_report.py does the same for the package's kernels, for sm_90. wgmma exists on
 sm_90a only, the architecture-specific target, which numba-cuda picks by itself for a device
 of compute capability 9.0: here the target is given, cc=(9, 0, "a").) A version's kernels are
-its module's @cuda.jit kernels; their arguments are matmul's, (out, a, b): out float32 and
+its module's @cuda.jit kernels, and those its `kernels()` makes (a version whose kernels come
+from a factory: {name: kernel}); their arguments are matmul's, (out, a, b): out float32 and
 a, b uint32 pairs of bf16 for a PRECISION = "bf16" version, else float32. Launch bounds are
 the kernel's own.
 """
@@ -46,7 +47,8 @@ def main():
         module = load(path)
         operand = uint32 if getattr(module, "PRECISION", "fp32") == "bf16" else float32
         signature = (float32[:, ::1], operand[:, ::1], operand[:, ::1])
-        for name, kernel in vars(module).items():
+        made = module.kernels() if hasattr(module, "kernels") else {}
+        for name, kernel in list(vars(module).items()) + list(made.items()):
             options = getattr(kernel, "targetoptions", None)   # (a Numba dispatcher's)
             if not isinstance(options, dict) or options.get("device", True):
                 continue

@@ -17,7 +17,10 @@ library in bf16).
 What a version exposes:
   matmul     matmul(out, a, b): out[M,N] = a[M,K] @ b[K,N], C-contiguous float32 Numba device
              arrays, row-major. MULTIPLE_OF = (m, n, k), optional: M, N, K must be multiples
-             of these (default any).
+             of these (default any). TRANSPOSES, optional: the (transpose_a, transpose_b) it
+             takes, matmul(out, a, b, transpose_a=, transpose_b=) then giving out = op(a) @
+             op(b), a transposed operand stored as its transpose ([K, M] for a, [N, K] for b):
+             the products of a backward, each checked and timed beside cuBLAS's own.
              Library: cuBLAS, cupy.matmul in float32 with TF32 off (CUPY_TF32=0).
              Work: 2MNK flops. Default shape 16384,3072,768 (andrea-120m's MLP up: B*T = 16384
              rows, C = 768 in, 4C = 3072 out).
@@ -161,25 +164,57 @@ class Matmul:
         return a, b, a.astype(np.float64), b.astype(np.float64)
 
     @staticmethod
+    def transposes(module):
+        """The (transpose_a, transpose_b) the version takes: TRANSPOSES, else the plain product."""
+        return getattr(module, "TRANSPOSES", ((False, False),))
+
+    @staticmethod
+    def orientation(transpose_a, transpose_b):
+        """A product's name in the report: "" for a @ b, "a^T", "b^T" or "a^T b^T"."""
+        return " ".join(name for name, t in (("a^T", transpose_a), ("b^T", transpose_b)) if t)
+
+    @staticmethod
+    def stored_shapes(shape, transpose_a, transpose_b):
+        """The shapes a and b are stored in: a [M,K] or, transposed, [K,M]; b [K,N] or [N,K]."""
+        M, N, K = shape
+        return (K, M) if transpose_a else (M, K), (N, K) if transpose_b else (K, N)
+
+    @staticmethod
+    def product(module, out, a, b, transpose_a, transpose_b):
+        """module.matmul, given the transposes only where the version takes some."""
+        if hasattr(module, "TRANSPOSES"):
+            module.matmul(out, a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+        else:
+            module.matmul(out, a, b)
+
+    @staticmethod
     def check(module, shape, rng):
         """{output: relative error} of module.matmul against float64 NumPy, fresh inputs (for
-        a bf16 version, the product of the bf16 values: the sums are float32 either way)."""
-        M, N, K = shape
-        a, b, a64, b64 = Matmul.operands(module, random_float32(rng, (M, K)),
-                                         random_float32(rng, (K, N)))
-        out = poisoned((M, N))
-        module.matmul(out, cuda.to_device(a), cuda.to_device(b))
-        return {"out": relative_error(out.copy_to_host(), a64 @ b64)}
+        a bf16 version, the product of the bf16 values: the sums are float32 either way), in
+        each orientation it takes."""
+        errors = {}
+        for ta, tb in Matmul.transposes(module):
+            a_shape, b_shape = Matmul.stored_shapes(shape, ta, tb)
+            a, b, a64, b64 = Matmul.operands(module, random_float32(rng, a_shape),
+                                             random_float32(rng, b_shape))
+            out = poisoned(shape[:2])
+            Matmul.product(module, out, cuda.to_device(a), cuda.to_device(b), ta, tb)
+            want = (a64.T if ta else a64) @ (b64.T if tb else b64)
+            name = " ".join(filter(None, ["out", Matmul.orientation(ta, tb)]))
+            errors[name] = relative_error(out.copy_to_host(), want)
+        return errors
 
     @staticmethod
     def call(module, shape):
-        """module.matmul once, on arrays of `shape` (what it launches, for precompile_all)."""
-        M, N, K = shape
-        if Matmul.bf16(module):
-            a, b = (cuda.device_array(s, np.uint32) for s in ((M, K // 2), (K, N // 2)))
-        else:
-            a, b = (cuda.device_array(s, np.float32) for s in ((M, K), (K, N)))
-        module.matmul(cuda.device_array((M, N), np.float32), a, b)
+        """module.matmul once in each orientation, on arrays of `shape` (what it launches, for
+        precompile_all)."""
+        for ta, tb in Matmul.transposes(module):
+            a_shape, b_shape = Matmul.stored_shapes(shape, ta, tb)
+            if Matmul.bf16(module):
+                a, b = (cuda.device_array((r, c // 2), np.uint32) for r, c in (a_shape, b_shape))
+            else:
+                a, b = (cuda.device_array(s, np.float32) for s in (a_shape, b_shape))
+            Matmul.product(module, cuda.device_array(shape[:2], np.float32), a, b, ta, tb)
 
     @staticmethod
     def flops(shape):
@@ -199,18 +234,25 @@ class Matmul:
         A, B, C = (cuda.as_cuda_array(x) for x in (a, b, c))
         work = Matmul.flops(shape)
         library = [("", lambda: cupy.matmul(a, b, out=c), work)]
-        ours = {}
+        ours, bf16_operands = {}, {}
         for name, module in modules.items():
             if not Matmul.bf16(module):
                 ours[name] = [("", lambda m=module: m.matmul(C, A, B), work)]
                 continue
-            if len(library) == 1:               # (the bf16 operands and cuBLAS's, once)
-                import torch
-                from nanoandrea.kernels.tensorcores import pack_bf16
-                packed = [cuda.to_device(pack_bf16(x.get())) for x in (a, b)]
-                ta, tb = (torch.as_tensor(x, device="cuda").bfloat16() for x in (a, b))
-                library.append(("bf16", lambda: torch.matmul(ta, tb), work))
-            ours[name] = [("bf16", lambda m=module, p=packed: m.matmul(C, *p), work)]
+            import torch
+            from nanoandrea.kernels.tensorcores import pack_bf16
+            ours[name] = []
+            for ta, tb in Matmul.transposes(module):
+                label = " ".join(filter(None, ["bf16", Matmul.orientation(ta, tb)]))
+                if label not in bf16_operands:  # (each orientation's operands and cuBLAS, once)
+                    stored = [x.T.copy() if t else x for x, t in ((a, ta), (b, tb))]
+                    packed = [cuda.to_device(pack_bf16(x.get())) for x in stored]
+                    ta_, tb_ = (torch.as_tensor(x, device="cuda").bfloat16() for x in stored)
+                    ta_, tb_ = (ta_.T if ta else ta_), (tb_.T if tb else tb_)
+                    library.append((label, lambda x=ta_, y=tb_: torch.matmul(x, y), work))
+                    bf16_operands[label] = packed
+                ours[name].append((label, lambda m=module, p=bf16_operands[label], ta=ta, tb=tb:
+                                   Matmul.product(m, C, *p, ta, tb), work))
         return ("cuBLAS (cupy.matmul in float32, TF32 off; torch.matmul in bf16)", library,
                 ours)
 

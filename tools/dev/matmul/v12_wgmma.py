@@ -37,7 +37,7 @@ from numba import cuda, float32
 
 from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
 from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
-from wgmma import (A_K_MAJOR, ACCUMULATORS, ATOM_BYTES, B_N_MAJOR, atom_start,
+from wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
                    dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
                    wgmma_m64n128k16, wgmma_wait)
 
@@ -54,7 +54,7 @@ COPIES = BM * (BK // 8) // THREADS      # 16-byte copies a thread makes of each 
 WAIT_FOR_OLDEST = wait_copies(STAGES - 2)
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 2))    # 2 blocks an SM: at most
                                                                   # 128 registers a thread
-multiply = wgmma_m64n128k16(A_K_MAJOR, B_N_MAJOR(4 * B_HALF_WORDS))
+multiply = wgmma_m64n128k16(K_MAJOR, MN_MAJOR(4 * B_HALF_WORDS))
 
 
 @cuda.jit(**BOUNDS)
@@ -109,20 +109,32 @@ def store_tile(out, acc, row0, col0, thread):
 @inlined
 def copy_slice(tiles, stage, a, b, m0, n0, k0, tid):
     """Start the copies of a[m0:+128, k0:+64] and b[k0:+64, n0:+128] into the stage at word
-    `stage`, each 16-byte chunk at its swizzled place; 8 consecutive threads copy one 128-byte
-    row (coalesced)."""
+    `stage`: a's as 128 rows of k, b's as 64 rows of n."""
+    copy_k_rows(tiles, stage, a, m0, k0, tid)
+    copy_mn_rows(tiles, stage + A_WORDS, b, k0, n0, tid)
+
+
+@inlined
+def copy_k_rows(tiles, at, x, row0, k0, tid):
+    """x[row0:+128, k0:+64] (x's rows along k) into 128 swizzled rows of 128 bytes at word
+    `at`, each 16-byte chunk at its place; 8 consecutive threads copy one row (coalesced)."""
     for r in range(COPIES):
         c = tid + r * THREADS
-        i, q = c // 8, c % 8                       # a: row i, chunk q of its 64 k
-        copy16_async(tiles, (stage + i * ROW_WORDS + 4 * (q ^ (i % 8)),),
-                     a, (m0 + i, k0 // 2 + 4 * q), True)
+        i, q = c // 8, c % 8                       # row i, chunk q of its 64 k
+        copy16_async(tiles, (at + i * ROW_WORDS + 4 * (q ^ (i % 8)),),
+                     x, (row0 + i, k0 // 2 + 4 * q), True)
+
+
+@inlined
+def copy_mn_rows(tiles, at, x, k0, col0, tid):
+    """x[k0:+64, col0:+128] (x's rows along m or n) into two blocks of 64 columns at word
+    `at`, each 64 swizzled rows of 128 bytes; 16 consecutive threads copy one row."""
     for r in range(COPIES):
         c = tid + r * THREADS
-        k, q = c // 16, c % 16                     # b: row k, chunk q of its 128 n
+        k, q = c // 16, c % 16                     # row k, chunk q of its 128 columns
         block, q8 = q // 8, q % 8                  # (chunks 0-7 the first 64 columns)
-        copy16_async(tiles, (stage + A_WORDS + block * B_HALF_WORDS + k * ROW_WORDS
-                             + 4 * (q8 ^ (k % 8)),),
-                     b, (k0 + k, n0 // 2 + 4 * q), True)
+        copy16_async(tiles, (at + block * B_HALF_WORDS + k * ROW_WORDS + 4 * (q8 ^ (k % 8)),),
+                     x, (k0 + k, col0 // 2 + 4 * q), True)
 
 
 def matmul(out, a, b):

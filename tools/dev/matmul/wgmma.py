@@ -2,8 +2,9 @@
 from, each instruction with a simulator twin written from the PTX ISA's definitions.
 
     acc = cuda.local.array(64, float32)          a thread's part of one 64 x 128 float32 D
-    multiply = wgmma_m64n128k16(A_K_MAJOR, B_N_MAJOR(8192))    (at import: the operands'
-                                                 shared-memory layouts, below)
+    multiply = wgmma_m64n128k16(K_MAJOR, MN_MAJOR(8192))    (at import: the operands'
+                                                 shared-memory layouts, below: here A
+                                                 K-major, B n-major)
     wgmma_fence(acc)                             wgmma.fence: acc's registers ready for wgmma
     multiply(acc, a_tiles, a_word, b_tiles, b_word)
                                                  D[64,128] += A[64,16] B[16,128], started;
@@ -39,16 +40,21 @@ column fall on 8 different 16-byte groups of banks, so the tensor cores (and cp.
 writes) meet no bank conflicts. The XOR is of address bits 4-6 with bits 7-9 of the absolute
 address, hence the 1024-byte alignment. (An alignment declared for the dynamic shared array is
 a promise the compiler believes, and the launch places the array; atom_start asks the address
-instead, at the cost of one add an index.) In the canonical layouts (CUTLASS's names):
-  K-major (A here, rows of m along k):  element (m, k) at byte
-        128 (m % 8) + SBO (m // 8) + 2k            (k < 64: one 128-byte row holds k0..k63)
+instead, at the cost of one add an index.) In the canonical layouts (CUTLASS's names),
+either operand may lie either way:
+  K-major (rows of m for A, of n for B, each along k):  element (row, k) at byte
+        128 (row % 8) + SBO (row // 8) + 2k            (k < 64: one 128-byte row holds k0..k63)
     a 64 x 64 slice is 8 atoms, SBO = 1024, LBO unused. A k16 step inside the row is a start
     address 32 bytes on: the hardware swizzles the address it computes, as cp.async's writes
     were swizzled.
-  MN-major (B here: b is [K, N], n contiguous):  element (k, n) at byte
-        2 (n % 64) + LBO (n // 64) + 128 (k % 8) + SBO (k // 8)
-    a row of 64 n is 128 bytes, 8 rows of k one atom; SBO steps 8 rows of k, LBO 64 columns.
-    wgmma reads it with imm-trans-b = 1 (bf16 operands may come transposed).
+  MN-major (rows of k, each along m for A, along n for B):  element (k, col) at byte
+        2 (col % 64) + LBO (col // 64) + 128 (k % 8) + SBO (k // 8)
+    a row of 64 columns is 128 bytes, 8 rows of k one atom; SBO steps 8 rows of k, LBO 64
+    columns. A k16 step is 2 atoms on.
+wgmma reads A K-major with imm-trans-a = 0 and MN-major with 1, and B likewise with
+imm-trans-b (bf16 operands may come either way; the instruction's default is K-major for
+both). The forward's x @ W has A K-major (x's rows) and B n-major (W's rows); dX = dY W^T
+reads W's rows as B K-major; dW = x^T dY reads x's rows as A m-major.
 
 Both are written by the kernel with cp.async (nanoandrea/kernels/asynccopy.py), and cp.async
 writes through the GENERIC proxy while wgmma reads through the ASYNC proxy: between them,
@@ -90,12 +96,12 @@ ATOM_BYTES = 1024               # 8 rows of 128 bytes: one period of the swizzle
 # An operand's layout in shared memory: which axis is contiguous ("K" or "MN"), and the
 # descriptor's two byte offsets (see the module's doc). The kernel's tiles must match.
 Layout = namedtuple("Layout", "major leading stride")
-A_K_MAJOR = Layout("K", leading=16, stride=ATOM_BYTES)      # (LBO unused: 16 encodes as 1)
+K_MAJOR = Layout("K", leading=16, stride=ATOM_BYTES)        # (LBO unused: 16 encodes as 1)
 
 
-def B_N_MAJOR(columns_apart):
-    """B stored n-contiguous: 8-row groups of k ATOM_BYTES apart, 64-column blocks
-    `columns_apart` bytes apart."""
+def MN_MAJOR(columns_apart):
+    """An operand stored m- or n-contiguous: 8-row groups of k ATOM_BYTES apart, 64-column
+    blocks `columns_apart` bytes apart."""
     return Layout("MN", leading=columns_apart, stride=ATOM_BYTES)
 
 
@@ -118,20 +124,21 @@ def descriptor(address, layout):
 
 def logical_bytes(layout, rows, cols):
     """Byte offsets, from the start address and before the swizzle, of the elements of a
-    canonical-layout operand: [rows, cols] indexed (m, k) for K-major A, (k, n) for MN-major B
-    (the CUTLASS formulas above, with the strides the descriptor gives)."""
+    canonical-layout operand as it lies, [rows, cols] with cols the contiguous axis: (m or n,
+    k) K-major, (k, m or n) MN-major (the CUTLASS formulas above, with the descriptor's
+    strides)."""
     r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
     if layout.major == "K":
-        m, k = r, c
-        return 128 * (m % 8) + layout.stride * (m // 8) + 2 * k
-    k, n = r, c
-    return 2 * (n % 64) + layout.leading * (n // 64) + 128 * (k % 8) + layout.stride * (k // 8)
+        return 128 * (r % 8) + layout.stride * (r // 8) + 2 * c
+    k, col = r, c
+    return 2 * (col % 64) + layout.leading * (col // 64) + 128 * (k % 8) + layout.stride * (k // 8)
 
 
 def read_operand(words, first, desc, major, rows, cols):
     """The bf16 operand a descriptor names, read as wgmma would from a uint32 array of shared
     memory whose word `first` is at shared address 0 (a 1024-byte boundary), as float64 [rows,
-    cols]: the descriptor's fields decoded, the canonical layout, then the swizzle."""
+    cols] as it lies (logical_bytes): the descriptor's fields decoded, the canonical layout,
+    then the swizzle."""
     start = (desc & 0x3FFF) << 4
     layout = Layout(major, leading=((desc >> 16) & 0x3FFF) << 4,
                     stride=((desc >> 32) & 0x3FFF) << 4)
@@ -164,10 +171,12 @@ if SIMULATOR:
         @cuda.jit(device=True)  # (a device function: `cuda` in it is the simulated one)
         def multiply(acc, a_tiles, a_word, b_tiles, b_word):
             first = SIMULATED_START
-            a = read_operand(a_tiles, first, descriptor(4 * (a_word - first), a_layout), "K",
-                             M, K)
-            b = read_operand(b_tiles, first, descriptor(4 * (b_word - first), b_layout), "MN",
-                             K, N)
+            a_desc = descriptor(4 * (a_word - first), a_layout)
+            b_desc = descriptor(4 * (b_word - first), b_layout)
+            a = (read_operand(a_tiles, first, a_desc, "K", M, K) if a_layout.major == "K"
+                 else read_operand(a_tiles, first, a_desc, "MN", K, M).T)          # [M, K]
+            b = (read_operand(b_tiles, first, b_desc, "MN", K, N) if b_layout.major == "MN"
+                 else read_operand(b_tiles, first, b_desc, "K", N, K).T)           # [K, N]
             thread = cuda.threadIdx.x % 128
             warp, lane = thread // 32, thread % 32
             g, t = lane // 4, lane % 4
@@ -275,10 +284,10 @@ else:
         descriptors built here from the words' shared addresses and the layouts' constants."""
         n = ACCUMULATORS
         registers = ", ".join(f"${i}" for i in range(n))
+        trans_a, trans_b = (int(layout.major == "MN") for layout in (a_layout, b_layout))
         code = (f"wgmma.mma_async.sync.aligned.m{M}n{N}k{K}.f32.bf16.bf16 "
-                f"{{{registers}}}, ${n}, ${n + 1}, 1, 1, 1, 0, 1;")
-        # (scale-d 1: D += A B; scale-a, scale-b 1; trans-a 0: A K-major; trans-b 1: B
-        # MN-major)
+                f"{{{registers}}}, ${n}, ${n + 1}, 1, 1, 1, {trans_a}, {trans_b};")
+        # (scale-d 1: D += A B; scale-a, scale-b 1; trans-a, trans-b: 0 K-major, 1 MN-major)
         constraints = ",".join(["=f"] * n + ["l", "l"] + [str(i) for i in range(n)])
         highs = [ir.Constant(I64, descriptor_high(layout)) for layout in (a_layout, b_layout)]
 
