@@ -8,6 +8,8 @@
 #     e2e       training tokens/s against PyTorch, andrea-12m and andrea-120m (tools/bench.py)
 #     bench     the kernels against cuBLAS, SDPA and PyTorch's ops (tools/bench.py)
 #     dev       the optimisation ladders, each version checked and timed (tools/dev/run.py)
+#     wgmma     one wgmma in each operand layout (tests/test_wgmma.py), then the wgmma rungs of
+#               the matmul ladder (v12 on) checked and timed at andrea-120m's three shapes
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
 #               matmuls, attention and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train`
@@ -60,6 +62,14 @@ for step in "${steps[@]}"; do
       for op in matmul attention; do
         limit python3 tools/dev/run.py $op --json "$OUT/dev-$op.json" > "$OUT/dev-$op.log" 2>&1
         tail -22 "$OUT/dev-$op.log"
+      done ;;
+    wgmma)
+      limit python3 -m pytest -v -rf tests/test_wgmma.py > "$OUT/pytest-wgmma.log" 2>&1
+      grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" "$OUT/pytest-wgmma.log" | tail -10
+      for shape in 16384,3072,768 16384,768,768 16384,768,3072; do
+        limit python3 tools/dev/run.py matmul --only ${WGMMA:-v12,v13,v14,v15} --shape $shape \
+            --json "$OUT/dev-wgmma-$shape.json" > "$OUT/dev-wgmma-$shape.log" 2>&1
+        tail -12 "$OUT/dev-wgmma-$shape.log"
       done ;;
     bf16)
       limit python3 -m nanoandrea compile --preset andrea-12m --precision bf16
