@@ -193,18 +193,22 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
             text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
         model, tokenizer = load_model(checkpoint, device, precision)
         compile_kernels(for_sampling(model), report=lambda m: click.echo(m, err=True))
-        ids = encode_prompt(tokenizer, text, model.config.block_size,
-                            report=lambda m: click.echo(m, err=True))
-        batch = np.repeat(ids[None, :], num_samples, axis=0)
+        prompt_ids = encode_prompt(tokenizer, text, model.config.block_size,
+                                   report=lambda m: click.echo(m, err=True))
+        batch = np.repeat(prompt_ids[None, :], num_samples, axis=0)
         rng = np.random.default_rng(seed)
         started = time.perf_counter()
         first = []                      # when the first new token came (its prefill and the
                                         # decoder's capture are in it)
+        block, full = model.config.block_size, []   # when the context filled the block
 
         def timed(update):
             def progress(ids):
                 if not first:
                     first.append(time.perf_counter())
+                if kv_cache and not full and ids.shape[1] > block:
+                    full.append((block, time.perf_counter() - started,
+                                 ids.shape[1] - len(prompt_ids)))
                 update(ids)
             return progress
         if num_samples == 1:            # one sample: its text as it comes
@@ -226,18 +230,32 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
                 click.echo(tokenizer.decode(row))
         ended = time.perf_counter()
         click.echo(sampling_speed(num_samples, max_new_tokens, ended - started,
-                                  first[0] - started if first else None), err=True)
+                                  first[0] - started if first else None,
+                                  full[0] if full else None), err=True)
     _run(action)
 
 
-def sampling_speed(rows, new_tokens, seconds, first_seconds):
+def sampling_speed(rows, new_tokens, seconds, first_seconds, full=None):
     """The line sample ends with: all tokens and the time, then the first token's wait (the
-    prompt's forward) apart from the rate of the rest, which is what a longer sample runs at."""
+    prompt's forward) apart from the rate of the rest, which is what a longer sample runs at.
+    full = (block, seconds, cached): when the context filled the block, after `cached` new
+    tokens. The tokens after it each run a forward over the whole window (sample.py), at a
+    rate of their own, so the line gives the two rates apart."""
     line = f"{rows * new_tokens} tokens in {seconds:.2f} s"
     if first_seconds is None or new_tokens < 2:
         return line + f" ({rows * new_tokens / max(seconds, 1e-9):,.0f} tokens/s)"
-    rest = rows * (new_tokens - 1) / max(seconds - first_seconds, 1e-9)
-    return line + f": the first after {first_seconds:.2f} s, then {rest:,.0f} tokens/s"
+    line += f": the first after {first_seconds:.2f} s, then "
+    if full is None or full[2] >= new_tokens:
+        rest = rows * (new_tokens - 1) / max(seconds - first_seconds, 1e-9)
+        return line + f"{rest:,.0f} tokens/s"
+    block, full_seconds, cached = full
+    past = rows * (new_tokens - cached) / max(seconds - full_seconds, 1e-9)
+    past = (f"{past:,.0f} tokens/s past the block of {block} positions (each a forward over "
+            f"the whole window)")
+    if cached < 2:
+        return line + past
+    cached_rate = rows * (cached - 1) / max(full_seconds - first_seconds, 1e-9)
+    return line + f"{cached_rate:,.0f} tokens/s from the key/value cache, {past}"
 
 
 @click.command("compile")
@@ -409,7 +427,7 @@ def heads_command(checkpoint, text, out_dir, windows, ablation):
 
     def action():
         click.echo(heads_report(checkpoint, out_dir, text, windows, ablation,
-                                report=lambda m: click.echo(m, err=True)))
+                                      report=lambda m: click.echo(m, err=True)))
         click.echo(f"wrote {out_dir}/heads.md, heads.json, heads.png", err=True)
     _run(action)
 

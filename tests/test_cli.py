@@ -138,6 +138,21 @@ def test_bf16_loss_curve_stays_within_2_percent_of_float32(tmp_path):
     assert curves["bf16"] != curves["fp32"]             # (two precisions, not one twice)
 
 
+def test_the_sampling_speed_line_gives_each_rate_apart():
+    from nanoandrea.cli import sampling_speed
+    assert sampling_speed(2, 100, 3.0, 1.0) == \
+        "200 tokens in 3.00 s: the first after 1.00 s, then 99 tokens/s"
+    # 41 tokens from the cache by 2.0 s (40 after the first), 59 past the block in 1.0 s
+    assert sampling_speed(1, 100, 3.0, 1.0, full=(256, 2.0, 41)) == \
+        ("100 tokens in 3.00 s: the first after 1.00 s, then 40 tokens/s from the key/value "
+         "cache, 59 tokens/s past the block of 256 positions (each a forward over the whole "
+         "window)")
+    assert sampling_speed(1, 10, 2.0, 1.0, full=(8, 1.0, 1)).endswith(
+        "then 9 tokens/s past the block of 8 positions (each a forward over the whole window)")
+    assert sampling_speed(1, 10, 2.0, 1.0, full=(8, 1.9, 10)).endswith("then 9 tokens/s")
+    assert sampling_speed(3, 1, 0.5, 0.5) == "3 tokens in 0.50 s (6 tokens/s)"
+
+
 def test_sample_prepare_and_info(corpus, tmp_path):
     out = tmp_path / "run"
     assert train(corpus, out, "--max-steps", "6", "--eval-interval", "6").exit_code == 0
@@ -149,9 +164,13 @@ def test_sample_prepare_and_info(corpus, tmp_path):
     assert run(*args, "--prompt", "First", "--no-kv-cache").stdout == one.stdout
     long = run(*args, "--prompt", "Speak, " * 5, "--num-samples", "2")
     assert "keeping its last 8" in long.stderr and long.stdout.count("--- sample") == 2
-    # the speed: the first token's wait (the prompt's forward) apart from the rate after it
+    # the speed: the first token's wait (the prompt's forward) apart from the rate after it;
+    # the prompt fills the block of 8, so every later token is a forward over the whole window
     assert re.search(r"40 tokens in [0-9.]+ s: the first after [0-9.]+ s, then [0-9,]+ "
-                     r"tokens/s", long.stderr), long.stderr
+                     r"tokens/s past the block of 8 positions", long.stderr), long.stderr
+    short = run(*args, "--prompt", "Sp", "--num-samples", "2")   # 7 tokens from the cache
+    assert re.search(r"then [0-9,]+ tokens/s from the key/value cache, [0-9,]+ tokens/s past "
+                     r"the block of 8", short.stderr), short.stderr
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("All:")
     assert run(*args, "--prompt-file", prompt_file).stdout.startswith("All:")
