@@ -10,6 +10,8 @@
 #     dev       the optimisation ladders, each version checked and timed (tools/dev/run.py)
 #     wgmma     one wgmma in each operand layout (tests/test_wgmma.py), then the wgmma rungs of
 #               the matmul ladder (v12 on) checked and timed at andrea-120m's three shapes
+#     profile   each kernel's GPU time in one training step, ours beside PyTorch's, andrea-12m
+#               and andrea-120m (tools/bench.py --only profile; PRECISION, default bf16)
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
 #               matmuls, attention and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train`
@@ -71,6 +73,10 @@ for step in "${steps[@]}"; do
             --json "$OUT/dev-wgmma-$shape.json" > "$OUT/dev-wgmma-$shape.log" 2>&1
         tail -12 "$OUT/dev-wgmma-$shape.log"
       done ;;
+    profile)
+      limit python3 tools/bench.py --only profile --precision ${PRECISION:-bf16} \
+          > "$OUT/profile-${PRECISION:-bf16}.log" 2>&1
+      grep -A8 "^profile:" "$OUT/profile-${PRECISION:-bf16}.log" ;;
     bf16)
       limit python3 -m nanoandrea compile --preset andrea-12m --precision bf16
       limit python3 -m nanoandrea compile --preset andrea-120m --batch-size 16 --block-size 1024 \
