@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -161,7 +162,8 @@ def _encoded(corpus, tokenizer, dtype, workers):
         tokenizer.fast_encoding()                   # built here once, and inherited
     given = tokenizer if method == "fork" else tokenizer.to_dict()
     context = multiprocessing.get_context(method)
-    with context.Pool(workers, _start_worker, (given, dtype)) as pool:
+    pool = context.Pool(workers, _start_worker, (given, dtype))
+    try:
         pending = deque()
         for task, starts in _tasks(corpus):
             pending.append((pool.apply_async(encode_segments, (task,)), starts))
@@ -171,6 +173,22 @@ def _encoded(corpus, tokenizer, dtype, workers):
         while pending:
             result, starts = pending.popleft()
             yield *result.get(), starts
+    finally:
+        _stop_pool(pool)
+
+
+def _stop_pool(pool, seconds=10):
+    """pool.terminate(), as leaving `with Pool()` does, but in at most 2 x `seconds`: stopped
+    midway (Ctrl-C, SIGTERM), terminate can wait forever, its task-feeding thread stuck on the
+    task queue's lock (seen about once in 15 stops on a loaded 2-core machine). Then the
+    workers are killed, and the stuck thread, a daemon, ends with the process."""
+    stopper = threading.Thread(target=pool.terminate, daemon=True)
+    stopper.start()
+    stopper.join(seconds)
+    if stopper.is_alive():
+        for child in multiprocessing.active_children():     # (the pool's workers)
+            child.kill()
+        stopper.join(seconds)
 
 
 # --- the shards --------------------------------------------------------------------------------
