@@ -4,13 +4,14 @@ Its twin rounds the operands to bf16 exactly as the kernel does (to nearest, tie
 the two agree to float32 sums' rounding; against the unrounded float64 product the error is
 bf16's, ~1e-2 relative at most. Sizes are multiples of 8 (the kernel's copies), none a
 multiple of its block tile; in the simulator its block is 32 x 32 (the module's doc).
-`check` serves tf32's tests of the same kernel too (test_matmul_tf32.py).
+`check` serves tf32's tests of the same kernel too (test_matmul_tf32.py), and the wgmma
+kernel's (test_matmul_wgmma.py).
 """
 import numpy as np
 import pytest
 
 from conftest import GPU, relative_error
-from nanoandrea.kernels import matmul, matmul_bf16, matmul_tf32
+from nanoandrea.kernels import matmul, matmul_bf16, matmul_tf32, matmul_wgmma
 from nanoandrea.kernels.launch import kernel_factory
 from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values, pack_bf16, unpack_bf16
 from test_kernels import ORIENTATIONS, device, output_and_prior, poisoned
@@ -19,7 +20,10 @@ TOLERANCE = 1e-5 if not GPU else 1e-4       # against the twin: float32 sums in 
 BF16_TOLERANCE = 1e-2                        # against float64 on the unrounded operands
 # each precision's (launcher, twin, tolerance against float64 on the unrounded operands)
 PRECISIONS = {"bf16": (matmul_bf16.matmul_bf16, matmul_bf16.matmul_bf16_numpy, BF16_TOLERANCE),
-              "tf32": (matmul_tf32.matmul_tf32, matmul_tf32.matmul_tf32_numpy, 2e-3)}
+              "tf32": (matmul_tf32.matmul_tf32, matmul_tf32.matmul_tf32_numpy, 2e-3),
+              "wgmma": (lambda out, a, b, *args, **epilogue: matmul_wgmma.matmul_wgmma(
+                  out, matmul_bf16.rounded(a), matmul_bf16.rounded(b), *args, **epilogue),
+                  matmul_bf16.matmul_bf16_numpy, BF16_TOLERANCE)}     # (test_matmul_wgmma.py)
 CASES = ([(40, 24, 40, True, False), (24, 40, 16, False, True)] if not GPU else
          [(1000, 1544, 392, True, False), (1000, 392, 776, False, True),
           (2048, 768, 3072, True, False)])

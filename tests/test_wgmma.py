@@ -1,15 +1,12 @@
-"""One wgmma (tools/dev/matmul/wgmma.py, the ladder's v12 and on) on its own: D [64,128] =
-A [64,16] B [16,128], the operands put in shared memory by the host in the 128-byte-swizzled
-layouts, built here from the layouts' plain description (rows of 128 bytes, chunk c of row r
-stored at chunk c ^ (r % 8)), not from the module's address arithmetic; each operand K-major
+"""One wgmma (kernels/wgmma.py: matmul_wgmma.py's, and the ladder's from v12 on) on its own:
+D [64,128] = A [64,16] B [16,128], the operands put in shared memory by the host in the
+128-byte-swizzled layouts, built here from the layouts' plain description (rows of 128
+bytes, chunk c of row r stored at chunk c ^ (r % 8)), not from the module's address arithmetic; each operand K-major
 or MN-major (the forward's A K-major and B n-major, dX's B K-major, dW's A m-major). In the
 simulator it checks the twin; on an sm_90 GPU it checks the instruction, the descriptors,
 the transposes and D's fragment layout against the same NumPy product, apart from any
 kernel's pipeline (where a wrong layout would only show as a wrong matmul).
 """
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from numba import cuda, float32
@@ -17,10 +14,9 @@ from numba import cuda, float32
 from nanoandrea.kernels.launch import SIMULATOR
 from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "dev" / "matmul"))
-from wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,  # noqa: E402
-                   dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
-                   wgmma_m64n128k16, wgmma_wait)
+from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
+                                      dynamic_shared_words, fence_proxy_async, wgmma_commit,
+                                      wgmma_fence, wgmma_m64n128k16, wgmma_wait)
 
 ROW_WORDS = 32                            # a swizzled row: 128 bytes
 BLOCK_WORDS = 64 * ROW_WORDS              # 64 rows of it: one block of 64 columns, MN-major

@@ -14,9 +14,11 @@ Sections:
   attention  forward and forward+backward against torch's scaled_dot_product_attention (float32)
   small      the fused memory-bound kernels (residual + layernorm, GELU, cross-entropy with its
              gradient, AdamW with clipping) against PyTorch's ops, in GB/s
-  e2e        training tokens/s of full steps (forward, backward, AdamW) against a PyTorch GPT-2
-             of identical shape (fused AdamW, SDPA, float32, TF32 off): consecutive steps
-             between two events, as a training run has them (no wait for the GPU per step)
+  e2e        training tokens/s of full steps (forward, backward, AdamW) against PyTorch GPT-2s
+             of identical shape (fused AdamW, SDPA, float32, TF32 off): the tests' oracle
+             (nanoandrea/torch_gpt.py) and the model a PyTorch user trains (tools/torch_gpt2.py;
+             --compile: under torch.compile too); consecutive steps between two events, as a
+             training run has them (no wait for the GPU per step)
 --precision bf16: the matmuls on the tensor cores (kernels/matmul_bf16.py) against cuBLAS bf16
 (torch.matmul of bf16 tensors), checked against the float32 product of the bf16-rounded
 operands; attention (kernels/attention_bf16.py) against SDPA on bf16 tensors; e2e against
@@ -415,15 +417,21 @@ E2E_CASES = [("andrea-12m", 64, 256, 4096), ("andrea-120m", 16, 1024, 50257)]
 
 
 def e2e_cases(args):
-    """(preset, B, T, our step(graph), PyTorch's step) of each end-to-end case: the same
-    config, the same batch, AdamW on both sides."""
+    """(preset, B, T, config, our step(graph), {name: a PyTorch step}) of each end-to-end case:
+    the same config, the same batch, fused AdamW on every side. The PyTorch steps: "PyTorch",
+    nanoandrea.torch_gpt's oracle (our parameter names, `x @ W + b`, three projections), and
+    "PyTorch GPT-2", the model a PyTorch user trains (tools/torch_gpt2.py: nn.Linear, one fused
+    QKV product, the tied LM head), the issue's anchors; with --compile also that model under
+    torch.compile."""
     import torch
     from nanoandrea.backend import get_backend
     from nanoandrea.config import get_preset
     from nanoandrea.model import GPT
     from nanoandrea.optim import AdamW
+    from nanoandrea.precompile import compile_kernels, kernels_of
     from nanoandrea.step import TrainStep
     from nanoandrea.torch_gpt import TorchGPT
+    from torch_gpt2 import GPT2
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"    # (PyTorch's tf32 run)
     torch.backends.cudnn.allow_tf32 = False
     for preset, B, T, V in E2E_CASES:
@@ -435,27 +443,36 @@ def e2e_cases(args):
         targets = rng.integers(0, V, size=(B, T)).astype(np.int32)
         model = GPT(config, get_backend("cuda", precision=args.precision), seed=0)
         optimizer = AdamW(model.params, lr=1e-4)
+        # (the step's kernels compiled first, in parallel processes, as a training run does:
+        # compiled where first launched, one after another, they take minutes on a new machine)
+        compile_kernels(kernels_of(lambda: TrainStep(model, optimizer, B, T, cuda_graph=False)(
+            [(idx, targets)], [0], 1e-4)), report=print)
 
         def ours(graph, model=model, optimizer=optimizer, B=B, T=T, batch=(idx, targets),
                  second_stream=True):
             step = TrainStep(model, optimizer, B, T, train=False, cuda_graph=graph,
                              second_stream=second_stream)
             return lambda: step([batch], [0], 1e-4)
-        reference = TorchGPT(config, device="cuda")
-        torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-4, fused=True)
         tidx, ttargets = (torch.as_tensor(a, device="cuda").long() for a in (idx, targets))
-
         autocast = torch.autocast("cuda", dtype=torch.bfloat16,
                                   enabled=args.precision == "bf16")
 
-        def theirs(reference=reference, torch_optimizer=torch_optimizer, tidx=tidx,
-                   ttargets=ttargets, autocast=autocast):
-            torch_optimizer.zero_grad(set_to_none=True)
-            with autocast:
-                _, loss = reference(tidx, ttargets)
-            loss.backward()
-            torch_optimizer.step()
-        yield preset, B, T, config, ours, theirs
+        def torch_step(module, compile=False):
+            optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
+            forward = torch.compile(module) if compile else module
+
+            def step():
+                optimizer.zero_grad(set_to_none=True)
+                with autocast:
+                    _, loss = forward(tidx, ttargets)
+                loss.backward()
+                optimizer.step()
+            return step
+        baselines = {"PyTorch": torch_step(TorchGPT(config, device="cuda")),
+                     "PyTorch GPT-2": torch_step(GPT2(config, device="cuda"))}
+        if args.compile:
+            baselines["PyTorch GPT-2 compiled"] = torch_step(GPT2(config, device="cuda"), True)
+        yield preset, B, T, config, ours, baselines
 
 
 def steps_time_ms(steps, repeat, warmup=3, seconds=0.5):
@@ -478,26 +495,28 @@ def bench_e2e(args):
     theirs = {"bf16": "autocast bf16", "tf32": "float32, TF32 on"}.get(args.precision, "float32")
     print(f"end to end: training steps (forward, backward, AdamW), matmuls {args.precision} "
           f"(PyTorch {theirs}), steady state")
-    for preset, B, T, config, ours, theirs in e2e_cases(args):
+    for preset, B, T, config, ours, baselines in e2e_cases(args):
         tokens = B * T
         # ours: the step eagerly (every launch from Python), then captured as a CUDA graph on
         # one stream, and with a second stream (the default: nanoandrea/schedule.py)
         modes = {"eager": dict(graph=False),
                  "graph, one stream": dict(graph=True, second_stream=False),
                  "graph": dict(graph=True)}
-        # (each of the first two alone, then the default and PyTorch's step in turns: the
-        # ratio from timings that alternate, so that a drift of the clocks falls on both)
+        # (each of the first two alone, then the default and the PyTorch steps in turns: the
+        # ratios from timings that alternate, so that a drift of the clocks falls on all)
         ours_ms = {mode: steps_time_ms({mode: ours(**kw)}, args.e2e_repeat)[mode]
                    for mode, kw in modes.items() if mode != "graph"}
-        both = steps_time_ms({"graph": ours(**modes["graph"]), "PyTorch": theirs},
-                             args.e2e_repeat)
-        ours_ms["graph"], torch_ms = both["graph"], both["PyTorch"]
+        turns = steps_time_ms({"graph": ours(**modes["graph"]), **baselines}, args.e2e_repeat)
+        ours_ms["graph"] = turns.pop("graph")
         flops = flops_per_token(config) * tokens
+        anchor = "PyTorch GPT-2"
         for mode, ms in ours_ms.items():
-            row("e2e", f"{preset} B={B} T={T} step, {mode}", ms,
-                flops, "TFLOP/s", torch_ms, "PyTorch",
-                f"ours {tokens / ms * 1e3:,.0f} tok/s (MFU {mfu(flops, ms, args.precision)}), "
-                f"PyTorch {tokens / torch_ms * 1e3:,.0f} tok/s "
+            row("e2e", f"{preset} B={B} T={T} step, {mode}", ms, flops, "TFLOP/s",
+                turns[anchor], anchor, f"ours {tokens / ms * 1e3:,.0f} tok/s "
+                f"(MFU {mfu(flops, ms, args.precision)})")
+        for name, torch_ms in turns.items():
+            row("e2e", f"{preset} B={B} T={T} step, graph against", ours_ms["graph"], flops,
+                "TFLOP/s", torch_ms, name, f"{name} {tokens / torch_ms * 1e3:,.0f} tok/s "
                 f"(MFU {mfu(flops, torch_ms, args.precision)})")
 
 
@@ -517,8 +536,8 @@ def bench_profile(args):
     process, Numba's too). Our step runs eagerly here: the same kernels a graph replays."""
     from torch.profiler import ProfilerActivity, profile
     steps = 3
-    for preset, B, T, config, ours, theirs in e2e_cases(args):
-        for side, fn in (("ours", ours(False)), ("PyTorch", theirs)):
+    for preset, B, T, config, ours, baselines in e2e_cases(args):
+        for side, fn in (("ours", ours(False)), *baselines.items()):
             for _ in range(3):
                 fn()
             cuda.synchronize()
@@ -823,6 +842,8 @@ def main():
     parser.add_argument("--e2e-repeat", type=int, default=5)
     parser.add_argument("--train-steps", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="skip the largest shapes")
+    parser.add_argument("--compile", action="store_true",
+                        help="e2e: PyTorch's GPT-2 under torch.compile too")
     parser.add_argument("--models", default=None, help="e2e: only these presets (comma list)")
     parser.add_argument("--shapes", default=None,
                         help="only these shapes (comma list): matmul labels' starts (qkv, "

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numba import cuda, float32, int32, int64, types  # noqa: E402
 
 from nanoandrea.kernels import (attention, crossentropy, gelu, heads, layernorm,  # noqa: E402
-                                matmul)
+                                matmul, matmul_wgmma)
 
 A1, A2, A3, A4 = float32[::1], float32[:, ::1], float32[:, :, ::1], float32[:, :, :, ::1]
 I1 = int64[::1]
@@ -36,6 +36,8 @@ DROP = (I1, int64, int64, float32)           # seed, site, threshold, keep
 
 
 MATMUL_ARGS = (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
+U2 = types.uint32[:, ::1]                   # a Bf16Matrix's words
+WGMMA_ARGS = (A3, U2, U2, A1, BOOL, BOOL, int64, A2)
 V4 = float32[:, :, :, :]        # heads views of [B,T,C] arrays (heads.heads_view)
 
 
@@ -49,6 +51,14 @@ def kernels():
             yield (f"matmul {'T' if ta else 'N'}{'T' if tb else 'N'}"
                    f"{f', {epilogue} epilogue' if epilogue else ''}",
                    matmul.matmul_kernel(ta, tb, epilogue), MATMUL_ARGS)
+    for ta, tb in ((False, False), (False, True), (True, False)):       # (sm_90a: wgmma)
+        for epilogue in (None, "gelu", "gelu_grad"):
+            if ta and epilogue or (tb and epilogue == "gelu"):
+                continue
+            hidden = (U2,) if epilogue is None else (A2,)   # (unread: the launcher passes a)
+            yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
+                   f"{f', {epilogue} epilogue' if epilogue else ''}",
+                   matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue), WGMMA_ARGS[:-1] + hidden)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits (16-byte)", matmul.sum_splits_kernel, (A1, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:
@@ -126,10 +136,12 @@ def loops(code):
         branch = re.search(r"BRA (0x[0-9a-f]+)", text)
         if branch and int(branch.group(1), 16) < address:
             body = [t for _, t in code[index[int(branch.group(1), 16)]:i + 1]]
-            count = {op: sum(1 for t in body if op in t) for op in ("FFMA", "LDS", "BAR")}
+            count = {op: sum(1 for t in body if op in t)
+                     for op in ("FFMA", "HGMMA", "LDGSTS", "LDS", "BAR")}
             spills = sum(1 for t in body if "LDL" in t or "STL" in t)
-            yield (f"loop of {len(body)} instructions: {count['FFMA']} FFMA, {count['LDS']} LDS, "
-                   f"{count['BAR']} BAR" + (f", {spills} LDL/STL" if spills else ""))
+            yield (f"loop of {len(body)} instructions: "
+                   + ", ".join(f"{n} {op}" for op, n in count.items() if n or op == "BAR")
+                   + (f", {spills} LDL/STL" if spills else ""))
 
 
 def compile_for_sm90_offline():
@@ -158,11 +170,14 @@ def main():
         for name, kernel, signature in kernels():
             if args.only not in name:
                 continue
-            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0),
-                                      launch_bounds=getattr(kernel, "launch_bounds", None))
+            # (wgmma exists on sm_90a only, the architecture-specific target numba-cuda picks
+            # by itself on a device of compute capability 9.0)
+            arch = "a" if kernel.py_func.__module__ == matmul_wgmma.__name__ else ""
+            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0, arch) if arch else (9, 0),
+                                      launch_bounds=kernel.targetoptions.get("launch_bounds"))
             source.write_text(ptx)
-            result = subprocess.run([ptxas, "-arch=sm_90", "-v", str(source), "-o", str(cubin)],
-                                    capture_output=True, text=True)
+            result = subprocess.run([ptxas, f"-arch=sm_90{arch}", "-v", str(source), "-o",
+                                     str(cubin)], capture_output=True, text=True)
             lines = [line.split("info    :")[-1].strip() for line in result.stderr.splitlines()
                      if "registers" in line or "spill" in line]
             print(f"{name:32s} {' | '.join(lines) or result.stderr.strip()}")

@@ -487,22 +487,27 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
 
 
 def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, has_bias,
-                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input):
-    """The product on `grid` by the kernel make_kernel(transpose_a, transpose_b, epilogue)
-    makes (this module's, or matmul_bf16's: the same arguments): one pass whose epilogue does
-    the rest, or, split-K (grid z > 1), the partial products of each slice of K, their sum in
-    a fixed order (+ bias), then GELU."""
+                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
+                   blocks_at_once=None, shared_bytes=0):
+    """The product on `grid` (N tiles, M tiles, slices of K) by the kernel
+    make_kernel(transpose_a, transpose_b, epilogue) makes (this module's, matmul_bf16's or
+    matmul_wgmma's: the same arguments): one pass whose epilogue does the rest, or, split-K
+    (grid z > 1), the partial products of each slice of K, their sum in a fixed order (+ bias),
+    then GELU. blocks_at_once: a persistent kernel's, whose blocks each take several tiles:
+    launched on that many blocks, or on one a tile where there are fewer."""
     M, N = out.shape
     hidden = gelu_out if gelu_out is not None else gelu_input
+    launch_grid = grid if blocks_at_once is None else min(grid[0] * grid[1] * grid[2],
+                                                          blocks_at_once)
     if grid[2] == 1:
         epilogue = "gelu" if gelu_out is not None else "gelu_grad" if gelu_input is not None else None
-        launch(make_kernel(bool(transpose_a), bool(transpose_b), epilogue), grid, threads,
+        launch(make_kernel(bool(transpose_a), bool(transpose_b), epilogue), launch_grid, threads,
                out.reshape(1, M, N), a, b, bias, has_bias, accumulate, k_per_split,
-               a if hidden is None else hidden)
+               a if hidden is None else hidden, shared_bytes=shared_bytes)
         return
     partials = cuda.device_array((grid[2], M, N), dtype=np.float32, stream=current_stream())
-    launch(make_kernel(bool(transpose_a), bool(transpose_b)), grid, threads, partials, a, b,
-           bias, False, False, k_per_split, a)
+    launch(make_kernel(bool(transpose_a), bool(transpose_b)), launch_grid, threads, partials, a,
+           b, bias, False, False, k_per_split, a, shared_bytes=shared_bytes)
     if gelu_input is None:
         sum_splits(out, partials, bias, has_bias, accumulate)
     else:

@@ -53,6 +53,7 @@ import functools
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
+from . import matmul_wgmma
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_derivative, gelu_value
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
@@ -523,9 +524,14 @@ def copies_b_transposed(M, N, transpose_a, transpose_b):
 def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
                 gelu_out=None, gelu_input=None, b_transposed=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias) of bf16 operands (Bf16Matrix; a float32 device
-    array is rounded first): matmul.matmul's arguments and epilogues, on the tensor cores
-    (b_transposed is not needed: ldmatrix transposes)."""
+    array is rounded first): matmul.matmul's arguments and epilogues, on the tensor cores: by
+    wgmma on a GPU of compute capability 9.0 (matmul_wgmma.py), else by this module's mma.sync
+    kernel (b_transposed is not needed: both read a transposed operand as it lies)."""
     a, b = (x if isinstance(x, Bf16Matrix) else rounded(x) for x in (a, b))
+    if matmul_wgmma.takes(out, bias, gelu_out if gelu_out is not None else gelu_input):
+        matmul_wgmma.matmul_wgmma(out, a, b, bias, transpose_a, transpose_b, accumulate,
+                                  gelu_out, gelu_input)      # (Hopper: wgmma, faster)
+        return
     mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
                "bf16")
 

@@ -1,7 +1,10 @@
-"""16-byte loads and stores of four float32s: `load4` and `store4`, for use inside kernels.
+"""16-byte loads and stores of four float32s, `load4` and `store4`, and 8-byte ones of two,
+`load2` and `store2`, for use inside kernels.
 
     x0, x1, x2, x3 = load4(array, (i, j))      array[i, j], array[i, j+1], array[i, j+2], array[i, j+3]
     store4(array, (i, j), x0, x1, x2, x3)
+    x0, x1 = load2(array, (i, j))              array[i, j], array[i, j+1]
+    store2(array, (i, j), x0, x1)
 
 One 16-byte instruction (ld.global.v4.f32, ld.shared.v4.f32, st.shared.v4.f32, ...) instead of
 four 4-byte ones: a quarter of the load/store instructions, which is what a register-blocked
@@ -11,7 +14,8 @@ NVVM then picks the address space (global or shared) from where the array lives.
 
 The caller guarantees what the hardware needs: the last index is the contiguous axis, the four
 elements are in bounds, and the first one's address is a multiple of 16 bytes (row lengths a
-multiple of 4 and 16-byte aligned base pointers; `aligned16` checks a device array).
+multiple of 4 and 16-byte aligned base pointers; `aligned16` checks a device array), or of 8
+bytes for load2 and store2 (an even column of such an array).
 
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) there is no LLVM: the same names are plain
 Python functions that index the array four times, so kernels using them run there unchanged.
@@ -57,13 +61,24 @@ if SIMULATOR:
         array[outer + (j + 2,)] = x2
         array[outer + (j + 3,)] = x3
 
+    def load2(array, index):
+        *outer, j = index
+        outer = tuple(outer)
+        return array[outer + (j,)], array[outer + (j + 1,)]
+
+    def store2(array, index, x0, x1):
+        *outer, j = index
+        outer = tuple(outer)
+        array[outer + (j,)] = x0
+        array[outer + (j + 1,)] = x1
+
 else:
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
-    FLOAT4 = ir.VectorType(ir.FloatType(), 4)
+    F32 = ir.FloatType()
 
     def item_pointer(context, builder, array_type, array, index_type, index):
         """LLVM pointer to array[index] (index: a tuple of integers), without Numba's
@@ -101,45 +116,63 @@ else:
 
         return row(x), codegen
 
-    def _element_pointer(context, builder, array_type, array, index_type, index):
-        """LLVM <4 x float>* to array[index]."""
+    def _element_pointer(context, builder, array_type, array, index_type, index, width):
+        """LLVM <width x float>* to array[index]."""
         return builder.bitcast(item_pointer(context, builder, array_type, array, index_type,
-                                            index), ir.PointerType(FLOAT4))
+                                            index), ir.PointerType(ir.VectorType(F32, width)))
 
     def _check(array, index):
         if not (isinstance(array, types.Array) and array.dtype == types.float32):
-            raise TypeError(f"load4 and store4 need a float32 array, got {array}")
+            raise TypeError(f"vector loads and stores need a float32 array, got {array}")
         if not (isinstance(index, types.BaseTuple) and len(index) == array.ndim):
-            raise TypeError(f"load4 and store4 need a tuple of {array.ndim} indices, "
+            raise TypeError(f"vector loads and stores need a tuple of {array.ndim} indices, "
                             f"got {index}")
 
-    @intrinsic
-    def load4(typingctx, array, index):
-        _check(array, index)
-        result = types.UniTuple(types.float32, 4)
+    def _vector_load(width):
+        """The intrinsic load<width>(array, index): one aligned load of `width` float32s."""
+        result = types.UniTuple(types.float32, width)
 
-        def codegen(context, builder, signature, args):
-            pointer = _element_pointer(context, builder, signature.args[0], args[0],
-                                       signature.args[1], args[1])
-            vector = builder.load(pointer, align=16)
-            values = [builder.extract_element(vector, ir.Constant(ir.IntType(32), i))
-                      for i in range(4)]
-            return context.make_tuple(builder, result, values)
+        @intrinsic
+        def load(typingctx, array, index):
+            _check(array, index)
 
-        return result(array, index), codegen
+            def codegen(context, builder, signature, args):
+                pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                           signature.args[1], args[1], width)
+                vector = builder.load(pointer, align=4 * width)
+                values = [builder.extract_element(vector, ir.Constant(ir.IntType(32), i))
+                          for i in range(width)]
+                return context.make_tuple(builder, result, values)
+
+            return result(array, index), codegen
+        return load
+
+    def _store(context, builder, signature, args, width):
+        pointer = _element_pointer(context, builder, signature.args[0], args[0],
+                                   signature.args[1], args[1], width)
+        values = [context.cast(builder, value, kind, types.float32)
+                  for value, kind in zip(args[2:], signature.args[2:])]
+        vector = ir.Constant(ir.VectorType(F32, width), ir.Undefined)
+        for i, value in enumerate(values):
+            vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
+        builder.store(vector, pointer, align=4 * width)
+
+    load4, load2 = _vector_load(4), _vector_load(2)
 
     @intrinsic
     def store4(typingctx, array, index, x0, x1, x2, x3):
         _check(array, index)
 
         def codegen(context, builder, signature, args):
-            pointer = _element_pointer(context, builder, signature.args[0], args[0],
-                                       signature.args[1], args[1])
-            values = [context.cast(builder, value, kind, types.float32)
-                      for value, kind in zip(args[2:], signature.args[2:])]
-            vector = ir.Constant(FLOAT4, ir.Undefined)
-            for i, value in enumerate(values):
-                vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
-            builder.store(vector, pointer, align=16)
+            _store(context, builder, signature, args, 4)
 
         return types.void(array, index, x0, x1, x2, x3), codegen
+
+    @intrinsic
+    def store2(typingctx, array, index, x0, x1):
+        _check(array, index)
+
+        def codegen(context, builder, signature, args):
+            _store(context, builder, signature, args, 2)
+
+        return types.void(array, index, x0, x1), codegen

@@ -6,7 +6,7 @@ Not yet run on a GPU (compiled offline for sm_90a; docs/perf.md has the predicti
 
 mma.sync (v11 and the product's matmul_bf16) is a warp's instruction on operands in its
 registers: every fragment is first loaded from shared memory by ldmatrix, and the H200 gives it
-at most about 530-570 TFLOP/s. Hopper's own instruction is wgmma (wgmma.py): one instruction
+at most about 530-570 TFLOP/s. Hopper's own instruction is wgmma (kernels/wgmma.py): one instruction
 for a warpgroup of 128 threads, D [64,128] += A [64,16] B [16,128], A and B read by the tensor
 cores straight from shared memory, named by matrix descriptors, the instruction asynchronous
 (issued, then waited for). No ldmatrix, no fragment registers; what it asks for is shared
@@ -26,7 +26,7 @@ c ^ (r % 8)), as v7 fills its stages:
   - the copies of slice s + STAGES - 1 go into that free stage (an empty group past K, so the
     count of groups in flight stays the same);
   - wgmma.fence, 4 wgmma's (k 0-15, ..., 48-63 of the slice), commit, wait for them.
-The epilogue writes acc by wgmma's D layout (wgmma.py), two floats a store.
+The epilogue writes acc by wgmma's D layout (kernels/wgmma.py), two floats a store.
 
 What it leaves for later: each warpgroup waits for its wgmma's before the next slice (the
 tensor cores idle during the barrier and the copies' issue; the second block on the SM fills
@@ -37,7 +37,7 @@ from numba import cuda, float32
 
 from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
 from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
-from wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
+from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
                    dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
                    wgmma_m64n128k16, wgmma_wait)
 

@@ -27,7 +27,7 @@ from nanoandrea.kernels.launch import launch
 from v12_wgmma import (A_WORDS, BK, BM, BN, BOUNDS, MULTIPLE_OF, ROW_WORDS,  # noqa: F401
                        STAGE_WORDS, STAGES, THREADS, WAIT_FOR_OLDEST, copy_slice, multiply,
                        store_tile)                  # (MULTIPLE_OF: what run.py reads)
-from wgmma import (ACCUMULATORS, ATOM_BYTES, atom_start, dynamic_shared_words,
+from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, atom_start, dynamic_shared_words,
                    fence_proxy_async, wgmma_commit, wgmma_fence, wgmma_wait,
                    wgmma_wait_but_one)
 

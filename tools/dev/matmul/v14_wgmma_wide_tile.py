@@ -29,7 +29,7 @@ from numba import cuda, float32
 from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
 from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
 from v12_wgmma import B_HALF_WORDS, ROW_WORDS, multiply, store_tile
-from wgmma import (ACCUMULATORS, ATOM_BYTES, atom_start, dynamic_shared_words,
+from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, atom_start, dynamic_shared_words,
                    fence_proxy_async, wgmma_commit, wgmma_fence, wgmma_wait,
                    wgmma_wait_but_one)
 

@@ -9,7 +9,7 @@ along n). Its backward needs two more: dX = dY W^T reads W's rows along k as B, 
 reads x's rows along m as A. mma.sync takes its fragments from registers, so the package's
 kernel (nanoandrea/kernels/matmul_bf16.py) turns a transposed operand round with ldmatrix.trans
 as it loads it. wgmma reads its operands from shared memory itself and takes either layout of
-each, K-major or MN-major (wgmma.py: imm-trans-a, imm-trans-b), so here a transposed operand
+each, K-major or MN-major (kernels/wgmma.py: imm-trans-a, imm-trans-b), so here a transposed operand
 costs nothing at all: each slice is copied as it lies in memory, and only the descriptor and
 the instruction's flag say which way it lies.
 
@@ -30,7 +30,7 @@ from nanoandrea.kernels.launch import inlined, kernel_factory, launch
 from v12_wgmma import (A_WORDS, B_HALF_WORDS, BK, BM, BN, BOUNDS, MULTIPLE_OF,  # noqa: F401
                        ROW_WORDS, STAGE_WORDS, STAGES, THREADS, WAIT_FOR_OLDEST, copy_k_rows,
                        copy_mn_rows, store_tile)    # (MULTIPLE_OF: what run.py reads)
-from wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
+from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
                    dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
                    wgmma_m64n128k16, wgmma_wait)
 

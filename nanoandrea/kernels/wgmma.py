@@ -1,5 +1,6 @@
-"""Hopper's warpgroup tensor-core instruction, wgmma (sm_90a), from Numba: what v12 is built
-from, each instruction with a simulator twin written from the PTX ISA's definitions.
+"""Hopper's warpgroup tensor-core instruction, wgmma (sm_90a), from Numba: what matmul_wgmma.py
+(and the matmul ladder from v12 on) is built from, each instruction with a simulator twin
+written from the PTX ISA's definitions.
 
     acc = cuda.local.array(64, float32)          a thread's part of one 64 x 128 float32 D
     multiply = wgmma_m64n128k16(K_MAJOR, MN_MAJOR(8192))    (at import: the operands'
@@ -86,7 +87,7 @@ from collections import namedtuple
 import numpy as np
 from numba import cuda, float32, uint32
 
-from nanoandrea.kernels.launch import SIMULATOR, inlined_by_numba
+from .launch import SIMULATOR, inlined_by_numba
 
 M, N, K = 64, 128, 16           # one wgmma's shape (m64n128k16)
 ACCUMULATORS = M * N // 128     # a thread's float32s of D: 64
@@ -171,8 +172,8 @@ if SIMULATOR:
         @cuda.jit(device=True)  # (a device function: `cuda` in it is the simulated one)
         def multiply(acc, a_tiles, a_word, b_tiles, b_word):
             first = SIMULATED_START
-            a_desc = descriptor(4 * (a_word - first), a_layout)
-            b_desc = descriptor(4 * (b_word - first), b_layout)
+            a_desc = descriptor(4 * (int(a_word) - first), a_layout)   # (Python ints: a
+            b_desc = descriptor(4 * (int(b_word) - first), b_layout)   # NumPy int32 overflows)
             a = (read_operand(a_tiles, first, a_desc, "K", M, K) if a_layout.major == "K"
                  else read_operand(a_tiles, first, a_desc, "MN", K, M).T)          # [M, K]
             b = (read_operand(b_tiles, first, b_desc, "MN", K, N) if b_layout.major == "MN"
@@ -204,8 +205,8 @@ else:
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    from nanoandrea.kernels.vector import item_pointer as _pointer
-    from nanoandrea.kernels.vector import shared_address
+    from .vector import item_pointer as _pointer
+    from .vector import shared_address
 
     F32, I32, I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 

@@ -1,0 +1,327 @@
+"""Matrix multiply on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a): bf16
+operands, float32 sums.
+
+    out[M,N]  (+)=  op(a)[M,K] . op(b)[K,N]  (+ bias[N])      op(x) = x or x^T
+
+matmul_bf16's function, with its arguments, operands (Bf16Matrix words) and epilogues, by
+another kernel: on a GPU of compute capability 9.0 (the H100, the H200) matmul_bf16 sends its
+products here (`takes` says which). Its NumPy twin is matmul_bf16's, matmul_bf16_numpy.
+
+Why a second tensor-core kernel: mma.sync (matmul_bf16.py) is a warp's instruction on operands
+in its registers; every fragment comes from shared memory through ldmatrix first, and from
+Numba it reaches about 530-570 TFLOP/s on the H200 at best. wgmma is one instruction for a
+warpgroup of 4 warps (128 threads), D [64,128] += A [64,16] B [16,128], with A and B read by
+the tensor cores themselves straight from shared memory, named by matrix descriptors
+(kernels/wgmma.py): no ldmatrix, no fragment registers, and either operand read as it lies,
+k-contiguous or not (the instruction's transpose flags), so a transposed operand costs nothing.
+The ladder's v12-v15 (tools/dev/matmul/) are its first steps; docs/perf.md their numbers.
+
+The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue):
+  block tile   a 128 x 128 tile of out, 2 warpgroups (256 threads), each 64 rows x 128
+               columns: one m64n128 accumulator, 64 float32 a thread
+  operands     each K slice of 64 copied by cp.async as it lies in memory, 16 bytes a copy,
+               into shared rows of 128 bytes whose 16-byte chunks are swizzled (chunk c of row
+               r at c ^ r % 8, the layout wgmma reads without bank conflicts): an operand whose
+               rows run along k as 128 rows of 64 k (K-major), one whose rows run along m or n
+               as 64 rows of k in two blocks of 64 columns (MN-major); zeros where the tile
+               passes the operand's edge
+  pipeline     3 stages of 32 KB in dynamic shared memory (two blocks an SM). A slice: wait for
+               this thread's copies, fence.proxy.async (cp.async writes through the generic
+               proxy, wgmma reads through the async one), the block's barrier, the copies two
+               slices ahead into the stage the last slice freed, then 4 wgmma's, commit, wait
+  persistent   the grid is the blocks the GPU holds at once (2 an SM); each block takes tiles
+               blockIdx.x, + grid, ... and its copies run on from one tile into the next: while
+               it multiplies a tile's last slices and stores the tile, the next tile's first
+               slices are on their way. (A block a tile would wait for them at every tile's
+               start: at K = 768 a tile is only 12 slices)
+  epilogue     bias, GELU or its backward, and what out holds (accumulate), as matmul.py's;
+               pairs of floats, 8-byte loads and stores
+  split-K      as matmul.py: the tiles of every slice of K are the blocks' work; their partial
+               sums are added in a fixed order (matmul.sum_splits)
+Operands and offsets are 32-bit: the launcher checks that an operand has fewer than 2^31 words.
+"""
+import functools
+
+from numba import cuda, float32, int32, uint32
+
+from .asynccopy import commit_copies, copy16_async, wait_copies
+from .gelu import gelu_derivative, gelu_value
+from .launch import MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined, kernel_factory
+from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split_count
+from .vector import aligned16, flat, load2, store2
+from .wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
+                    dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
+                    wgmma_m64n128k16, wgmma_wait)
+
+BM, BN, BK = 128, 128, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
+THREADS = 256                   # 2 warpgroups, each 64 rows of the tile
+STAGES = 3                      # slices in shared memory: one multiplied, two on their way
+ROW_WORDS = 32                  # a shared row: 128 bytes, 32 uint32 words (8 chunks of 4)
+BLOCK_WORDS = BK * ROW_WORDS    # an MN-major slice's block of 64 columns: 64 rows of k, 8 KB
+OPERAND_WORDS = BM * ROW_WORDS  # a slice of one operand, either way: 16 KB
+STAGE_WORDS = 2 * OPERAND_WORDS                 # op(a)'s slice, then op(b)'s: 32 KB
+SHARED_BYTES = 4 * STAGES * STAGE_WORDS + ATOM_BYTES    # (tiles from the first 1024-byte
+                                                        # boundary on: atom_start)
+COPIES = OPERAND_WORDS // 4 // THREADS  # 16-byte copies a thread makes of an operand's slice
+K_APART = THREADS // (BK // 8)  # a K-major slice: 8 chunks a row, so a thread's copies are
+MN_APART = THREADS // (BN // 8)  # 32 rows apart; an MN-major one: 16 chunks, 16 rows apart
+BLOCKS_PER_SM = 2               # 2 x 97 KB of shared memory; at most 128 registers a thread
+RESIDENT_BLOCKS = (2 if SIMULATOR else BLOCKS_PER_SM * MULTIPROCESSORS)   # (the simulator:
+                                                        # few blocks, each taking several tiles)
+BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, BLOCKS_PER_SM))
+WAIT_FOR_OLDEST = wait_copies(STAGES - 2)   # (until the oldest slice's copies have landed)
+
+
+@inlined
+def tile_of(item, tiles_m, tiles_n, k_per_split, K):
+    """Work item `item`'s tile: (first row m0, first column n0, split z, its k range): items
+    run down the m tiles first, so that the blocks at work at once share b's columns (the LM
+    head's [768, 50304] weight is read from memory about once, a's rows staying in the L2)."""
+    tm = item % tiles_m
+    rest = item // tiles_m
+    z = rest // tiles_n
+    k_start = z * k_per_split
+    return (int32(tm * BM), int32((rest % tiles_n) * BN), int32(z), int32(k_start),
+            int32(min(K, k_start + k_per_split)))
+
+
+@inlined
+def next_slice(item, m0, n0, k, k_end, step, tiles_m, tiles_n, k_per_split, K):
+    """The slice after (item's tile, k): the next k, or the block's next tile's first."""
+    k = int32(k + BK)
+    if k >= k_end:
+        item = int32(item + step)
+        m0, n0, _, k, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
+    return item, m0, n0, k, k_end
+
+
+@inlined
+def copy_start(tid, along_k):
+    """Thread tid's first copy of an operand's slice: (the word of a stage it goes to, the row
+    and chunk of the slice it reads). Its other copies are rows APART further down, where the
+    swizzle is the same (APART is a multiple of 8): their words are this one's plus r APART
+    rows."""
+    if along_k:                 # 128 rows (m or n) of 8 chunks of k
+        row, chunk = tid >> 3, tid & 7
+        return int32(row * ROW_WORDS + 4 * (chunk ^ (row & 7))), int32(row), int32(chunk)
+    row, chunk = tid >> 4, tid & 15         # 64 rows of k of 16 chunks, two blocks of 8
+    return (int32((chunk >> 3) * BLOCK_WORDS + row * ROW_WORDS + 4 * ((chunk & 7) ^ (row & 7))),
+            int32(row), int32(chunk))
+
+
+@inlined
+def copy_operand(tiles, at, words, pitch, start, along_k, first, size, k0, k_end):
+    """Start this thread's copies of op(x)'s slice at k0 for the tile whose rows (m or n)
+    begin at `first`, into the stage's operand at word `at`. words: flat(x's words), `pitch`
+    words a row; `size`: x's extent along m or n; zeros past it and past k_end. (Offsets in 32
+    bits, unsigned where they are widened to an address: one multiply-add)"""
+    place, row, chunk = start
+    if along_k:                 # x[size, K]: rows first + row + 32 r, k from k0 + 8 chunk
+        row = int32(first + row)
+        at_k = int32(k0 + 8 * chunk)
+        src = int32(row * pitch + (at_k >> 1))
+        rows_left = int32(size - row)
+        inside = at_k < k_end
+        for r in range(COPIES):
+            valid = inside and K_APART * r < rows_left
+            copy16_async(tiles, (at + place + K_APART * r * ROW_WORDS,), words,
+                         (uint32(src + K_APART * r * pitch) if valid else uint32(0),), valid)
+    else:                       # x[K, size]: rows k0 + row + 16 r, columns from first + 8 chunk
+        k = int32(k0 + row)
+        column = int32(first + 8 * chunk)
+        src = int32(k * pitch + (column >> 1))
+        rows_left = int32(k_end - k)
+        inside = column < size
+        for r in range(COPIES):
+            valid = inside and MN_APART * r < rows_left
+            copy16_async(tiles, (at + place + MN_APART * r * ROW_WORDS,), words,
+                         (uint32(src + MN_APART * r * pitch) if valid else uint32(0),), valid)
+
+
+@kernel_factory
+def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
+    """The kernel (see the module's doc) for one (transpose_a, transpose_b) and epilogue: None,
+    "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product, plus bias, times
+    gelu'(hidden))."""
+    check(epilogue in EPILOGUES, f"matmul_wgmma: unknown epilogue {epilogue!r}")
+    A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
+    B_ALONG_K = transpose_b             # b[N,K]: likewise
+    GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
+    multiply = wgmma_m64n128k16(K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
+                                K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
+
+    @inlined
+    def operand_words(stage, group, kk):
+        # where wgmma finds k16 step kk of the slice in the stage at word `stage`: warpgroup
+        # `group`'s 64 rows of op(a) (K-major: rows 64 group on, 32 bytes a step along them;
+        # MN-major: block `group`, 16 rows of k a step), and all 128 columns of op(b)
+        a_word = (stage + group * 64 * ROW_WORDS + 8 * kk if A_ALONG_K else
+                  stage + group * BLOCK_WORDS + 16 * kk * ROW_WORDS)
+        b_word = (stage + OPERAND_WORDS + 8 * kk if B_ALONG_K else
+                  stage + OPERAND_WORDS + 16 * kk * ROW_WORDS)
+        return a_word, b_word
+
+    @inlined
+    def finish_pair(out, hidden, accumulate, z, row, col, x0, x1, M):
+        # out[z, row, col:col + 2] (+)= the epilogue of two sums (the bias added)
+        if row < M:
+            if GELU_GRAD:
+                h0, h1 = load2(hidden, (row, col))
+                x0 *= gelu_derivative(h0)
+                x1 *= gelu_derivative(h1)
+            if accumulate:
+                o0, o1 = load2(out, (z, row, col))
+                x0 += o0
+                x1 += o1
+            store2(out, (z, row, col), x0, x1)
+            if GELU:
+                store2(hidden, (row, col), gelu_value(x0), gelu_value(x1))
+
+    @inlined
+    def store_group(out, hidden, acc, j, bias, has_bias, accumulate, z, row, col, M, N):
+        # the thread's sums of 8-column group j: out[z, row and row + 8, col + 8 j + (0, 1)]
+        c = col + 8 * j
+        if c < N:                       # (N is even: the pair's second column is in too)
+            b0 = b1 = float32(0.0)
+            if has_bias:
+                b0, b1 = load2(bias, (c,))
+            finish_pair(out, hidden, accumulate, z, row, c, acc[4 * j] + b0,
+                        acc[4 * j + 1] + b1, M)
+            finish_pair(out, hidden, accumulate, z, row + 8, c, acc[4 * j + 2] + b0,
+                        acc[4 * j + 3] + b1, M)
+
+    @inlined
+    def store_groups(out, hidden, acc, j, bias, has_bias, accumulate, z, row, col, M, N):
+        # groups j .. j + 3, written out: a loop over the groups would index acc at run time
+        # wherever its body is too long for the compiler to unroll (GELU's), and acc would
+        # move from registers to local memory
+        store_group(out, hidden, acc, j, bias, has_bias, accumulate, z, row, col, M, N)
+        store_group(out, hidden, acc, j + 1, bias, has_bias, accumulate, z, row, col, M, N)
+        store_group(out, hidden, acc, j + 2, bias, has_bias, accumulate, z, row, col, M, N)
+        store_group(out, hidden, acc, j + 3, bias, has_bias, accumulate, z, row, col, M, N)
+
+    @inlined
+    def store_tile(out, hidden, acc, bias, has_bias, accumulate, z, row0, col0, thread, M, N):
+        # out[z, row0:+64, col0:+128] (+)= a warpgroup's sums, by wgmma's D layout: thread
+        # 32 w + 4 g + t holds rows 16 w + g and 16 w + g + 8, columns 8 j + 2 t and + 1
+        warp, lane = thread >> 5, thread & 31
+        row = row0 + 16 * warp + (lane >> 2)
+        col = col0 + 2 * (lane & 3)
+        store_groups(out, hidden, acc, 0, bias, has_bias, accumulate, z, row, col, M, N)
+        store_groups(out, hidden, acc, 4, bias, has_bias, accumulate, z, row, col, M, N)
+        store_groups(out, hidden, acc, 8, bias, has_bias, accumulate, z, row, col, M, N)
+        store_groups(out, hidden, acc, 12, bias, has_bias, accumulate, z, row, col, M, N)
+
+    @inlined
+    def copy_slice(tiles, at, a_words, a_pitch, a_start, b_words, b_pitch, b_start, m0, n0, k0,
+                   k_end, M, N):
+        # start this thread's copies of op(a)'s and op(b)'s slices at k0 for the tile (m0, n0)
+        # into the stage at word `at`
+        copy_operand(tiles, at, a_words, a_pitch, a_start, A_ALONG_K, m0, M, k0, k_end)
+        copy_operand(tiles, at + OPERAND_WORDS, b_words, b_pitch, b_start, B_ALONG_K, n0, N, k0,
+                     k_end)
+
+    @cuda.jit(**BOUNDS)
+    def wgmma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
+        # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
+        # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
+        # Bf16Matrix operands. hidden[M,N] (S = 1): GELU's output (gelu) or its input
+        # (gelu_grad); else not read.
+        # grid: up to RESIDENT_BLOCKS blocks, each taking tiles blockIdx.x, + grid, ...; block
+        # THREADS; dynamic shared memory SHARED_BYTES: STAGES stages from word `first` on
+        tiles = dynamic_shared_words()
+        first = atom_start(tiles)
+        acc = cuda.local.array(ACCUMULATORS, float32)
+        S, M, N = out.shape[0], out.shape[1], out.shape[2]
+        # K: the rows of a k-major operand; with both along k, their padded width (its zeros
+        # add nothing)
+        K = int32(a.shape[0] if transpose_a else b.shape[0] if not transpose_b else 2 * a.shape[1])
+        a_pitch, b_pitch = int32(a.shape[1]), int32(b.shape[1])
+        a_words, b_words = flat(a), flat(b)
+        tid = int32(cuda.threadIdx.x)
+        group, thread = tid >> 7, tid & 127             # the warpgroup, the thread in it
+        tiles_m, tiles_n = int32((M + BM - 1) // BM), int32((N + BN - 1) // BN)
+        items, step = int32(tiles_m * tiles_n * S), int32(cuda.gridDim.x)
+        a_start, b_start = copy_start(tid, A_ALONG_K), copy_start(tid, B_ALONG_K)
+
+        # the copies' cursor: the tile and k of the next slice to copy, STAGES - 1 slices
+        # ahead of the one multiplied, from tile to tile
+        load = int32(cuda.blockIdx.x)
+        load_m0, load_n0, _, load_k, load_k_end = tile_of(load, tiles_m, tiles_n, k_per_split, K)
+        for s in range(STAGES - 1):
+            if load < items:
+                copy_slice(tiles, first + s * STAGE_WORDS, a_words, a_pitch, a_start, b_words,
+                           b_pitch, b_start, load_m0, load_n0, load_k, load_k_end, M, N)
+                load, load_m0, load_n0, load_k, load_k_end = next_slice(
+                    load, load_m0, load_n0, load_k, load_k_end, step, tiles_m, tiles_n,
+                    k_per_split, K)
+            commit_copies()             # (a group each slice, empty ones too: wait counts them)
+        read, write = int32(0), int32(STAGES - 1)   # the stages of this slice and the copied
+        for item in range(cuda.blockIdx.x, items, step):
+            m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
+            for e in range(ACCUMULATORS):
+                acc[e] = float32(0.0)
+            for _ in range((k_end - k_start + BK - 1) // BK):
+                WAIT_FOR_OLDEST()       # this thread's copies of the slice have landed,
+                fence_proxy_async()     # are visible to wgmma's proxy,
+                cuda.syncthreads()      # and everyone's; and every warpgroup is done with
+                if load < items:        # the last slice's stage: the copies go there
+                    copy_slice(tiles, first + write * STAGE_WORDS, a_words, a_pitch, a_start,
+                               b_words, b_pitch, b_start, load_m0, load_n0, load_k, load_k_end,
+                               M, N)
+                    load, load_m0, load_n0, load_k, load_k_end = next_slice(
+                        load, load_m0, load_n0, load_k, load_k_end, step, tiles_m, tiles_n,
+                        k_per_split, K)
+                commit_copies()
+                stage = first + read * STAGE_WORDS
+                wgmma_fence(acc)
+                for kk in range(BK // 16):
+                    a_word, b_word = operand_words(stage, group, kk)
+                    multiply(acc, tiles, a_word, tiles, b_word)
+                wgmma_commit()
+                wgmma_wait(acc)
+                read = int32(read + 1) if read < STAGES - 1 else int32(0)
+                write = int32(write + 1) if write < STAGES - 1 else int32(0)
+            store_tile(out, hidden, acc, bias, has_bias, accumulate, z, m0 + 64 * group, n0,
+                       thread, M, N)
+
+    return wgmma_matmul_kernel
+
+
+# --- the launcher ----------------------------------------------------------------------------
+
+@functools.cache
+def _hopper():
+    """Whether this process's GPU runs wgmma: compute capability 9.0 (sm_90a; not the
+    simulator, and not later GPUs, whose tensor-core instructions are others)."""
+    return not SIMULATOR and cuda.get_current_device().compute_capability == (9, 0)
+
+
+def takes(out, bias=None, hidden=None):
+    """Whether matmul_bf16 sends this product here: on a GPU of compute capability 9.0, when
+    out's rows are a multiple of 8 floats and out, bias and hidden 16-byte aligned (the
+    epilogue's pairs, the split-K sum's fours). Any M and K."""
+    return (_hopper() and out.shape[1] % 8 == 0
+            and all(aligned16(x) for x in (out, bias, hidden) if x is not None))
+
+
+def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
+                 gelu_out=None, gelu_input=None):
+    """out[M,N] (+)= op(a) . op(b) (+ bias), matmul_bf16's arguments and epilogues; a, b
+    Bf16Matrix operands (already rounded)."""
+    check_float32(out=out, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
+    M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
+    check(N % 2 == 0, f"matmul_wgmma: out's rows of {N}, an odd width (pairs are stored)")
+    check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
+          f"matmul_wgmma: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
+    has_bias = bias is not None
+    if not has_bias:            # kernels take arrays, not None: a placeholder never read
+        bias = out.reshape(out.size)[:1]
+    hidden = gelu_out if gelu_out is not None else gelu_input
+    can_split = N % 4 == 0 and all(aligned16(x) for x in (out, bias, hidden) if x is not None)
+    splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK) if can_split else 1
+    k_per_split = k_per_slice(K, splits, step=BK)
+    grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
+    launch_product(wgmma_matmul_kernel, THREADS, grid, k_per_split, out, a.words, b.words, bias,
+                   has_bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
+                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES)
