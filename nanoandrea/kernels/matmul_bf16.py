@@ -15,9 +15,12 @@ round_bf16 (the backend's `operand`, where a product first reads x), its values 
 to 8. Every copy the kernel makes is then a whole, aligned 16 bytes, whatever C is, and the
 pad's zeros add nothing to a sum. A float32 operand given to matmul_bf16 is rounded first.
 
-The fast kernel, mma_matmul_kernel(transpose_a, transpose_b, epilogue, element), for bf16
-here and for tf32 (matmul_tf32.py: the same words, another mma, and k-major fragments read a
-word a lane instead of through ldmatrix.trans):
+Two fast kernels: on a GPU of compute capability 9.0 (Hopper) matmul_bf16 sends its products
+to matmul_wgmma.py (Hopper's warpgroup instruction, faster: docs/perf.md); everywhere else (the
+8.x GPUs, an odd width of out) and for tf32 they run on this module's mma.sync kernel,
+mma_matmul_kernel(transpose_a, transpose_b, epilogue, element), for bf16 here and for tf32
+(matmul_tf32.py: the same words, another mma, and k-major fragments read a word a lane
+instead of through ldmatrix.trans):
   block tile   a 128 x 128 tile of out, 4 warps (2 down, 2 across), each warp a 64 x 64 tile
                of it: 4 x 8 tiles of 16 x 8, one `mma.sync.m16n8k16` each per 16 of k, its
                float32 sums in the registers of the warp's lanes (tensorcores.py says which):
