@@ -314,11 +314,12 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     check(N % 2 == 0, f"matmul_wgmma: out's rows of {N}, an odd width (pairs are stored)")
     check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
           f"matmul_wgmma: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
+    hidden = gelu_out if gelu_out is not None else gelu_input
+    # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
+    can_split = N % 4 == 0 and all(aligned16(x) for x in (out, bias, hidden) if x is not None)
     has_bias = bias is not None
     if not has_bias:            # kernels take arrays, not None: a placeholder never read
         bias = out.reshape(out.size)[:1]
-    hidden = gelu_out if gelu_out is not None else gelu_input
-    can_split = N % 4 == 0 and all(aligned16(x) for x in (out, bias, hidden) if x is not None)
     splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK) if can_split else 1
     k_per_split = k_per_slice(K, splits, step=BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
