@@ -24,7 +24,14 @@ CASES = [(136, 136, 72)] if not GPU else [(1000, 1544, 392), (8192, 1536, 200)]
 
 
 def split_k(monkeypatch, splits):
-    monkeypatch.setattr(matmul_wgmma, "split_count", lambda M, N, K, slots, step: splits)
+    """Every product split `splits` ways; returns the list of the products that asked."""
+    asked = []
+
+    def split_count(M, N, K, slots, step):
+        asked.append((M, N, K))
+        return splits
+    monkeypatch.setattr(matmul_wgmma, "split_count", split_count)
+    return asked
 
 
 @pytest.mark.parametrize("transpose_a,transpose_b", ORIENTATIONS)
@@ -37,9 +44,10 @@ def test_matmul_wgmma(rng, monkeypatch, transpose_a, transpose_b):
 @pytest.mark.parametrize("transpose_a,transpose_b", [(True, False)] if not GPU else ORIENTATIONS)
 def test_matmul_wgmma_split_k(rng, monkeypatch, transpose_a, transpose_b):
     """Two slices of K, their partial tiles the blocks' work (dW = x^T dY's case)."""
-    split_k(monkeypatch, 2)
+    asked = split_k(monkeypatch, 2)
     M, N, K = (72, 136, 136) if not GPU else (768, 1536, 8200)
     check(rng, transpose_a, transpose_b, M, N, K, False, True, precision="wgmma")
+    assert asked == [(M, N, K)]        # (a product without bias is split too)
 
 
 @pytest.mark.parametrize("gelu,transpose_b,accumulate,splits", [
