@@ -69,7 +69,7 @@ for step in "${steps[@]}"; do
       limit python3 -m pytest -v -rf tests/test_wgmma.py > "$OUT/pytest-wgmma.log" 2>&1
       grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" "$OUT/pytest-wgmma.log" | tail -10
       for shape in 16384,3072,768 16384,768,768 16384,768,3072; do
-        limit python3 tools/dev/run.py matmul --only ${WGMMA:-v12,v13,v14,v15} --shape $shape \
+        limit python3 tools/dev/run.py matmul --only ${WGMMA:-v12,v13,v14,v15,v16} --shape $shape \
             --json "$OUT/dev-wgmma-$shape.json" > "$OUT/dev-wgmma-$shape.log" 2>&1
         tail -12 "$OUT/dev-wgmma-$shape.log"
       done ;;
