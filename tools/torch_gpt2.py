@@ -13,7 +13,6 @@ the two run at different speeds, so tools/bench.py times both and names which is
 """
 import math
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 

@@ -461,10 +461,8 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
         kernel = "fast" if rows_aligned and not SIMULATOR else "reference"
     check(kernel == "reference" or rows_aligned,
           "matmul: the fast kernel needs rows of 4k floats, 16-byte aligned")
-    has_bias = bias is not None
-    if not has_bias:            # kernels take arrays, not None: a placeholder never read
-        bias = out.reshape(out.size)[:1]
     if kernel == "reference":
+        bias, has_bias = bias_argument(out, bias)
         if gelu_input is not None:              # the product, then GELU's backward
             product = cuda.device_array((M, N), dtype=np.float32, stream=current_stream())
             _reference(product, a, b, bias, has_bias, transpose_a, transpose_b, False)
@@ -482,20 +480,30 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     splits = split_count(M, N, K)
     k_per_split = k_per_slice(K, splits)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
-    launch_product(matmul_kernel, THREADS, grid, k_per_split, out, a, b, bias, has_bias,
-                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
+    launch_product(matmul_kernel, THREADS, grid, k_per_split, out, a, b, bias, transpose_a,
+                   transpose_b, accumulate, gelu_out, gelu_input)
 
 
-def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, has_bias,
-                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
-                   blocks_at_once=None, shared_bytes=0):
+def bias_argument(out, bias):
+    """(the bias array a kernel is given, has_bias): kernels take arrays, not None, so
+    without a bias a placeholder that is never read."""
+    if bias is None:
+        return out.reshape(out.size)[:1], False
+    return bias, True
+
+
+def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, transpose_a,
+                   transpose_b, accumulate, gelu_out, gelu_input, blocks_at_once=None,
+                   shared_bytes=0):
     """The product on `grid` (N tiles, M tiles, slices of K) by the kernel
     make_kernel(transpose_a, transpose_b, epilogue) makes (this module's, matmul_bf16's or
     matmul_wgmma's: the same arguments): one pass whose epilogue does the rest, or, split-K
     (grid z > 1), the partial products of each slice of K, their sum in a fixed order (+ bias),
     then GELU. blocks_at_once: a persistent kernel's, whose blocks each take several tiles:
-    launched on that many blocks, or on one a tile where there are fewer."""
+    launched on that many blocks, or on one a tile where there are fewer. bias: None, or
+    the bias [N]."""
     M, N = out.shape
+    bias, has_bias = bias_argument(out, bias)
     hidden = gelu_out if gelu_out is not None else gelu_input
     launch_grid = grid if blocks_at_once is None else min(grid[0] * grid[1] * grid[2],
                                                           blocks_at_once)

@@ -550,15 +550,12 @@ def mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, 
     hidden = gelu_out if gelu_out is not None else gelu_input
     # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
     can_split = all(aligned16(x) for x in (out, bias, hidden) if x is not None)
-    has_bias = bias is not None
-    if not has_bias:            # kernels take arrays, not None: a placeholder never read
-        bias = out.reshape(out.size)[:1]
     step = BK_WORDS * PER_WORD[element]         # k a slice
     splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=step) if can_split else 1
     k_per_split = k_per_slice(K, splits, step=step)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
     launch_product(functools.partial(mma_matmul_kernel, element=element), THREADS, grid,
-                   k_per_split, out, a.words, b.words, bias, has_bias, transpose_a, transpose_b,
+                   k_per_split, out, a.words, b.words, bias, transpose_a, transpose_b,
                    accumulate, gelu_out, gelu_input)
 
 

@@ -316,13 +316,10 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
           f"matmul_wgmma: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
     hidden = gelu_out if gelu_out is not None else gelu_input
     # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
-    can_split = N % 4 == 0 and all(aligned16(x) for x in (out, bias, hidden) if x is not None)
-    has_bias = bias is not None
-    if not has_bias:            # kernels take arrays, not None: a placeholder never read
-        bias = out.reshape(out.size)[:1]
+    can_split = all(aligned16(x) for x in (out, bias, hidden) if x is not None)
     splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK) if can_split else 1
     k_per_split = k_per_slice(K, splits, step=BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
     launch_product(wgmma_matmul_kernel, THREADS, grid, k_per_split, out, a.words, b.words, bias,
-                   has_bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
+                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
                    blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES)

@@ -39,7 +39,7 @@ from numba import cuda, float32
 from .gelu import gelu_forward, gelu_value
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
                      inlined, kernel_factory, launch)
-from .matmul import matmul_numpy, sum_splits
+from .matmul import bias_argument, matmul_numpy, sum_splits
 from .matmul_bf16 import Bf16Matrix, bf16_matrix_values
 from .reduce import WARP, warp_sum
 from .tensorcores import bf16_pair, bf16_unpair
@@ -224,9 +224,9 @@ def matvec(out, x, w, bias=None, transpose_b=False, gelu_out=None):
     M, N, K = _check_matvec(out, x, w, bias, transpose_b, gelu_out)
     check(takes_matvec(x, w, transpose_b), f"matvec: {M} rows of {K} by {N} columns (at most "
           f"{MAX_ROWS} rows, widths of 16-byte runs)")
-    has_bias, gelu = bias is not None, gelu_out is not None
-    bias = bias if has_bias else out.reshape(out.size)[:1]     # (placeholders, never read)
-    hidden = gelu_out if gelu else out
+    bias, has_bias = bias_argument(out, bias)
+    gelu = gelu_out is not None
+    hidden = gelu_out if gelu else out          # (a placeholder, never read, without GELU)
     if transpose_b:
         launch(matvec_t_kernel(M, bf16), blocks(N, WARPS * WARP_COLUMNS), WARPS * WARP,
                out.reshape(1, M, N), x, words, bias, has_bias, gelu, hidden)
