@@ -226,15 +226,16 @@ def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
     out = HeadsOfConcat(backend, q.shape)
     lse = backend.empty((B, H, T))
     drop = dict(dropout_p=dropout_p, seed=seed, site=site)
-    backend.attention_forward(out.data, lse, q.data, k.data, v.data, **drop)
+    operands = [backend.heads_operand(t.data) for t in (q, k, v)]     # (bf16: rounded once)
+    backend.attention_forward(out.data, lse, *operands, **drop)
 
     def backward():
         (dq, acc_q), (dk, acc_k), (dv, acc_v) = (_heads_grad_slot(t) for t in (q, k, v))
         if not (acc_q == acc_k == acc_v):
             raise NotImplementedError("attention backward: q, k, v gradients must all be new")
         delta = backend.empty((B, H, T))
-        backend.attention_backward(dq, dk, dv, delta, out.grad, q.data, k.data, v.data,
-                                   out.data, lse, accumulate=acc_q, **drop)
+        backend.attention_backward(dq, dk, dv, delta, out.grad, *operands, out.data, lse,
+                                   accumulate=acc_q, **drop)
 
     return record(out, [q, k, v], backward)
 

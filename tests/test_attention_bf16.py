@@ -83,3 +83,31 @@ def test_attention_bf16_takes_the_tensor_cores(rng, monkeypatch):
                                            want_out, want_lse)
         for got, expected_grad in zip(grads, want):
             assert relative_error(got.copy_to_host(), expected_grad) < tolerance
+
+
+def test_attention_bf16_rounds_its_operands_once(rng, monkeypatch):
+    """q, k, v given as Bf16Heads (heads_operand, what the model's attention hands over): the
+    forward and the backward launch no rounding of them (the backward rounds dout alone), and
+    every result is the same to the bit as from float32 q, k, v. D = 72 has no bf16 kernel:
+    heads_operand leaves it float32, and attention.py's kernels read it."""
+    B, H, T, D = 1, 2, 20 if not GPU else 300, 32
+    q, k, v, dout = (device(rng.standard_normal((B, H, T, D))) for _ in range(4))
+
+    def run(operands):
+        out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
+        attention_bf16.attention_forward_bf16(out, lse, *operands)
+        grads = [poisoned((B, H, T, D)) for _ in range(3)]
+        attention_bf16.attention_backward_bf16(*grads, poisoned((B, H, T)), dout, *operands,
+                                               out, lse)
+        return [x.copy_to_host() for x in (out, lse, *grads)]
+
+    want = run((q, k, v))
+    operands = [attention_bf16.heads_operand(x) for x in (q, k, v)]
+    assert all(isinstance(x, attention_bf16.Bf16Heads) for x in operands)
+    launched = recording_launches(monkeypatch, attention_bf16)
+    got = run(operands)
+    assert launched.count(attention_bf16.heads_bf16_kernel) == 1       # dout's
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    wide = device(rng.standard_normal((B, H, 4, 72)))
+    assert attention_bf16.heads_operand(wide) is wide

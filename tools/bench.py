@@ -394,6 +394,26 @@ def bench_attention(args):
                 kernel_ms(torch_forward, args), "SDPA")
             row("attention", name + " fwd+bwd", kernel_ms(lambda: (forward(), backward()), args),
                 flops_fwd * 3.5, "TFLOP/s", kernel_ms(torch_both, args), "SDPA")
+            if bf16:        # as the model calls it, and as SDPA gets its operands: q, k, v in
+                operands = [attention_bf16.heads_operand(x) for x in (Q, K, V)]   # bf16 already
+
+                def forward_bf16():
+                    forward_of(out, lse, *operands)
+
+                def backward_bf16():
+                    backward_of(dq, dk, dv, delta, DOUT, *operands, out, lse)
+                results = [torch.as_tensor(x, device="cuda").clone() for x in (out, dq, dk, dv)]
+                forward_bf16()
+                backward_bf16()
+                same = all(torch.equal(r, torch.as_tensor(x, device="cuda"))
+                           for r, x in zip(results, (out, dq, dk, dv)))
+                if not same:
+                    raise Mismatch(f"attention {label}: q, k, v given in bf16 change the result")
+                row("attention", name + " fwd, q k v bf16", kernel_ms(forward_bf16, args),
+                    flops_fwd, "TFLOP/s", kernel_ms(torch_forward, args), "SDPA")
+                row("attention", name + " fwd+bwd, q k v bf16",
+                    kernel_ms(lambda: (forward_bf16(), backward_bf16()), args), flops_fwd * 3.5,
+                    "TFLOP/s", kernel_ms(torch_both, args), "SDPA")
 
 
 def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):

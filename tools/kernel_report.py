@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numba import cuda, float32, int32, int64, types  # noqa: E402
 
-from nanoandrea.kernels import (attention, crossentropy, gelu, heads, layernorm,  # noqa: E402
-                                matmul, matmul_wgmma)
+from nanoandrea.kernels import (attention, attention_bf16, crossentropy, gelu,  # noqa: E402
+                                heads, layernorm, matmul, matmul_wgmma)
 
 A1, A2, A3, A4 = float32[::1], float32[:, ::1], float32[:, :, ::1], float32[:, :, :, ::1]
 I1 = int64[::1]
@@ -69,6 +69,17 @@ def kernels():
                    (V4, A3, A4, A4, A4, float32, *DROP, int64))
         yield f"attention dk/dv D={D}, dropout", attention.dkdv_kernel(D, dkdv_tile, True), \
             (V4, V4, A4, V4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
+    W4 = types.uint32[:, :, :, ::1]             # attention_bf16's heads in bf16 pairs
+    for D in attention_bf16.HEAD_SIZES:
+        for dropout in (False, True):
+            named = f"D={D}{', dropout' if dropout else ''}"
+            yield (f"attention bf16 forward {named}", attention_bf16.forward_kernel(D, dropout),
+                   (V4, A3, W4, W4, W4, float32, *DROP))
+            backward = (W4, W4, W4, W4, A3, A3, float32, float32, *DROP, BOOL)
+            yield (f"attention bf16 dq {named}", attention_bf16.dq_kernel(D, dropout),
+                   (V4, *backward))
+            yield (f"attention bf16 dk/dv {named}", attention_bf16.dkdv_kernel(D, dropout),
+                   (V4, V4, *backward))
     yield "attention dq sum", attention.attention_dq_sum_kernel, \
         (V4, A4, float32, int64, int64, BOOL)
     yield "attention delta", attention.attention_delta4_kernel, (A3, V4, V4)

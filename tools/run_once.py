@@ -5,7 +5,8 @@ shape, for a profiler to look at (Nsight Compute):
         python tools/run_once.py attention --shape 16,12,1024,64
     python tools/run_once.py matmul --shape 16384,3072,768      # M,N,K: Y = X.W, dX, dW
 
-attention: a causal forward and backward, ours then SDPA's (float32). matmul: the forward and
+attention: a causal forward and backward, ours then SDPA's (float32; with --precision bf16
+attention_bf16's kernels and SDPA in bf16). matmul: the forward and
 both backward products of a linear layer, ours then cuBLAS's (CuPy, TF32 off). Each side runs
 `--rounds` times (the first compiles and warms up); nothing is timed here (tools/bench.py
 times, this only gives a profiler the same launches to see)."""
@@ -20,11 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from nanoandrea.kernels import attention, matmul  # noqa: E402
+from nanoandrea.kernels import attention, attention_bf16, matmul  # noqa: E402
 
 
-def run_attention(shape, rounds):
+def run_attention(shape, rounds, precision):
     import torch
+    bf16 = precision == "bf16"
+    forward = attention_bf16.attention_forward_bf16 if bf16 else attention.attention_forward
+    backward = attention_bf16.attention_backward_bf16 if bf16 else attention.attention_backward
     B, H, T, D = shape
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", generator=gen) for _ in range(4))
@@ -32,17 +36,19 @@ def run_attention(shape, rounds):
     out, dq, dk, dv = (cuda.device_array((B, H, T, D), np.float32) for _ in range(4))
     lse, delta = (cuda.device_array((B, H, T), np.float32) for _ in range(2))
     for _ in range(rounds):
-        attention.attention_forward(out, lse, Q, K, V)
-        attention.attention_backward(dq, dk, dv, delta, DOUT, Q, K, V, out, lse)
+        forward(out, lse, Q, K, V)
+        backward(dq, dk, dv, delta, DOUT, Q, K, V, out, lse)
     cuda.synchronize()
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    leaves = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+    dout = dout.to(dtype)
     for _ in range(rounds):
         y = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
         y.backward(dout)
     torch.cuda.synchronize()
 
 
-def run_matmul(shape, rounds):
+def run_matmul(shape, rounds, precision):
     import cupy
     M, N, K = shape
     rng = cupy.random.default_rng(0)
@@ -67,10 +73,12 @@ def main():
     parser.add_argument("--shape", default=None,
                         help="attention: B,H,T,D (16,12,1024,64); matmul: M,N,K (16384,3072,768)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                        help="attention only: bf16 runs attention_bf16 and SDPA in bf16")
     args = parser.parse_args()
     default = "16,12,1024,64" if args.op == "attention" else "16384,3072,768"
     shape = tuple(int(n) for n in (args.shape or default).split(","))
-    (run_attention if args.op == "attention" else run_matmul)(shape, args.rounds)
+    (run_attention if args.op == "attention" else run_matmul)(shape, args.rounds, args.precision)
 
 
 if __name__ == "__main__":

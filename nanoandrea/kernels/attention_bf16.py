@@ -29,7 +29,8 @@ the A fragment of P for the next product: no shared memory, no shuffle. A row's 
 meet across the 4 lanes t of its g (reduce.quad_max, quad_sum).
 
 The launchers first round q, k, v (and dout) to bf16 pairs in device memory (`heads_bf16`,
-[B,H,T,D/2] uint32: one pass, half the bytes), so that a streamed tile (k and v; q and dout in
+[B,H,T,D/2] uint32: one pass, half the bytes; the model's attention makes q's, k's and v's
+once, `heads_operand`, and its backward reads the forward's), so that a streamed tile (k and v; q and dout in
 dk/dv) is a run of whole 16-byte chunks that cp.async copies into shared memory without
 registers, one tile ahead of the products (two stages): while the warps multiply tile i, tile
 i + 1 is on its way, and one barrier a tile separates the two. The chunks are swizzled as
@@ -42,14 +43,14 @@ Under the CUDA simulator a block is 2 warps and a tile 16 rows: the same code, s
 import math
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32
 
 from . import attention
 from .attention import NEG_INF, _check_attention, dropout_arguments, dropout_factor, no_dropout
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .attention_tiles import LOG2E
-from .launch import (SIMULATOR, blocks, check_float32, check_float32_rows, current_stream,
-                     inlined, kernel_factory, launch)
+from .launch import (SIMULATOR, blocks, check, check_float32, check_float32_rows,
+                     current_stream, inlined, kernel_factory, launch)
 from .matmul_bf16 import swizzle
 from .reduce import quad_max, quad_sum
 from .tensorcores import bf16_pair, bf16_values, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store4_u32
@@ -63,8 +64,33 @@ THREADS = 32 * WARPS
 NT = COLS // 8                      # the n8 tiles of a warp's [16, COLS] scores
 TWO_ROWS = 2 * COLS
 LN2 = float32(math.log(2.0))
-INF = float32(np.inf)
 WAIT_ALL = wait_copies(0)
+
+
+# --- 2^x on the special-function unit --------------------------------------------------------
+
+if SIMULATOR:
+    def exp2_fast(x):
+        return float32(math.exp2(x))
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def exp2_fast(typingctx, x):
+        # ex2.approx.ftz.f32: one MUFU.EX2 (relative error ~2^-22, far inside bf16's 2^-9).
+        # math.exp2 compiles to libdevice's exp2f, which adds a test and two multiplies a value
+        # to keep results below 2^-126 (denormals); a probability that small adds nothing to a
+        # row's sum, so zero is as good, and the softmax loops are issue-bound (docs/perf.md)
+        def codegen(context, builder, signature, args):
+            value = context.cast(builder, args[0], signature.args[0], types.float32)
+            f32 = ir.FloatType()
+            function = ir.InlineAsm(ir.FunctionType(f32, [f32]), "ex2.approx.ftz.f32 $0, $1;",
+                                    "=f,f", side_effect=False)
+            return builder.call(function, [value])
+
+        return types.float32(x), codegen
 
 
 # --- NumPy twins: attention.py's, of the operands rounded ------------------------------------
@@ -137,18 +163,35 @@ def tile_functions(D):
         # acc[NT, 4] = the warp's rows (frag) . the tile's rows, along D: a [16, COLS] product.
         # The tile is B^T as it lies (rows n, pairs along k): ldmatrix gives B's fragments
         # of n8 tiles j, j + 1 in one; lanes 8q .. 8q+7 address matrix q's rows, q's high bit
-        # picks the tile, its low bit the chunk (matmul_bf16's high_bit_rows)
+        # picks the tile, its low bit the chunk (matmul_bf16's high_bit_rows). Row 8 j + row_in
+        # is swizzled as row_in is (j even: a multiple of 16 rows), so a lane's address is one
+        # sum a k16 step, and each n8 pair adds a constant to it
         row_in, chunk_in = (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1
         for j in range(NT):
             for e in range(4):
                 acc[j, e] = float32(0.0)
         for s in range(KD):
+            at = base + row_in * ROW_WORDS + 4 * swizzled(row_in, 2 * s + chunk_in)
             for j in range(0, NT, 2):
-                r = 8 * j + row_in
-                b0, b1, b2, b3 = ldmatrix_x4(
-                    tiles, (base + r * ROW_WORDS + 4 * swizzled(r, 2 * s + chunk_in),))
+                b0, b1, b2, b3 = ldmatrix_x4(tiles, (at + 8 * j * ROW_WORDS,))
                 mma_into(acc, j, frag[s, 0], frag[s, 1], frag[s, 2], frag[s, 3], b0, b1)
                 mma_into(acc, j + 1, frag[s, 0], frag[s, 1], frag[s, 2], frag[s, 3], b2, b3)
+
+    def masker(future):
+        @inlined
+        def mask(acc, limit):
+            # acc[NT, 4] = a warp's scores, 16 rows by COLS columns: lane (g, t) holds (row g +
+            # 8 (e >> 1), column 8 j + 2 t + (e & 1)) in acc[j, e]. limit = the lane's row g less
+            # its column 2 t (the tile's offsets in): a score's column less its row is then a
+            # constant less limit. -inf where the column lies after the row (`future`: a key
+            # after its query) or before it (a query before its key, in dk/dv's S^T). Only the
+            # tiles that cross the diagonal take this; the test is 32-bit (int32 both sides)
+            for j in range(NT):
+                for e in range(4):
+                    ahead = int32(8 * j + (e & 1) - 8 * (e >> 1))
+                    if (ahead > limit) if future else (ahead < limit):
+                        acc[j, e] = NEG_INF
+        return mask
 
     @inlined
     def pairs(acc, j, half):
@@ -160,15 +203,15 @@ def tile_functions(D):
         # acc[DN, 4] += weights . the tile: weights [16, COLS] as score accumulators (NT, 4),
         # rounded to bf16 into A fragments (two n8 tiles a k16 step, the module's doc), times
         # the tile's COLS rows of D (rows k, pairs along n: ldmatrix.trans; q's low bit picks
-        # the half of the rows, its high bit the chunk)
+        # the half of the rows, its high bit the chunk). Row 16 s + row_in is swizzled as
+        # row_in is: a lane's address for an n8 pair is the same sum at every s, plus a constant
         row_in, chunk_in = (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4
         for s in range(NT // 2):
             a0, a1 = pairs(weights, 2 * s, 0), pairs(weights, 2 * s, 1)
             a2, a3 = pairs(weights, 2 * s + 1, 0), pairs(weights, 2 * s + 1, 1)
-            r = 16 * s + row_in
             for j in range(0, DN, 2):
-                b0, b1, b2, b3 = ldmatrix_x4_trans(
-                    tiles, (base + r * ROW_WORDS + 4 * swizzled(r, j + chunk_in),))
+                at = base + row_in * ROW_WORDS + 4 * swizzled(row_in, j + chunk_in)
+                b0, b1, b2, b3 = ldmatrix_x4_trans(tiles, (at + 16 * s * ROW_WORDS,))
                 mma_into(acc, j, a0, a1, a2, a3, b0, b1)
                 mma_into(acc, j + 1, a0, a1, a2, a3, b2, b3)
 
@@ -188,7 +231,8 @@ def tile_functions(D):
                         y1 += x[b, h, row, col + 1]
                     x[b, h, row, col], x[b, h, row, col + 1] = y0, y1
 
-    return stage, load_rows, scores, accumulate_product, store_rows, KD, DN, D * COLS // 2
+    return (stage, load_rows, scores, masker(True), masker(False), accumulate_product,
+            store_rows, KD, DN, D * COLS // 2)
 
 
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 2))
@@ -204,8 +248,8 @@ def kernel_pieces(D, dropout):
 @kernel_factory
 def forward_kernel(D, dropout):
     """The forward for heads of D; dropout: built with the dropout hash, else without."""
-    (stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS, factor,
-     TWO_TILES) = kernel_pieces(D, dropout)
+    (stage, load_rows, scores, mask_future, mask_past, accumulate_product, store_rows, KD, DN,
+     TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout)
 
     @cuda.jit(**BOUNDS)
     def attention_forward_bf16_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
@@ -247,19 +291,15 @@ def forward_kernel(D, dropout):
             base = (i & 1) * TILE_WORDS
             if n0 <= wrow + 15:                 # (else every key of the tile is in the future)
                 scores(s_acc, q_frag, k_tiles, base, lane)
-                max0 = max1 = NEG_INF
+                if n0 + COLS > wrow + 1:        # (a key after a row of the warp's)
+                    mask_future(s_acc, int32(wrow + g - n0 - 2 * t))
+                max0 = max1 = NEG_INF           # the rows' largest scores, unscaled (scale > 0)
                 for j in range(NT):
-                    key = n0 + 8 * j + 2 * t
-                    for e in range(4):
-                        query = wrow + g + 8 * (e >> 1)
-                        s = s_acc[j, e] * scale_log2 if key + (e & 1) <= query else NEG_INF
-                        s_acc[j, e] = s
-                        if e < 2:
-                            max0 = max(max0, s)
-                        else:
-                            max1 = max(max1, s)
-                new0, new1 = max(m0, quad_max(max0)), max(m1, quad_max(max1))
-                shrink0, shrink1 = math.exp2(m0 - new0), math.exp2(m1 - new1)
+                    max0 = max(max0, max(s_acc[j, 0], s_acc[j, 1]))
+                    max1 = max(max1, max(s_acc[j, 2], s_acc[j, 3]))
+                new0 = max(m0, quad_max(max0) * scale_log2)
+                new1 = max(m1, quad_max(max1) * scale_log2)
+                shrink0, shrink1 = exp2_fast(m0 - new0), exp2_fast(m1 - new1)
                 m0, m1 = new0, new1
                 l0, l1 = l0 * shrink0, l1 * shrink1
                 for j in range(DN):
@@ -271,7 +311,8 @@ def forward_kernel(D, dropout):
                     key = n0 + 8 * j + 2 * t
                     for e in range(4):
                         query = wrow + g + 8 * (e >> 1)
-                        p = math.exp2(s_acc[j, e] - (m0 if e < 2 else m1))
+                        # (one FFMA and one MUFU a probability)
+                        p = exp2_fast(cuda.fma(s_acc[j, e], scale_log2, -(m0 if e < 2 else m1)))
                         if e < 2:
                             l0 += p
                         else:
@@ -293,8 +334,8 @@ def forward_kernel(D, dropout):
 @kernel_factory
 def dq_kernel(D, dropout):
     """dq for heads of D: the forward's walk over the key tiles, P from lse."""
-    (stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS, factor,
-     TWO_TILES) = kernel_pieces(D, dropout)
+    (stage, load_rows, scores, mask_future, mask_past, accumulate_product, store_rows, KD, DN,
+     TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout)
 
     @cuda.jit(**BOUNDS)
     def attention_dq_bf16_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
@@ -320,9 +361,10 @@ def dq_kernel(D, dropout):
         commit_copies()
         load_rows(q_frag, q, bh, wrow, T, lane)
         load_rows(dout_frag, dout, bh, wrow, T, lane)
-        # the lane's two rows' lse (log2 units) and delta; rows past T: P = 0
-        lse0 = lse[b, h, wrow + g] * LOG2E if wrow + g < T else INF
-        lse1 = lse[b, h, wrow + g + 8] * LOG2E if wrow + g + 8 < T else INF
+        # the lane's two rows' -lse (log2 units: P = 2^(S scale - lse), an FFMA's addend) and
+        # delta; rows past T: P = 0
+        neg_lse0 = -lse[b, h, wrow + g] * LOG2E if wrow + g < T else NEG_INF
+        neg_lse1 = -lse[b, h, wrow + g + 8] * LOG2E if wrow + g + 8 < T else NEG_INF
         delta0 = delta[b, h, wrow + g] if wrow + g < T else float32(0.0)
         delta1 = delta[b, h, wrow + g + 8] if wrow + g + 8 < T else float32(0.0)
         for j in range(DN):
@@ -341,13 +383,14 @@ def dq_kernel(D, dropout):
             if n0 <= wrow + 15:
                 scores(s_acc, q_frag, k_tiles, base, lane)          # S
                 scores(dp_acc, dout_frag, v_tiles, base, lane)      # dP = dO V^T
+                if n0 + COLS > wrow + 1:
+                    mask_future(s_acc, int32(wrow + g - n0 - 2 * t))
                 for j in range(NT):
                     key = n0 + 8 * j + 2 * t
                     for e in range(4):
                         query = wrow + g + 8 * (e >> 1)
-                        p = float32(0.0)
-                        if key + (e & 1) <= query:
-                            p = math.exp2(s_acc[j, e] * scale_log2 - (lse0 if e < 2 else lse1))
+                        p = exp2_fast(cuda.fma(s_acc[j, e], scale_log2,
+                                               neg_lse0 if e < 2 else neg_lse1))
                         gf = factor(seed, site, threshold, keep, b, h, query, key + (e & 1), H, T)
                         s_acc[j, e] = p * (gf * dp_acc[j, e] - (delta0 if e < 2 else delta1))
                 accumulate_product(dq_acc, s_acc, k_tiles, base, lane)  # dQ += dS K
@@ -359,14 +402,14 @@ def dq_kernel(D, dropout):
 @kernel_factory
 def dkdv_kernel(D, dropout):
     """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
-    (stage, load_rows, scores, accumulate_product, store_rows, KD, DN, TILE_WORDS, factor,
-     TWO_TILES) = kernel_pieces(D, dropout)
+    (stage, load_rows, scores, mask_future, mask_past, accumulate_product, store_rows, KD, DN,
+     TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout)
 
     @inlined
-    def stage_rows(lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
-        # the query tile's lse (log2 units; past T, +inf: P = 0) and delta into slot `at`
+    def stage_rows(neg_lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
+        # the query tile's -lse (log2 units; past T, -inf: P = 0) and delta into slot `at`
         if tid < COLS:
-            lse_tiles[at + tid] = lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else INF
+            neg_lse_tiles[at + tid] = -lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else NEG_INF
             delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
 
     @cuda.jit(**BOUNDS)
@@ -375,7 +418,7 @@ def dkdv_kernel(D, dropout):
         # grid (B*H, T/ROWS), the first key rows (the most queries) first
         q_tiles = cuda.shared.array(TWO_TILES, uint32)
         dout_tiles = cuda.shared.array(TWO_TILES, uint32)
-        lse_tiles = cuda.shared.array(TWO_ROWS, float32)
+        neg_lse_tiles = cuda.shared.array(TWO_ROWS, float32)
         delta_tiles = cuda.shared.array(TWO_ROWS, float32)
         k_frag = cuda.local.array((KD, 4), uint32)
         v_frag = cuda.local.array((KD, 4), uint32)
@@ -396,7 +439,7 @@ def dkdv_kernel(D, dropout):
         stage(q_tiles, 0, q, bh, first, T, tid)
         stage(dout_tiles, 0, dout, bh, first, T, tid)
         commit_copies()
-        stage_rows(lse_tiles, delta_tiles, 0, lse, delta, b, h, first, T, tid)
+        stage_rows(neg_lse_tiles, delta_tiles, 0, lse, delta, b, h, first, T, tid)
         load_rows(k_frag, k, bh, wrow, T, lane)
         load_rows(v_frag, v, bh, wrow, T, lane)
         for j in range(DN):
@@ -412,22 +455,20 @@ def dkdv_kernel(D, dropout):
                 at = ((i + 1) & 1) * TILE_WORDS
                 stage(q_tiles, at, q, bh, n0 + COLS, T, tid)
                 stage(dout_tiles, at, dout, bh, n0 + COLS, T, tid)
-                stage_rows(lse_tiles, delta_tiles, ((i + 1) & 1) * COLS, lse, delta, b, h,
+                stage_rows(neg_lse_tiles, delta_tiles, ((i + 1) & 1) * COLS, lse, delta, b, h,
                            n0 + COLS, T, tid)
             commit_copies()
             base, rows = (i & 1) * TILE_WORDS, (i & 1) * COLS
             if n0 + COLS > wrow:                # (else every query of the tile is in the past)
                 scores(s_acc, k_frag, q_tiles, base, lane)          # S^T
                 scores(dp_acc, v_frag, dout_tiles, base, lane)      # dP^T = V dO^T
+                if n0 < wrow + 16:              # (a query before a key of the warp's)
+                    mask_past(s_acc, int32(wrow + g - n0 - 2 * t))
                 for j in range(NT):             # P^T, then dS^T and (P G)^T: two loops,
                     col = 8 * j + 2 * t         # each short enough to be unrolled whole
                     for e in range(4):
-                        query, key = n0 + col + (e & 1), wrow + g + 8 * (e >> 1)
-                        p = float32(0.0)
-                        if query >= key:
-                            p = math.exp2(s_acc[j, e] * scale_log2
-                                          - lse_tiles[rows + col + (e & 1)])
-                        s_acc[j, e] = p
+                        s_acc[j, e] = exp2_fast(cuda.fma(s_acc[j, e], scale_log2,
+                                                         neg_lse_tiles[rows + col + (e & 1)]))
                 for j in range(NT):
                     col = 8 * j + 2 * t
                     for e in range(4):
@@ -463,19 +504,50 @@ def heads_bf16_kernel(words, x):
 
 # --- launchers -----------------------------------------------------------------------------------
 
+class Bf16Heads:
+    """x [B,H,T,D] rounded to bf16, as the kernels here read it: `words` uint32 [B,H,T,D/2]
+    (pairs, contiguous); `shape` is x's. The model's attention rounds q, k and v once
+    (heads_operand) and hands the same copies to the forward and to the backward."""
+    __slots__ = ("words", "shape")
+
+    def __init__(self, words):
+        self.words = words
+        self.shape = (*words.shape[:3], 2 * words.shape[3])
+
+
 def heads_bf16(x):
     """x [B,H,T,D] (float32, 16-byte aligned rows, D % 8 == 0) rounded to bf16 pairs: a new
-    uint32 [B,H,T,D/2], contiguous."""
+    Bf16Heads (a Bf16Heads is returned as it is)."""
+    if isinstance(x, Bf16Heads):
+        return x
     B, H, T, D = x.shape
     words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
     launch(heads_bf16_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
-    return words
+    return Bf16Heads(words)
+
+
+def heads_operand(x):
+    """q, k or v [B,H,T,D] as the attention here reads it: rounded to bf16 (heads_bf16) where
+    the tensor-core kernels take it, else x itself (attention.py's kernels read float32)."""
+    return heads_bf16(x) if _on_tensor_cores("auto", x.shape[3], (x,)) else x
+
+
+def heads_operand_numpy(x):
+    return x            # (the NumPy twins round their operands themselves)
 
 
 def _on_tensor_cores(kernel, D, arrays):
     """Whether the kernels here take this call: D in HEAD_SIZES with 16-byte aligned rows
     (what split_heads makes), and kernel "auto"; else attention.py's float32 kernels do."""
-    return kernel == "auto" and D in HEAD_SIZES and all(aligned16(x) for x in arrays)
+    fits = kernel == "auto" and D in HEAD_SIZES and all(
+        isinstance(x, Bf16Heads) or aligned16(x) for x in arrays)
+    check(fits or not any(isinstance(x, Bf16Heads) for x in arrays),
+          "attention_bf16: operands in bf16 (Bf16Heads) need the tensor-core kernels")
+    return fits
+
+
+def _float32_rows(**arrays):
+    check_float32_rows(**{name: x for name, x in arrays.items() if not isinstance(x, Bf16Heads)})
 
 
 def attention_forward_bf16(out, lse, q, k, v, kernel="auto", dropout_p=0.0, seed=None, site=0,
@@ -488,17 +560,18 @@ def attention_forward_bf16(out, lse, q, k, v, kernel="auto", dropout_p=0.0, seed
                                     rows_per_block)
         return
     check_float32(lse=lse)
-    check_float32_rows(out=out, q=q, k=k, v=v)
+    _float32_rows(out=out, q=q, k=k, v=v)
     scale_log2 = np.float32(LOG2E / math.sqrt(D))
     launch(forward_kernel(D, dropout_p > 0), (B * H, blocks(T, ROWS)), THREADS, out, lse,
-           heads_bf16(q), heads_bf16(k), heads_bf16(v), scale_log2,
+           *(heads_bf16(x).words for x in (q, k, v)), scale_log2,
            *dropout_arguments(dropout_p, seed, site))
 
 
 def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
                             kernel="auto", dropout_p=0.0, seed=None, site=0, rows_per_block=None):
     """attention.attention_backward on the tensor cores: delta first (attention.py's kernel),
-    then the dq kernel and the dk/dv kernel, which read the same bf16 copies."""
+    then the dq kernel and the dk/dv kernel, which read the same bf16 copies (q, k, v: float32
+    or, as the forward had them, Bf16Heads)."""
     B, H, T, D = _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
                                   delta=delta)
     if not _on_tensor_cores(kernel, D, (dq, dk, dv, dout, q, k, v, out)):
@@ -506,12 +579,12 @@ def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumula
                                      kernel, dropout_p, seed, site, rows_per_block)
         return
     check_float32(delta=delta, lse=lse)
-    check_float32_rows(dq=dq, dk=dk, dv=dv, dout=dout, q=q, k=k, v=v, out=out)
+    _float32_rows(dq=dq, dk=dk, dv=dv, dout=dout, q=q, k=k, v=v, out=out)
     scale = np.float32(1.0 / math.sqrt(D))
     scale_log2 = np.float32(LOG2E * scale)
     drop = dropout_arguments(dropout_p, seed, site)
     attention.attention_delta(delta, dout, out)
-    words = [heads_bf16(x) for x in (dout, q, k, v)]
+    words = [heads_bf16(x).words for x in (dout, q, k, v)]
     grid = (B * H, blocks(T, ROWS))
     launch(dq_kernel(D, dropout_p > 0), grid, THREADS, dq, *words, lse, delta, scale_log2,
            scale, *drop, accumulate)
