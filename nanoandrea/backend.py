@@ -64,12 +64,14 @@ class Backend:
         if precision != "fp32":
             module = matmul_bf16 if precision == "bf16" else matmul_tf32
             self.matmul = getattr(module, f"matmul_{precision}{suffix}")
-        # q, k, v as attention reads them (in bf16 rounded once, for forward and backward)
-        self.heads_operand = lambda x: x
+        # q, k, v as attention reads them (in bf16 rounded once, for forward and backward),
+        # and whether attention rounds heads x so (then split_heads need not copy them)
+        self.heads_operand, self.attention_rounds = (lambda x: x), (lambda x: False)
         if precision == "bf16":
             for op in ("attention_forward", "attention_backward"):
                 setattr(self, op, getattr(attention_bf16, op + "_bf16" + suffix))
             self.heads_operand = getattr(attention_bf16, "heads_operand" + suffix)
+            self.attention_rounds = getattr(attention_bf16, "takes" + suffix)
         if precision == "tf32":
             # matvec reads float32 or bf16 weights, not tf32's: a sampled token's products
             # stay on the tensor-core tiles

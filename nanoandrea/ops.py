@@ -150,16 +150,37 @@ class GeluOutput(Tensor):
 
 
 class SplitHeads(Tensor):
-    """split_heads' output [B,H,T,D], which keeps `fused`, the [B,T,C] Tensor it was split from:
-    a backward that writes this tensor's gradient through a heads_view of fused's writes the
-    merged gradient straight away (attention does), and split's own backward then finds no
-    gradient of this tensor to merge."""
-    __slots__ = ("fused",)
+    """split_heads' output [B,H,T,D], which keeps `fused`, the [B,T,C] Tensor it was split from.
+    Its copy is made when its data is first read (`data`): the bf16 attention rounds the heads
+    straight from fused (a heads_view of it, _heads_operand), so in bf16 training the float32
+    copy is never made. A backward that writes this tensor's gradient through a heads_view of
+    fused's writes the merged gradient straight away (attention does), and split's own backward
+    then finds no gradient of this tensor to merge."""
+    __slots__ = ("fused", "n_head", "_heads")
 
     def __init__(self, fused, n_head):
-        B, T, C = fused.shape
-        super().__init__(fused.backend.empty((B, n_head, T, C // n_head)), fused.backend)
-        self.fused = fused
+        self.fused, self.n_head, self._heads = fused, n_head, None
+        super().__init__(None, fused.backend)
+
+    @property
+    def shape(self):
+        B, T, C = self.fused.shape
+        return B, self.n_head, T, C // self.n_head
+
+    def split(self):
+        """The float32 heads, copied from fused at the first call."""
+        if self._heads is None:
+            self._heads = self.backend.empty(self.shape)
+            self.backend.split_heads(self._heads, self.fused.data)
+        return self._heads
+
+    @property
+    def data(self):
+        return self.split()
+
+    @data.setter
+    def data(self, value):          # (Tensor.__init__'s None: not split yet)
+        self._heads = value
 
 
 class HeadsOfConcat(Tensor):
@@ -174,9 +195,12 @@ class HeadsOfConcat(Tensor):
 
 
 def split_heads(x, n_head):
-    """[B,T,C] -> [B,H,T,D]: each head's T x D slice contiguous."""
+    """[B,T,C] -> [B,H,T,D]: each head's T x D slice contiguous. The copy is made here unless
+    the backend's attention rounds these heads straight from x (bf16 on the tensor cores: then
+    only a reader of the float32 heads, the sampling's key/value cache, makes it)."""
     out = SplitHeads(x, n_head)
-    x.backend.split_heads(out.data, x.data)
+    if not x.backend.attention_rounds(x.backend.heads_view(x.data, n_head)):
+        out.split()
 
     def backward():
         dx, accumulate = grad_slot(x)
@@ -216,6 +240,14 @@ def _heads_grad_slot(t):
     return grad_slot(t)
 
 
+def _heads_operand(t):
+    """q, k or v as the backend's attention reads it (backend.heads_operand): in bf16 the heads
+    of split_heads are rounded straight from its fused tensor, a heads_view of it."""
+    if isinstance(t, SplitHeads) and t._heads is None:     # (not split: attention_rounds)
+        return t.backend.heads_operand(t.backend.heads_view(t.fused.data, t.n_head))
+    return t.backend.heads_operand(t.data)
+
+
 def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
     """Causal softmax attention, all (batch, head) pairs in one launch. q, k, v: [B,H,T,D].
     dropout_p > 0 drops attention probabilities (masks from seed, an int64[1], and site).
@@ -226,7 +258,7 @@ def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
     out = HeadsOfConcat(backend, q.shape)
     lse = backend.empty((B, H, T))
     drop = dict(dropout_p=dropout_p, seed=seed, site=site)
-    operands = [backend.heads_operand(t.data) for t in (q, k, v)]     # (bf16: rounded once)
+    operands = [_heads_operand(t) for t in (q, k, v)]     # (bf16: rounded once, for both)
     backend.attention_forward(out.data, lse, *operands, **drop)
 
     def backward():

@@ -111,3 +111,38 @@ def test_attention_bf16_rounds_its_operands_once(rng, monkeypatch):
         np.testing.assert_array_equal(g, w)
     wide = device(rng.standard_normal((B, H, 4, 72)))
     assert attention_bf16.heads_operand(wide) is wide
+
+
+def test_bf16_attention_reads_the_heads_from_the_fused_tensors(rng, monkeypatch):
+    """ops.attention in bf16: q, k, v split from [B,T,C] tensors (split_heads) are rounded
+    straight from those (a heads_view), so no float32 copy of the heads is made; the output and
+    the gradients of the fused tensors are the same to the bit as with the copies made. A
+    reader of the float32 heads (the sampling's cache) still gets the split."""
+    from nanoandrea import ops
+    from nanoandrea.autograd import Tensor
+    from nanoandrea.backend import get_backend
+    from nanoandrea.kernels import heads
+    backend = get_backend("cuda", precision="bf16")
+    B, T, H, D = 1, 20 if not GPU else 300, 2, 32
+    fused = [rng.standard_normal((B, T, H * D)).astype(np.float32) for _ in range(3)]
+    dy = device(rng.standard_normal((B, T, H * D)))
+
+    def run(split_first):
+        leaves = [Tensor(device(x), backend, requires_grad=True) for x in fused]
+        q, k, v = (ops.split_heads(x, H) for x in leaves)
+        if split_first:
+            for t in (q, k, v):
+                t.split()
+        y = ops.merge_heads(ops.attention(q, k, v))
+        y.backward(dy)
+        return [x.copy_to_host() for x in (y.data, *(t.grad for t in leaves))], q
+
+    want, _ = run(True)
+    launched = recording_launches(monkeypatch, heads)
+    got, q = run(False)
+    assert heads.split_heads4_kernel not in launched
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(q.data.copy_to_host(),
+                                  fused[0].reshape(B, T, H, D).transpose(0, 2, 1, 3))
+    assert heads.split_heads4_kernel in launched

@@ -526,14 +526,24 @@ def heads_bf16(x):
     return Bf16Heads(words)
 
 
+def takes(x):
+    """Whether the tensor-core kernels take heads x [B,H,T,D] (a float32 array or view): D in
+    HEAD_SIZES, rows 16-byte aligned."""
+    return _on_tensor_cores("auto", x.shape[3], (x,))
+
+
+def takes_numpy(x):
+    return False        # (the NumPy twins round their operands themselves)
+
+
 def heads_operand(x):
     """q, k or v [B,H,T,D] as the attention here reads it: rounded to bf16 (heads_bf16) where
     the tensor-core kernels take it, else x itself (attention.py's kernels read float32)."""
-    return heads_bf16(x) if _on_tensor_cores("auto", x.shape[3], (x,)) else x
+    return heads_bf16(x) if takes(x) else x
 
 
 def heads_operand_numpy(x):
-    return x            # (the NumPy twins round their operands themselves)
+    return x
 
 
 def _on_tensor_cores(kernel, D, arrays):
