@@ -44,7 +44,7 @@ OPS = {
     dropout: ["dropout_forward", "dropout_backward"],
     crossentropy: ["crossentropy_forward", "crossentropy_backward", "crossentropy_forward_backward"],
     adamw: ["grad_norm", "adamw_update"],
-    matmul_bf16: ["round_bf16"],
+    matmul_bf16: ["round_bf16", "bf16_values"],
     matmul_tf32: ["round_tf32"],
 }
 
@@ -89,10 +89,15 @@ class Backend:
         Tf32Matrix, x rounded; in fp32 x itself."""
         if self.precision == "fp32":
             return x
-        kind = matmul_bf16.Bf16Matrix if self.precision == "bf16" else matmul_tf32.Tf32Matrix
-        rounded = kind.allocate(x.shape, self.empty)
+        rounded = self.new_operand(x.shape)
         getattr(self, f"round_{self.precision}")(rounded, x)
         return rounded
+
+    def new_operand(self, shape):
+        """A new operand of a [R, C] matrix for this backend's matmul, not yet written: a
+        Bf16Matrix in bf16, a Tf32Matrix in tf32 (fp32: none)."""
+        kind = matmul_bf16.Bf16Matrix if self.precision == "bf16" else matmul_tf32.Tf32Matrix
+        return kind.allocate(shape, self.empty)
 
     # --- memory ------------------------------------------------------------------------
     def empty(self, shape, dtype=None):

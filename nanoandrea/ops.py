@@ -70,16 +70,22 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     y = _new(x, x.shape[:-1] + (N,))                               # x . W + b
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: unknown activation {activation!r}")
-    g = GeluOutput(y) if activation == "gelu" else None            # gelu(y), the same kernel
-    if x_operand is None and takes_matvec(x, weight, transpose_weight):
+    if x_operand is None and isinstance(x, GeluOutput):
+        x_operand = x.operand           # (in bf16 the product before wrote it: GeluOutput)
+    matvec = x_operand is None and takes_matvec(x, weight, transpose_weight)
+    g = None                                                       # gelu(y), the same kernel
+    if activation == "gelu":
+        words = backend.precision == "bf16" and not matvec
+        g = GeluOutput(y, backend.new_operand((y.data.size // N, N)) if words else None)
+    if matvec:
         backend.matvec(y.data.reshape(-1, N), x.data.reshape(-1, K), w,
                        None if bias is None else bias.data, transpose_b=transpose_weight,
                        gelu_out=None if g is None else g.data.reshape(-1, N))
         return y if g is None else g            # (no gradients: nothing to record)
     rows = x_operand if x_operand is not None else backend.operand(x.data.reshape(-1, K))
     backend.matmul(y.data.reshape(-1, N), rows, w, None if bias is None else bias.data,
-                   transpose_b=transpose_weight,
-                   gelu_out=None if g is None else g.data.reshape(-1, N))
+                   transpose_b=transpose_weight, gelu_out=None if g is None else (
+                       g.operand if g.operand is not None else g.data.reshape(-1, N)))
     # dX = dY . W^T reads W^T: where the product would copy it, the copy is made now, beside
     # the forward (schedule.transposed_weight), so that backward starts dX's product at once
     needs_dx = grad_enabled() and x.requires_grad and not transpose_weight
@@ -141,12 +147,31 @@ class GeluOutput(Tensor):
     pre-activation: the linear layer that takes this tensor as its input (the MLP's W_proj)
     writes pre's gradient itself, GELU's backward in its dX product's epilogue, and no
     gradient of this tensor is made. GELU's own backward then runs only if one reaches it from
-    another use (gradients add, and gelu' is linear in them, so either order is exact)."""
-    __slots__ = ("pre",)
+    another use (gradients add, and gelu' is linear in them, so either order is exact).
+    `operand`: in bf16, the product writes GELU's output only as the next product reads it
+    (a Bf16Matrix: half float32's bytes, and no rounding pass); its float32 values are made
+    if something reads `data` (backend.bf16_values)."""
+    __slots__ = ("pre", "operand", "_values")
 
-    def __init__(self, pre):
-        super().__init__(pre.backend.empty(pre.shape), pre.backend)
-        self.pre = pre
+    def __init__(self, pre, operand=None):
+        self.pre, self.operand, self._values = pre, operand, None
+        super().__init__(None if operand is not None else pre.backend.empty(pre.shape),
+                         pre.backend)
+
+    @property
+    def shape(self):
+        return self.pre.shape
+
+    @property
+    def data(self):
+        if self._values is None:
+            self._values = self.backend.empty(self.shape)
+            self.backend.bf16_values(self._values.reshape(self.operand.shape), self.operand)
+        return self._values
+
+    @data.setter
+    def data(self, value):
+        self._values = value
 
 
 class SplitHeads(Tensor):

@@ -126,3 +126,69 @@ def test_the_gpu_block_in_the_simulator(rng, monkeypatch, precision, transpose_a
     monkeypatch.setattr(matmul_bf16, "mma_matmul_kernel",       # (a new cache of kernels)
                         kernel_factory(matmul_bf16.mma_matmul_kernel.__wrapped__))
     check(rng, transpose_a, transpose_b, 100, 24, 40, True, False, precision=precision)
+
+
+def check_gelu_in_bf16(rng, product, M, N, K):
+    """product(out, a, b, bias, gelu_out=Bf16Matrix): out as with a float32 gelu_out, and
+    GELU's output the float32 one rounded to bf16, to the bit (the epilogue rounds the same
+    float32 values round_bf16 would); bf16_values reads it back as float32."""
+    a, b, bias = (device(rng.standard_normal(s)) for s in ((M, K), (K, N), (N,)))
+    out, hidden = poisoned((M, N)), poisoned((M, N))
+    product(out, a, b, bias, gelu_out=hidden)
+    out_words = poisoned((M, N))
+    words = matmul_bf16.Bf16Matrix.allocate((M, N), matmul_bf16.device_empty)
+    product(out_words, a, b, bias, gelu_out=words)
+    np.testing.assert_array_equal(out_words.copy_to_host(), out.copy_to_host())
+    want = matmul_bf16.Bf16Matrix.allocate((M, N), np.empty)
+    matmul_bf16.round_bf16_numpy(want, hidden.copy_to_host())
+    np.testing.assert_array_equal(words.words.copy_to_host(), want.words)
+    values = poisoned((M, N))
+    matmul_bf16.bf16_values(values, words)
+    np.testing.assert_array_equal(values.copy_to_host(), matmul_bf16.bf16_matrix_values(want))
+
+
+def test_matmul_bf16_writes_gelu_in_bf16(rng):
+    """matmul_bf16 with a Bf16Matrix gelu_out (the MLP up in bf16 training): on Hopper wgmma's
+    epilogue writes it, elsewhere (and in the simulator) a float32 GELU rounded; the twin
+    likewise."""
+    M, N, K = (40, 24, 40) if not GPU else (1000, 1544, 392)
+    check_gelu_in_bf16(rng, matmul_bf16.matmul_bf16, M, N, K)
+    a, b, bias = (rng.standard_normal(s) for s in ((M, K), (K, N), (N,)))
+    out, hidden = np.empty((M, N)), np.empty((M, N))
+    matmul_bf16.matmul_bf16_numpy(out, a, b, bias, gelu_out=hidden)
+    words = matmul_bf16.Bf16Matrix.allocate((M, N), np.empty)
+    matmul_bf16.matmul_bf16_numpy(np.empty((M, N)), a, b, bias, gelu_out=words)
+    want = matmul_bf16.Bf16Matrix.allocate((M, N), np.empty)
+    matmul_bf16.round_bf16_numpy(want, hidden.astype(np.float32))
+    np.testing.assert_array_equal(words.words, want.words)
+
+
+def test_bf16_mlp_keeps_gelu_as_the_next_products_operand(rng):
+    """ops.linear(activation="gelu") in bf16: GELU's output is written only as the MLP's second
+    product reads it (GeluOutput.operand), no float32 copy is made in the forward or the
+    backward, and the output and gradients are the NumPy backend's (its twin rounds the same
+    way). Reading `data` afterwards gives GELU's values in bf16."""
+    from nanoandrea import ops
+    from nanoandrea.autograd import Tensor
+    from nanoandrea.backend import get_backend
+    M, C = (16, 8) if not GPU else (512, 64)
+    values = [rng.standard_normal(s) for s in ((M, C), (C, 4 * C), (4 * C,), (4 * C, C), (C,))]
+    dy = rng.standard_normal((M, C))
+    results = {}
+    for name in ("cuda", "numpy"):
+        backend = get_backend(name, np.float32, precision="bf16")
+        leaves = [Tensor(backend.to_device(v, np.float32), backend, requires_grad=True)
+                  for v in values]
+        x, w_fc, b_fc, w_proj, b_proj = leaves
+        h = ops.linear(x, w_fc, b_fc, activation="gelu")
+        y = ops.linear(h, w_proj, b_proj)
+        y.backward(backend.to_device(dy, np.float32))
+        if name == "cuda":
+            assert h.operand is not None and h._values is None
+        results[name] = [backend.to_host(t) for t in (y.data, *(v.grad for v in leaves))]
+        results[name + " gelu"] = backend.to_host(h.data)
+    for got, want in zip(results["cuda"], results["numpy"]):
+        assert relative_error(got, want) < TOLERANCE
+    np.testing.assert_allclose(results["cuda gelu"], results["numpy gelu"], rtol=2 ** -8)
+    assert np.array_equal(bf16_values(results["cuda gelu"].astype(np.float32)),
+                          results["cuda gelu"])

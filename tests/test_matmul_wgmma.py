@@ -11,8 +11,8 @@ import pytest
 from numba import cuda
 
 from conftest import GPU
-from nanoandrea.kernels import matmul_wgmma
-from test_matmul_bf16 import check
+from nanoandrea.kernels import matmul_bf16, matmul_wgmma
+from test_matmul_bf16 import check, check_gelu_in_bf16
 from test_kernels import device
 
 if GPU and cuda.get_current_device().compute_capability != (9, 0):
@@ -65,3 +65,11 @@ def test_matmul_bf16_takes_wgmma_on_hopper():
     """On compute capability 9.0 matmul_bf16's products go to wgmma, but for an odd width."""
     assert matmul_wgmma.takes(device(np.zeros((16, 72))))
     assert not matmul_wgmma.takes(device(np.zeros((16, 65))))
+
+
+def test_matmul_wgmma_writes_gelu_in_bf16(rng):
+    """The epilogue gelu_bf16: GELU's output as the next product's Bf16Matrix, the float32
+    GELU rounded, to the bit."""
+    M, N, K = (72, 136, 72) if not GPU else (1000, 1544, 392)
+    check_gelu_in_bf16(rng, lambda out, a, b, bias, **gelu: matmul_wgmma.matmul_wgmma(
+        out, matmul_bf16.rounded(a), matmul_bf16.rounded(b), bias, **gelu), M, N, K)

@@ -12,10 +12,10 @@
       ours float32   FFMA (kernels/attention.py: the fast kernels take D = 16, 32 and 64,
                      any other D the reference kernels, a warp a row)
       ours bf16      the tensor cores (kernels/attention_bf16.py, what --precision bf16
-                     trains with), called as the bf16 backend calls it: each call rounds its
-                     float32 operands to bf16 words first (heads_bf16: q, k, v in the
-                     forward, dout, q, k, v in the backward), and those passes are timed with
-                     the kernels, as the training step pays them. It takes D = 32 and 64; any
+                     trains with), called as the model's attention calls it: q, k, v rounded
+                     to bf16 words once (heads_operand), the forward and the backward reading
+                     those, the backward rounding dout; the passes are timed with the
+                     kernels, as the training step pays them. It takes D = 32 and 64; any
                      other D falls back to the float32 kernels, so at 72 and 128 its figure is
                      the float32 column's (checked to launch the same kernels, not timed again)
       SDPA bf16      torch's scaled_dot_product_attention on bf16 tensors (tensor cores)
@@ -129,17 +129,19 @@ def fused_against_per_head():
 
 def ours_bf16(Q, K, V, DOUT):
     """The bf16 backend's attention on float32 q, k, v, dout (Numba device arrays [B,H,T,D]):
-    (run, (out, dq, dk, dv)). run() is attention_bf16's forward and backward, each of which
-    rounds its operands to bf16 words before its kernels (heads_bf16), so that a timing of
-    run() includes those passes; the outputs are NaN until run() writes them."""
+    (run, (out, dq, dk, dv)). run() rounds q, k, v to bf16 words (heads_operand, as ops.attention
+    does), then runs attention_bf16's forward and backward on them (the backward rounds dout),
+    so that a timing of run() includes those passes; the outputs are NaN until run() writes
+    them."""
     B, H, T, D = Q.shape
     out, dq, dk, dv = (cuda.to_device(np.full((B, H, T, D), np.nan, np.float32))
                        for _ in range(4))
     lse, delta = (cuda.device_array((B, H, T), np.float32) for _ in range(2))
 
     def run():
-        attention_bf16.attention_forward_bf16(out, lse, Q, K, V)
-        attention_bf16.attention_backward_bf16(dq, dk, dv, delta, DOUT, Q, K, V, out, lse)
+        operands = [attention_bf16.heads_operand(x) for x in (Q, K, V)]
+        attention_bf16.attention_forward_bf16(out, lse, *operands)
+        attention_bf16.attention_backward_bf16(dq, dk, dv, delta, DOUT, *operands, out, lse)
     return run, (out, dq, dk, dv)
 
 

@@ -52,10 +52,11 @@ def kernels():
                    f"{f', {epilogue} epilogue' if epilogue else ''}",
                    matmul.matmul_kernel(ta, tb, epilogue), MATMUL_ARGS)
     for ta, tb in ((False, False), (False, True), (True, False)):       # (sm_90a: wgmma)
-        for epilogue in (None, "gelu", "gelu_grad"):
-            if ta and epilogue or (tb and epilogue == "gelu"):
+        for epilogue in (None, "gelu", "gelu_bf16", "gelu_grad"):
+            if ta and epilogue or (tb and epilogue in ("gelu", "gelu_bf16")):
                 continue
-            hidden = (U2,) if epilogue is None else (A2,)   # (unread: the launcher passes a)
+            # (None: unread, the launcher passes a; gelu_bf16: a Bf16Matrix's words)
+            hidden = (U2,) if epilogue in (None, "gelu_bf16") else (A2,)
             yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
                    f"{f', {epilogue} epilogue' if epilogue else ''}",
                    matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue), WGMMA_ARGS[:-1] + hidden)

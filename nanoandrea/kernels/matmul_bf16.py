@@ -62,8 +62,8 @@ from .gelu import gelu_derivative, gelu_value
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
                      inlined, kernel_factory, launch)
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul_numpy, split_count
-from .tensorcores import (bf16_pair, ldmatrix_x4, ldmatrix_x4_trans, load_shared_u32, mma_bf16,
-                          mma_tf32, pack_bf16, store4_u32, unpack_bf16)
+from .tensorcores import (bf16_pair, bf16_unpair, ldmatrix_x4, ldmatrix_x4_trans,
+                          load_shared_u32, mma_bf16, mma_tf32, pack_bf16, store4_u32, unpack_bf16)
 from .vector import aligned16, flat, load4
 
 
@@ -131,6 +131,31 @@ def round_bf16(out, x):
     launch_rounding(round_bf16_kernel, out, out.words, x)
 
 
+def bf16_values_numpy(out, x):
+    """out [R, C] (float32) = the values of x, a Bf16Matrix of that shape."""
+    out[...] = bf16_matrix_values(x)
+
+
+@cuda.jit
+def bf16_values_kernel(out, words):
+    # out[R, C] = the bf16 pairs of words[R, P/2] as float32s; a thread a pair
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    row, col = c // words.shape[1], 2 * (c % words.shape[1])
+    if row < out.shape[0] and col < out.shape[1]:
+        x0, x1 = bf16_unpair(words[row, col >> 1])
+        out[row, col] = x0
+        if col + 1 < out.shape[1]:
+            out[row, col + 1] = x1
+
+
+def bf16_values(out, x):
+    """bf16_values_numpy on the GPU: where a product's bf16 output (a GELU's, written as the
+    next product's operand) is read as float32 after all."""
+    check_float32(out=out)
+    check(tuple(out.shape) == tuple(x.shape), f"bf16_values: out {out.shape}, x {x.shape}")
+    launch(bf16_values_kernel, blocks(x.words.size, 128), 128, out, x.words)
+
+
 def launch_rounding(kernel, out, copy, x):
     """Round x into `copy`, the array of the rounded operand `out` (Bf16Matrix, Tf32Matrix):
     one thread of `kernel` for each 16 bytes of it."""
@@ -145,9 +170,13 @@ def launch_rounding(kernel, out, copy, x):
 def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False,
                       accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None):
     """matmul_numpy of a and b rounded to bf16 (Bf16Matrix operands, or float32 ones rounded
-    here), the sums in out's precision."""
+    here), the sums in out's precision. gelu_out may be a Bf16Matrix: GELU's output rounded to
+    bf16, as the next product reads it."""
+    hidden = np.empty(out.shape, out.dtype) if isinstance(gelu_out, Bf16Matrix) else gelu_out
     product_of_values(bf16_matrix_values, out, a, b, bias, transpose_a, transpose_b, accumulate,
-                      gelu_out, gelu_input)
+                      hidden, gelu_input)
+    if hidden is not gelu_out:
+        round_bf16_numpy(gelu_out, hidden)
 
 
 def product_of_values(values, out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
@@ -529,8 +558,15 @@ def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
     """out[M,N] (+)= op(a) . op(b) (+ bias) of bf16 operands (Bf16Matrix; a float32 device
     array is rounded first): matmul.matmul's arguments and epilogues, on the tensor cores: by
     wgmma on a GPU of compute capability 9.0 (matmul_wgmma.py), else by this module's mma.sync
-    kernel (b_transposed is not needed: both read a transposed operand as it lies)."""
+    kernel (b_transposed is not needed: both read a transposed operand as it lies).
+    gelu_out may be a Bf16Matrix: GELU's output in bf16, as the next product reads it (wgmma's
+    epilogue writes it so; elsewhere a float32 one is rounded)."""
     a, b = (x if isinstance(x, Bf16Matrix) else rounded(x) for x in (a, b))
+    if isinstance(gelu_out, Bf16Matrix) and not matmul_wgmma.takes(out, bias):
+        hidden = device_empty(out.shape, np.float32)
+        matmul_bf16(out, a, b, bias, transpose_a, transpose_b, accumulate, hidden)
+        round_bf16(gelu_out, hidden)
+        return
     if matmul_wgmma.takes(out, bias, gelu_out if gelu_out is not None else gelu_input):
         matmul_wgmma.matmul_wgmma(out, a, b, bias, transpose_a, transpose_b, accumulate,
                                   gelu_out, gelu_input)      # (Hopper: wgmma, faster)

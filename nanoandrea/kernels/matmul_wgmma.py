@@ -48,6 +48,7 @@ from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_derivative, gelu_value
 from .launch import MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined, kernel_factory
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split_count
+from .tensorcores import bf16_pair
 from .vector import aligned16, flat, load2, store2
 from .wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
                     dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
@@ -141,12 +142,14 @@ def copy_operand(tiles, at, words, pitch, start, along_k, first, size, k0, k_end
 @kernel_factory
 def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
     """The kernel (see the module's doc) for one (transpose_a, transpose_b) and epilogue: None,
-    "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product, plus bias, times
-    gelu'(hidden))."""
-    check(epilogue in EPILOGUES, f"matmul_wgmma: unknown epilogue {epilogue!r}")
+    "gelu" (gelu(out) also written to `hidden`), "gelu_bf16" (the same, `hidden` the words of a
+    Bf16Matrix: GELU's output as the next product reads it) or "gelu_grad" (the product, plus
+    bias, times gelu'(hidden))."""
+    check(epilogue in EPILOGUES + ("gelu_bf16",), f"matmul_wgmma: unknown epilogue {epilogue!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
     B_ALONG_K = transpose_b             # b[N,K]: likewise
-    GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
+    GELU, GELU_GRAD = epilogue in ("gelu", "gelu_bf16"), epilogue == "gelu_grad"
+    GELU_WORDS = epilogue == "gelu_bf16"
     multiply = wgmma_m64n128k16(K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
                                 K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
 
@@ -174,7 +177,9 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
                 x0 += o0
                 x1 += o1
             store2(out, (z, row, col), x0, x1)
-            if GELU:
+            if GELU_WORDS:              # (a pair: one 4-byte word, half float32's bytes)
+                hidden[row, col >> 1] = bf16_pair(gelu_value(x0), gelu_value(x1))
+            elif GELU:
                 store2(hidden, (row, col), gelu_value(x0), gelu_value(x1))
 
     @inlined
@@ -308,18 +313,24 @@ def takes(out, bias=None, hidden=None):
 def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
                  gelu_out=None, gelu_input=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias), matmul_bf16's arguments and epilogues; a, b
-    Bf16Matrix operands (already rounded)."""
-    check_float32(out=out, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
+    Bf16Matrix operands (already rounded); gelu_out a float32 array or a Bf16Matrix."""
+    gelu_words = gelu_out is not None and not hasattr(gelu_out, "dtype")       # (Bf16Matrix)
+    check_float32(out=out, bias=bias, gelu_input=gelu_input,
+                  **({} if gelu_words else dict(gelu_out=gelu_out)))
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     check(N % 2 == 0, f"matmul_wgmma: out's rows of {N}, an odd width (pairs are stored)")
     check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
           f"matmul_wgmma: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
     hidden = gelu_out if gelu_out is not None else gelu_input
-    # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
-    can_split = all(aligned16(x) for x in (out, bias, hidden) if x is not None)
+    # (split-K's sum reads 4 floats at a time: rows of other widths are not split; GELU's
+    # output in bf16 comes from the epilogue only: not split either)
+    can_split = not gelu_words and all(aligned16(x) for x in (out, bias, hidden)
+                                       if x is not None)
     splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK) if can_split else 1
     k_per_split = k_per_slice(K, splits, step=BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
     launch_product(wgmma_matmul_kernel, THREADS, grid, k_per_split, out, a.words, b.words, bias,
-                   transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
-                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES)
+                   transpose_a, transpose_b, accumulate,
+                   gelu_out.words if gelu_words else gelu_out, gelu_input,
+                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES,
+                   gelu_words=gelu_words)
