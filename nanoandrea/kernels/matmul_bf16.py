@@ -562,12 +562,15 @@ def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
     gelu_out may be a Bf16Matrix: GELU's output in bf16, as the next product reads it (wgmma's
     epilogue writes it so; elsewhere a float32 one is rounded)."""
     a, b = (x if isinstance(x, Bf16Matrix) else rounded(x) for x in (a, b))
-    if isinstance(gelu_out, Bf16Matrix) and not matmul_wgmma.takes(out, bias):
+    hidden = gelu_out if gelu_out is not None else gelu_input
+    words = isinstance(hidden, Bf16Matrix)
+    on_wgmma = matmul_wgmma.takes(out, bias, hidden.words if words else hidden)
+    if words and not on_wgmma:
         hidden = device_empty(out.shape, np.float32)
         matmul_bf16(out, a, b, bias, transpose_a, transpose_b, accumulate, hidden)
         round_bf16(gelu_out, hidden)
         return
-    if matmul_wgmma.takes(out, bias, gelu_out if gelu_out is not None else gelu_input):
+    if on_wgmma:
         matmul_wgmma.matmul_wgmma(out, a, b, bias, transpose_a, transpose_b, accumulate,
                                   gelu_out, gelu_input)      # (Hopper: wgmma, faster)
         return
