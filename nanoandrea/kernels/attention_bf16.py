@@ -28,6 +28,14 @@ a 16 x 16 tile takes from it the pairs (g, 2t:2t+2), (g+8, 2t:2t+2), (g, 2t+8:2t
 the A fragment of P for the next product: no shared memory, no shuffle. A row's max and sum
 meet across the 4 lanes t of its g (reduce.quad_max, quad_sum).
 
+Why the softmax is written the way it is: with 64 HMMA a tile of the forward, the kernel is
+bound by how many other instructions it issues (docs/perf.md), so each score costs one FFMA
+and one MUFU: the max is taken of the raw scores, S scale - m is one cuda.fma, and 2^x is
+ex2.approx.ftz (exp2_fast; libdevice's exp2f adds a test and two multiplies a value to keep
+results under 2^-126, which add nothing to a row's sum). The causal mask is applied only on a
+tile that crosses the diagonal, by 32-bit compares of constants against one per-lane limit
+(masker); every other tile's keys all lie in the past.
+
 The launchers first round q, k, v (and dout) to bf16 pairs in device memory (`heads_bf16`,
 [B,H,T,D/2] uint32: one pass, half the bytes; the model's attention makes q's, k's and v's
 once, `heads_operand`, and its backward reads the forward's), so that a streamed tile (k and v; q and dout in

@@ -33,10 +33,11 @@ def aligned16(array):
     floats cut from wider rows of 4k + 1 would not be). Then every load4 at a column j % 4 == 0
     is legal."""
     last = len(array.shape) - 1
-    if SIMULATOR:
-        return array.shape[last] % 4 == 0
-    address = array.device_ctypes_pointer.value or 0     # (not __cuda_array_interface__,
-                                                         # which builds a dict each call)
+    if SIMULATOR:                   # (the same test of the simulator's NumPy array, so that
+        address = array._ary.ctypes.data                 # an argument the GPU's would refuse
+    else:                                                # fails in the simulator too)
+        address = array.device_ctypes_pointer.value or 0     # (not __cuda_array_interface__,
+                                                             # which builds a dict each call)
     strides = array.strides
     return (address % 16 == 0 and array.shape[last] % 4 == 0
             and (array.shape[last] <= 1 or strides[last] == 4)
