@@ -314,7 +314,7 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
                  gelu_out=None, gelu_input=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias), matmul_bf16's arguments and epilogues; a, b
     Bf16Matrix operands (already rounded); gelu_out a float32 array or a Bf16Matrix."""
-    gelu_words = gelu_out is not None and not hasattr(gelu_out, "dtype")       # (Bf16Matrix)
+    gelu_words = hasattr(gelu_out, "words")             # (a Bf16Matrix: matmul_bf16 imports us)
     check_float32(out=out, bias=bias, gelu_input=gelu_input,
                   **({} if gelu_words else dict(gelu_out=gelu_out)))
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
