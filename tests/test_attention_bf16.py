@@ -12,10 +12,11 @@ from test_kernels import DeviceHeads, device, device_at, poisoned, recording_lau
 TOLERANCE = 1.5e-2
 
 
-def check_attention_bf16(rng, B, H, T, D, dropout_p, in_concat=False):
+def check_attention_bf16(rng, B, H, T, D, dropout_p, in_concat=False, kernel="auto"):
+    """kernel: attention_bf16's choice of tensor-core kernels ("auto", "mma", "wgmma")."""
     seed = np.array([4242], dtype=np.int64)
-    drop = dict(dropout_p=dropout_p, seed=device(seed, np.int64), site=3)
-    drop_numpy = dict(drop, seed=seed)
+    drop_numpy = dict(dropout_p=dropout_p, seed=seed, site=3)
+    drop = dict(drop_numpy, seed=device(seed, np.int64), kernel=kernel)
     q, k, v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(4))
     out, lse = DeviceHeads(np.full((B, H, T, D), np.nan), in_concat), poisoned((B, H, T))
     dq_q, dk_q, dv_q = (device_at(x.astype(np.float32), 0) for x in (q, k, v))
@@ -47,32 +48,35 @@ def check_attention_bf16(rng, B, H, T, D, dropout_p, in_concat=False):
                          [(D, p) for D in attention_bf16.HEAD_SIZES for p in (0.0, 0.3)])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 33)] if not GPU else [(4, 12, 256), (1, 2, 1000)])
 def test_attention_bf16(rng, D, dropout_p, B, H, T):
-    check_attention_bf16(rng, B, H, T, D, dropout_p)
+    check_attention_bf16(rng, B, H, T, D, dropout_p, kernel="mma")   # (Hopper's: wgmma's test)
 
 
 def test_attention_bf16_writes_the_heads_concat(rng):
-    check_attention_bf16(rng, 1, 2, 20 if not GPU else 300, 32, 0.2, in_concat=True)
+    check_attention_bf16(rng, 1, 2, 20 if not GPU else 300, 32, 0.2, in_concat=True,
+                         kernel="mma")
 
 
 def test_attention_bf16_takes_the_tensor_cores(rng, monkeypatch):
-    """D = 64 runs the three kernels here; D = 72 (no kernel of its size) attention.py's
-    float32 reference kernels, correct to float32's tolerance."""
+    """D = 64 runs the three kernels here (named: on Hopper "auto" takes wgmma's); D = 72 (no
+    kernel of its size) attention.py's float32 reference kernels, correct to float32's
+    tolerance."""
     B, H, T = 1, 1, 9
-    for D, expected in ((64, [attention_bf16.forward_kernel(64, False),
-                              attention_bf16.dq_kernel(64, False),
-                              attention_bf16.dkdv_kernel(64, False)]),
-                        (72, [attention.reference_forward_kernel(attention.lane_dims(72)),
-                              attention.reference_dq_kernel(attention.lane_dims(72)),
-                              attention.reference_dkdv_kernel(attention.lane_dims(72))])):
+    for D, kernel, expected in ((64, "mma", [attention_bf16.forward_kernel(64, False),
+                                             attention_bf16.dq_kernel(64, False),
+                                             attention_bf16.dkdv_kernel(64, False)]),
+                                (72, "auto", [
+                                    attention.reference_forward_kernel(attention.lane_dims(72)),
+                                    attention.reference_dq_kernel(attention.lane_dims(72)),
+                                    attention.reference_dkdv_kernel(attention.lane_dims(72))])):
         launched = recording_launches(monkeypatch, attention_bf16)
         launched_fp32 = recording_launches(monkeypatch, attention)
         q, k, v, dout = (device(rng.standard_normal((B, H, T, D))) for _ in range(4))
         out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
-        attention_bf16.attention_forward_bf16(out, lse, q, k, v)
+        attention_bf16.attention_forward_bf16(out, lse, q, k, v, kernel=kernel)
         grads = [poisoned((B, H, T, D)) for _ in range(3)]
         attention_bf16.attention_backward_bf16(*grads, poisoned((B, H, T)), dout, q, k, v, out,
-                                               lse)
-        assert all(any(kernel is x for x in launched + launched_fp32) for kernel in expected)
+                                               lse, kernel=kernel)
+        assert all(any(made is x for x in launched + launched_fp32) for made in expected)
         host = [x.copy_to_host().astype(np.float64) for x in (q, k, v, dout)]
         want_out, want_lse = np.empty((B, H, T, D)), np.empty((B, H, T))
         attention.attention_forward_numpy(want_out, want_lse, *host[:3])

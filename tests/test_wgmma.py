@@ -1,22 +1,25 @@
-"""One wgmma (kernels/wgmma.py: matmul_wgmma.py's, and the ladder's from v12 on) on its own:
-D [64,128] = A [64,16] B [16,128], the operands put in shared memory by the host in the
+"""One wgmma (kernels/wgmma.py: matmul_wgmma.py's, attention_wgmma.py's, and the ladder's from v12
+on) on its own: D [64,128] = A [64,16] B [16,128], the operands put in shared memory by the host in the
 128-byte-swizzled layouts, built here from the layouts' plain description (rows of 128
 bytes, chunk c of row r stored at chunk c ^ (r % 8)), not from the module's address arithmetic; each operand K-major
 or MN-major (the forward's A K-major and B n-major, dX's B K-major, dW's A m-major). In the
 simulator it checks the twin; on an sm_90 GPU it checks the instruction, the descriptors,
 the transposes and D's fragment layout against the same NumPy product, apart from any
-kernel's pipeline (where a wrong layout would only show as a wrong matmul).
+kernel's pipeline (where a wrong layout would only show as a wrong matmul). The attention's
+form, D [64,64] = A [64,16] B [16,64] with A from the threads' registers (each thread's four
+words taken from A by the fragment table, here), is checked the same way.
 """
 import numpy as np
 import pytest
 from numba import cuda, float32
 
 from nanoandrea.kernels.launch import SIMULATOR
-from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values
+from nanoandrea.kernels.tensorcores import bf16_bits, bf16_pair, bf16_values
 
-from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
-                                      dynamic_shared_words, fence_proxy_async, wgmma_commit,
-                                      wgmma_fence, wgmma_m64n128k16, wgmma_wait)
+from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS,
+                                      atom_start, dynamic_shared_words, fence_for,
+                                      fence_proxy_async, wait_for, wgmma_commit, wgmma_fence,
+                                      wgmma_m64n128k16, wgmma_m64nNk16, wgmma_wait)
 
 ROW_WORDS = 32                            # a swizzled row: 128 bytes
 BLOCK_WORDS = 64 * ROW_WORDS              # 64 rows of it: one block of 64 columns, MN-major
@@ -94,3 +97,62 @@ def test_one_wgmma(rng, a_major, b_major, a_step, b_step):
     a = bf16_values(a_full[:, 16 * a_step:16 * a_step + 16]).astype(np.float64)
     b = bf16_values(b_full[16 * b_step:16 * b_step + 16]).astype(np.float64)
     np.testing.assert_allclose(out.copy_to_host(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+N64 = 32                                  # a thread's floats of D [64,64]
+registers_multiplies = {b_major: wgmma_m64nNk16(64, REGISTERS, K_MAJOR if b_major == "K"
+                                                else MN_MAJOR(BLOCK_WORDS))
+                        for b_major in ("K", "MN")}
+fence_with_a, wait_n64 = fence_for(N64, 4), wait_for(N64)
+
+
+def registers_wgmma_kernel(multiply):
+    @cuda.jit
+    def registers_wgmma(out, a, words, b_word):
+        # out[64, 64] = a [64, 16] (each thread's fragment words from it) . the B at b_word
+        tiles = dynamic_shared_words()
+        first = atom_start(tiles)
+        acc = cuda.local.array(N64, float32)
+        frag = cuda.local.array(4, np.uint32)
+        tid = cuda.threadIdx.x
+        for i in range(tid, words.shape[0], 128):
+            tiles[first + i] = words[i]
+        warp, lane = tid // 32, tid % 32
+        row, col = 16 * warp + lane // 4, 2 * (lane % 4)
+        for r in range(4):                  # a0 .. a3: rows g, g + 8, then columns 8 on
+            i, j = row + 8 * (r % 2), col + 8 * (r // 2)
+            frag[r] = bf16_pair(a[i, j], a[i, j + 1])
+        for e in range(N64):
+            acc[e] = float32(0.0)
+        fence_proxy_async()
+        cuda.syncthreads()
+        fence_with_a(acc, frag)
+        multiply(acc, frag[0], frag[1], frag[2], frag[3], tiles, first + b_word)
+        wgmma_commit()
+        wait_n64(acc)
+        for j in range(8):
+            out[row, col + 8 * j], out[row, col + 8 * j + 1] = acc[4 * j], acc[4 * j + 1]
+            out[row + 8, col + 8 * j], out[row + 8, col + 8 * j + 1] = (acc[4 * j + 2],
+                                                                        acc[4 * j + 3])
+    return registers_wgmma
+
+
+@pytest.mark.parametrize("b_major", ["MN", "K"])
+@pytest.mark.parametrize("b_step", [0, 3])
+def test_one_wgmma_a_in_registers(rng, b_major, b_step):
+    """A [64,16] from the threads' registers; B k 16 b_step .. of a 64 x 64 tile: MN-major, 64
+    rows of k (attention's P V, V's rows as they lie), or K-major, 64 rows of n (S = Q K^T's
+    K tile)."""
+    a = rng.standard_normal((64, 16), dtype=np.float32)               # [m, k]
+    b_full = rng.standard_normal((64, 64), dtype=np.float32)          # [k, n]
+    if b_major == "MN":
+        words, b_word = swizzled_rows(b_full), 16 * b_step * ROW_WORDS
+    else:
+        words, b_word = swizzled_rows(b_full.T), 8 * b_step
+    out = cuda.to_device(np.full((64, 64), np.nan, np.float32))
+    kernel = registers_wgmma_kernel(registers_multiplies[b_major])
+    kernel[1, 128, 0, 4 * len(words) + ATOM_BYTES](out, cuda.to_device(a), cuda.to_device(words),
+                                                   b_word)
+    want = bf16_values(a).astype(np.float64) @ bf16_values(
+        b_full[16 * b_step:16 * b_step + 16]).astype(np.float64)
+    np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-5, atol=1e-5)

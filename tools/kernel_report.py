@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numba import cuda, float32, int32, int64, types  # noqa: E402
 
-from nanoandrea.kernels import (attention, attention_bf16, crossentropy, gelu,  # noqa: E402
-                                heads, layernorm, matmul, matmul_wgmma)
+from nanoandrea.kernels import (attention, attention_bf16, attention_wgmma,  # noqa: E402
+                                crossentropy, gelu, heads, layernorm, matmul, matmul_wgmma)
 
 A1, A2, A3, A4 = float32[::1], float32[:, ::1], float32[:, :, ::1], float32[:, :, :, ::1]
 I1 = int64[::1]
@@ -80,6 +80,16 @@ def kernels():
             yield (f"attention bf16 dq {named}", attention_bf16.dq_kernel(D, dropout),
                    (V4, *backward))
             yield (f"attention bf16 dk/dv {named}", attention_bf16.dkdv_kernel(D, dropout),
+                   (V4, V4, *backward))
+    for D in attention_wgmma.HEAD_SIZES:                                # (sm_90a: wgmma)
+        for dropout in (False, True):
+            named = f"D={D}{', dropout' if dropout else ''}"
+            yield (f"attention wgmma forward {named}", attention_wgmma.forward_kernel(D, dropout),
+                   (V4, A3, W4, W4, W4, float32, *DROP))
+            backward = (W4, W4, W4, W4, A3, A3, float32, float32, *DROP, BOOL)
+            yield (f"attention wgmma dq {named}", attention_wgmma.dq_kernel(D, dropout),
+                   (V4, *backward))
+            yield (f"attention wgmma dk/dv {named}", attention_wgmma.dkdv_kernel(D, dropout),
                    (V4, V4, *backward))
     yield "attention dq sum", attention.attention_dq_sum_kernel, \
         (V4, A4, float32, int64, int64, BOOL)
@@ -184,7 +194,8 @@ def main():
                 continue
             # (wgmma exists on sm_90a only, the architecture-specific target numba-cuda picks
             # by itself on a device of compute capability 9.0)
-            arch = "a" if kernel.py_func.__module__ == matmul_wgmma.__name__ else ""
+            arch = "a" if kernel.py_func.__module__ in (matmul_wgmma.__name__,
+                                                        attention_wgmma.__name__) else ""
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0, arch) if arch else (9, 0),
                                       launch_bounds=kernel.targetoptions.get("launch_bounds"))
             source.write_text(ptx)

@@ -6,10 +6,12 @@ is where the multiplications happen and what they read:
     P G, dS          rounded to bf16 before the products that read them (P V, dS K, ...)
     the scores, the softmax's running max and sum, lse, delta, every sum: float32
 so a result differs from the float32 kernels' by about bf16's 2^-9 relative a rounding, ~1e-2
-at worst. Heads of D = 32 or 64 (16-byte aligned rows) take the kernels here; any other D (72
-among them) the float32 kernels of attention.py, which stay correct for any D.
+at worst. Heads of D = 32 or 64 (16-byte aligned rows) take the tensor-core kernels: on a GPU
+of compute capability 9.0 (the H100, the H200) attention_wgmma.py's, on Hopper's warpgroup
+instruction (faster: docs/perf.md), elsewhere (8.x) the kernels here; any other D (72 among
+them) the float32 kernels of attention.py, which stay correct for any D.
 
-Each kernel gives a warp 16 rows and multiplies with `mma.sync.m16n8k16` (tensorcores.py):
+Each kernel here gives a warp 16 rows and multiplies with `mma.sync.m16n8k16` (tensorcores.py):
     forward      a block of 64 query rows (4 warps) walks the key tiles of 64 up to the
                  diagonal: S = Q K^T, the online softmax, O += P V
     dq           the same walk: S = Q K^T, P = exp(S - lse), dP = dO V^T, dS = P (G dP - delta),
@@ -53,10 +55,10 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from . import attention
+from . import attention, attention_wgmma
 from .attention import NEG_INF, _check_attention, dropout_arguments, dropout_factor, no_dropout
 from .asynccopy import commit_copies, copy16_async, wait_copies
-from .attention_tiles import LOG2E
+from .attention_tiles import LOG2E, exp2_fast
 from .launch import (SIMULATOR, blocks, check, check_float32, check_float32_rows,
                      current_stream, inlined, kernel_factory, launch)
 from .matmul_bf16 import swizzle
@@ -73,32 +75,6 @@ NT = COLS // 8                      # the n8 tiles of a warp's [16, COLS] scores
 TWO_ROWS = 2 * COLS
 LN2 = float32(math.log(2.0))
 WAIT_ALL = wait_copies(0)
-
-
-# --- 2^x on the special-function unit --------------------------------------------------------
-
-if SIMULATOR:
-    def exp2_fast(x):
-        return float32(math.exp2(x))
-else:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def exp2_fast(typingctx, x):
-        # ex2.approx.ftz.f32: one MUFU.EX2 (relative error ~2^-22, far inside bf16's 2^-9).
-        # math.exp2 compiles to libdevice's exp2f, which adds a test and two multiplies a value
-        # to keep results below 2^-126 (denormals); a probability that small adds nothing to a
-        # row's sum, so zero is as good, and the softmax loops are issue-bound (docs/perf.md)
-        def codegen(context, builder, signature, args):
-            value = context.cast(builder, args[0], signature.args[0], types.float32)
-            f32 = ir.FloatType()
-            function = ir.InlineAsm(ir.FunctionType(f32, [f32]), "ex2.approx.ftz.f32 $0, $1;",
-                                    "=f,f", side_effect=False)
-            return builder.call(function, [value])
-
-        return types.float32(x), codegen
 
 
 # --- NumPy twins: attention.py's, of the operands rounded ------------------------------------
@@ -537,7 +513,7 @@ def heads_bf16(x):
 def takes(x):
     """Whether the tensor-core kernels take heads x [B,H,T,D] (a float32 array or view): D in
     HEAD_SIZES, rows 16-byte aligned."""
-    return _on_tensor_cores("auto", x.shape[3], (x,))
+    return _on_tensor_cores("auto", x.shape[3], (x,)) is not None
 
 
 def takes_numpy(x):
@@ -554,14 +530,25 @@ def heads_operand_numpy(x):
     return x
 
 
+TENSOR_CORE_KERNELS = ("auto", "mma", "wgmma")
+
+
 def _on_tensor_cores(kernel, D, arrays):
-    """Whether the kernels here take this call: D in HEAD_SIZES with 16-byte aligned rows
-    (what split_heads makes), and kernel "auto"; else attention.py's float32 kernels do."""
-    fits = kernel == "auto" and D in HEAD_SIZES and all(
+    """Which tensor-core kernels take this call: "wgmma" (attention_wgmma.py: Hopper's) or
+    "mma" (this module's mma.sync ones) when D is in HEAD_SIZES with 16-byte aligned rows (what
+    split_heads makes) and kernel is "auto" (wgmma on a GPU of compute capability 9.0, else
+    mma), or names them (the tests, the ladder); None: attention.py's float32 kernels do."""
+    fits = kernel in TENSOR_CORE_KERNELS and D in HEAD_SIZES and all(
         isinstance(x, Bf16Heads) or aligned16(x) for x in arrays)
     check(fits or not any(isinstance(x, Bf16Heads) for x in arrays),
           "attention_bf16: operands in bf16 (Bf16Heads) need the tensor-core kernels")
-    return fits
+    check(fits or kernel not in ("mma", "wgmma"),
+          f"attention_bf16: the {kernel} kernels take D in {HEAD_SIZES}, 16-byte aligned rows")
+    if not fits:
+        return None
+    if kernel == "auto":
+        return "wgmma" if attention_wgmma.takes(D) else "mma"
+    return kernel
 
 
 def _float32_rows(**arrays):
@@ -571,18 +558,25 @@ def _float32_rows(**arrays):
 def attention_forward_bf16(out, lse, q, k, v, kernel="auto", dropout_p=0.0, seed=None, site=0,
                            rows_per_block=None):
     """attention.attention_forward with bf16 operands on the tensor cores (the module's doc);
-    kernel "fast" or "reference", or a D the kernels here do not take: attention.py's."""
+    kernel "auto" (wgmma on Hopper, else mma.sync), "wgmma" or "mma"; "fast" or "reference",
+    or a D the kernels here do not take: attention.py's."""
     B, H, T, D = _check_attention(q, k, v, out=out, lse=lse)
-    if not _on_tensor_cores(kernel, D, (out, q, k, v)):
+    kernels = _on_tensor_cores(kernel, D, (out, q, k, v))
+    if kernels is None:
         attention.attention_forward(out, lse, q, k, v, kernel, dropout_p, seed, site,
                                     rows_per_block)
         return
     check_float32(lse=lse)
     _float32_rows(out=out, q=q, k=k, v=v)
     scale_log2 = np.float32(LOG2E / math.sqrt(D))
+    words = [heads_bf16(x).words for x in (q, k, v)]
+    drop = dropout_arguments(dropout_p, seed, site)
+    if kernels == "wgmma":
+        attention_wgmma.attention_forward_wgmma(out, lse, *words, scale_log2, dropout_p > 0,
+                                                drop)
+        return
     launch(forward_kernel(D, dropout_p > 0), (B * H, blocks(T, ROWS)), THREADS, out, lse,
-           *(heads_bf16(x).words for x in (q, k, v)), scale_log2,
-           *dropout_arguments(dropout_p, seed, site))
+           *words, scale_log2, *drop)
 
 
 def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
@@ -592,7 +586,8 @@ def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumula
     or, as the forward had them, Bf16Heads)."""
     B, H, T, D = _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
                                   delta=delta)
-    if not _on_tensor_cores(kernel, D, (dq, dk, dv, dout, q, k, v, out)):
+    kernels = _on_tensor_cores(kernel, D, (dq, dk, dv, dout, q, k, v, out))
+    if kernels is None:
         attention.attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate,
                                      kernel, dropout_p, seed, site, rows_per_block)
         return
@@ -603,6 +598,10 @@ def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumula
     drop = dropout_arguments(dropout_p, seed, site)
     attention.attention_delta(delta, dout, out)
     words = [heads_bf16(x).words for x in (dout, q, k, v)]
+    if kernels == "wgmma":
+        attention_wgmma.attention_backward_wgmma(dq, dk, dv, words, lse, delta, scale_log2,
+                                                 scale, dropout_p > 0, drop, accumulate)
+        return
     grid = (B * H, blocks(T, ROWS))
     launch(dq_kernel(D, dropout_p > 0), grid, THREADS, dq, *words, lse, delta, scale_log2,
            scale, *drop, accumulate)

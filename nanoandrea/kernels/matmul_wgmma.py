@@ -40,8 +40,6 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue):
                sums are added in a fixed order (matmul.sum_splits)
 Operands and offsets are 32-bit: the launcher checks that an operand has fewer than 2^31 words.
 """
-import functools
-
 from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
@@ -51,7 +49,7 @@ from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split
 from .tensorcores import bf16_pair
 from .vector import aligned16, flat, load2, store2
 from .wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
-                    dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
+                    dynamic_shared_words, fence_proxy_async, hopper, wgmma_commit, wgmma_fence,
                     wgmma_m64n128k16, wgmma_wait)
 
 BM, BN, BK = 128, 128, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
@@ -295,18 +293,11 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
 
 # --- the launcher ----------------------------------------------------------------------------
 
-@functools.cache
-def _hopper():
-    """Whether this process's GPU runs wgmma: compute capability 9.0 (sm_90a; not the
-    simulator, and not later GPUs, whose tensor-core instructions are others)."""
-    return not SIMULATOR and cuda.get_current_device().compute_capability == (9, 0)
-
-
 def takes(out, bias=None, hidden=None):
     """Whether matmul_bf16 sends this product here: on a GPU of compute capability 9.0, when
     out's rows are a multiple of 8 floats and out, bias and hidden 16-byte aligned (the
     epilogue's pairs, the split-K sum's fours). Any M and K."""
-    return (_hopper() and out.shape[1] % 8 == 0
+    return (hopper() and out.shape[1] % 8 == 0
             and all(aligned16(x) for x in (out, bias, hidden) if x is not None))
 
 

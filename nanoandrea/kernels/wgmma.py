@@ -1,6 +1,6 @@
-"""Hopper's warpgroup tensor-core instruction, wgmma (sm_90a), from Numba: what matmul_wgmma.py
-(and the matmul ladder from v12 on) is built from, each instruction with a simulator twin
-written from the PTX ISA's definitions.
+"""Hopper's warpgroup tensor-core instruction, wgmma (sm_90a), from Numba: what matmul_wgmma.py,
+attention_wgmma.py (and the matmul ladder from v12 on) are built from, each instruction with a
+simulator twin written from the PTX ISA's definitions.
 
     acc = cuda.local.array(64, float32)          a thread's part of one 64 x 128 float32 D
     multiply = wgmma_m64n128k16(K_MAJOR, MN_MAJOR(8192))    (at import: the operands'
@@ -12,6 +12,13 @@ written from the PTX ISA's definitions.
                                                  the operands at a_tiles[a_word], b_tiles[b_word]
     wgmma_commit()                               the wgmmas started since form one group
     wgmma_wait(acc)                              wait for all groups; acc readable again
+    multiply = wgmma_m64nNk16(64, REGISTERS, MN_MAJOR(8192))
+    multiply(acc, a0, a1, a2, a3, b_tiles, b_word)   D[64,64] += A[64,16] B[16,64], A from the
+                                                 threads' registers (below), B from shared
+    fence = fence_for(32, 16)                    wgmma.fence with two arrays tied (an acc of
+    fence(acc, frag)                             32 floats, A fragments in 16 words): any
+    wait = wait_for(32, 32)                      count of float32 accumulators or uint32
+    wait(acc, acc2)                              fragments (wgmma_fence, wgmma_wait: one of 64)
     fence_proxy_async()                          this thread's generic-proxy writes to shared
                                                  memory (cp.async's) visible to wgmma's reads
     words = dynamic_shared_words()               the dynamic shared array, uint32
@@ -27,6 +34,16 @@ in the 128 threads' registers, 64 a thread. Which 64 (PTX ISA, "Register Fragmen
 g = lane // 4 and t = lane % 4, mma.sync's m16n8 layout once for each 8 columns j:
     d[4j] = D[16w+g, 8j+2t]    d[4j+1] = D[16w+g, 8j+2t+1]
     d[4j+2] = D[16w+g+8, 8j+2t]    d[4j+3] = D[16w+g+8, 8j+2t+1]
+
+The same instruction comes in every width N from 8 to 256 in steps of 8 (m64nNk16: D [64,N],
+N/2 floats a thread, the same layout for j < N/8), and A may instead come from the threads'
+registers (the "RS" form; B is always read from shared memory): warp w holds A's rows 16w ..
+16w+15 as mma.sync's m16n8k16 A fragment (tensorcores.py; PTX ISA, "Register Fragments" for
+A), four words of bf16 pairs,
+    a0 = A[16w+g, 2t:2t+2]   a1 = A[16w+g+8, 2t:2t+2]   a2 = A[16w+g, 2t+8:2t+10]
+    a3 = A[16w+g+8, 2t+8:2t+10]
+which is what two neighbouring n8 column groups of a D accumulator give, rounded in pairs: a
+product's result becomes the next product's A without leaving the registers (attention's P).
 
 The operands are named by MATRIX DESCRIPTORS: 64-bit words that give the start address and
 the layout (PTX ISA, "Matrix Descriptor Format"):
@@ -62,11 +79,13 @@ writes through the GENERIC proxy while wgmma reads through the ASYNC proxy: betw
 each writing thread waits for its copies, then runs fence.proxy.async.shared::cta, and only
 then the block's barrier makes everyone's copies visible to every warpgroup's wgmma.
 
-The accumulators go through the inline PTX as 64 outputs tied to 64 inputs (C = D's
+The accumulators go through the inline PTX as N/2 outputs tied to N/2 inputs (C = D's
 registers, as tensorcores.mma_bf16 ties its 4). wgmma's results are not there when the
 instruction issues, only after wgmma.wait_group, so the wait (and wgmma.fence, before) take
-the same 64 values as tied operands: every read of acc after the wait reads the wait's
-outputs, and the compiler cannot move one above it. acc is a local array whose elements
+the same values as tied operands: every read of acc after the wait reads the wait's
+outputs, and the compiler cannot move one above it. A fragments in registers are tied through
+the fence the same way (fence_for), so that every write of them stays above it, as the PTX ISA
+asks of registers a wgmma reads. acc is a local array whose elements
 become registers once every index into it is a constant (unrolled loops, as v11's acc). What
 ptxas makes of v12's slice (tools/dev/offline.py): WARPGROUP.ARRIVE, 4 HGMMA.64x128x16 on the
 same registers R24-R87 with nothing moved between them, WARPGROUP.DEPBAR; no warning that it
@@ -80,8 +99,10 @@ multiply reads A and B from the shared array through the same descriptor (encode
 decoded field by field) and adds this thread's part of A B to acc at once, a legal schedule of
 an asynchronous instruction; fences, commit and wait do nothing. The twin assumes a 1-D block
 (warpgroup = threadIdx.x // 128), and gives the shared array an address whose 1024-byte
-boundary is at word SIMULATED_START, not 0, as a GPU might.
+boundary is at word SIMULATED_START, not 0, as a GPU might. The twin of the register form
+gathers its warp's A fragments (reduce.warp_values), as tensorcores' mma twin does.
 """
+import functools
 from collections import namedtuple
 
 import numpy as np
@@ -89,8 +110,8 @@ from numba import cuda, float32, uint32
 
 from .launch import SIMULATOR, inlined_by_numba
 
-M, N, K = 64, 128, 16           # one wgmma's shape (m64n128k16)
-ACCUMULATORS = M * N // 128     # a thread's float32s of D: 64
+M, N, K = 64, 128, 16           # matmul_wgmma's wgmma (m64n128k16); any N: m64nNk16
+ACCUMULATORS = M * N // 128     # a thread's float32s of that D: 64 (N/2 for m64nNk16)
 SWIZZLE_128B = 1                # the descriptor's code for the 128-byte swizzle
 ATOM_BYTES = 1024               # 8 rows of 128 bytes: one period of the swizzle
 
@@ -98,6 +119,9 @@ ATOM_BYTES = 1024               # 8 rows of 128 bytes: one period of the swizzle
 # descriptor's two byte offsets (see the module's doc). The kernel's tiles must match.
 Layout = namedtuple("Layout", "major leading stride")
 K_MAJOR = Layout("K", leading=16, stride=ATOM_BYTES)        # (LBO unused: 16 encodes as 1)
+
+
+REGISTERS = Layout("registers", leading=0, stride=0)       # A in the threads' registers
 
 
 def MN_MAJOR(columns_apart):
@@ -150,7 +174,26 @@ def read_operand(words, first, desc, major, rows, cols):
     return ((bits & 0xFFFF).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
+@functools.cache
+def hopper():
+    """Whether this process's GPU runs wgmma: compute capability 9.0 (sm_90a; not the
+    simulator, and not later GPUs, whose tensor-core instructions are others)."""
+    return not SIMULATOR and cuda.get_current_device().compute_capability == (9, 0)
+
+
+def _check_layouts(n, a_layout, b_layout):
+    if not (8 <= n <= 256 and n % 8 == 0):
+        raise ValueError(f"wgmma: N = {n}, not a multiple of 8 from 8 to 256")
+    if b_layout.major == REGISTERS.major:
+        raise ValueError("wgmma: B is read from shared memory only")
+
+
 if SIMULATOR:
+    from .reduce import warp_values
+    from .tensorcores import unpack_bf16
+
+    _G, _T = np.divmod(np.arange(32), 4)
+
     @cuda.jit(device=True)
     def dynamic_shared_words():
         return cuda.shared.array(0, uint32)
@@ -166,38 +209,64 @@ if SIMULATOR:
     def fence_proxy_async():
         pass
 
-    def wgmma_m64n128k16(a_layout, b_layout):
-        """The twin of one wgmma with operands in these layouts: the words' shared addresses
-        (word SIMULATED_START at address 0) made into descriptors, and read back."""
-        @cuda.jit(device=True)  # (a device function: `cuda` in it is the simulated one)
+    def _read_b(b_tiles, b_word, b_layout, n):
+        """B [16, n] as the descriptor of b_tiles[b_word] names it (float64)."""
+        desc = descriptor(4 * (int(b_word) - SIMULATED_START), b_layout)   # (Python ints:
+        if b_layout.major == "MN":                                        # NumPy's int32
+            return read_operand(b_tiles, SIMULATED_START, desc, "MN", K, n)   # overflows)
+        return read_operand(b_tiles, SIMULATED_START, desc, "K", n, K).T
+
+    def _add_rows(acc, rows, n, t):
+        # acc += the part of D's two rows `rows` [2, n] of a thread of lane % 4 = t (the doc's
+        # layout)
+        for j in range(n // 8):
+            for e in range(4):
+                acc[4 * j + e] = float32(acc[4 * j + e] + rows[e // 2, 8 * j + 2 * t + e % 2])
+
+    @functools.cache
+    def wgmma_m64nNk16(n, a_layout, b_layout):
+        """The twin of one wgmma of width n with operands in these layouts: the words' shared
+        addresses (word SIMULATED_START at address 0) made into descriptors, and read back;
+        A in registers gathered from the warp's lanes."""
+        _check_layouts(n, a_layout, b_layout)
+        if a_layout.major == REGISTERS.major:
+            @cuda.jit(device=True)  # (a device function: `cuda` in it is the simulated one)
+            def multiply_rs(acc, a0, a1, a2, a3, b_tiles, b_word):
+                fragments, lane = warp_values((a0, a1, a2, a3))
+                words = np.array(fragments, dtype=np.uint32).T                  # [4, 32]
+                a_words = np.zeros((16, 8), np.uint32)          # the warp's 16 rows of A
+                a_words[_G, _T], a_words[_G + 8, _T] = words[0], words[1]
+                a_words[_G, _T + 4], a_words[_G + 8, _T + 4] = words[2], words[3]
+                a = unpack_bf16(a_words).astype(np.float64)                     # [16, 16]
+                g, t = lane // 4, lane % 4
+                _add_rows(acc, a[[g, g + 8]] @ _read_b(b_tiles, b_word, b_layout, n), n, t)
+            return multiply_rs
+
+        @cuda.jit(device=True)
         def multiply(acc, a_tiles, a_word, b_tiles, b_word):
-            first = SIMULATED_START
-            a_desc = descriptor(4 * (int(a_word) - first), a_layout)   # (Python ints: a
-            b_desc = descriptor(4 * (int(b_word) - first), b_layout)   # NumPy int32 overflows)
-            a = (read_operand(a_tiles, first, a_desc, "K", M, K) if a_layout.major == "K"
-                 else read_operand(a_tiles, first, a_desc, "MN", K, M).T)          # [M, K]
-            b = (read_operand(b_tiles, first, b_desc, "MN", K, N) if b_layout.major == "MN"
-                 else read_operand(b_tiles, first, b_desc, "K", N, K).T)           # [K, N]
+            a_desc = descriptor(4 * (int(a_word) - SIMULATED_START), a_layout)
+            a = (read_operand(a_tiles, SIMULATED_START, a_desc, "K", M, K)
+                 if a_layout.major == "K" else
+                 read_operand(a_tiles, SIMULATED_START, a_desc, "MN", K, M).T)      # [M, K]
             thread = cuda.threadIdx.x % 128
-            warp, lane = thread // 32, thread % 32
-            g, t = lane // 4, lane % 4
-            rows = a[[16 * warp + g, 16 * warp + g + 8]] @ b                       # [2, 128]
-            for j in range(N // 8):
-                for e in range(4):
-                    acc[4 * j + e] = float32(acc[4 * j + e]
-                                             + rows[e // 2, 8 * j + 2 * t + e % 2])
+            warp, g, t = thread // 32, (thread % 32) // 4, thread % 4
+            _add_rows(acc, a[[16 * warp + g, 16 * warp + g + 8]]
+                      @ _read_b(b_tiles, b_word, b_layout, n), n, t)
         return multiply
 
-    def wgmma_fence(acc):
-        pass
+    @functools.cache
+    def _nothing(counts, pending=0):
+        def nothing(*arrays):
+            pass
+        return nothing
+
+    def fence_for(*counts):
+        return _nothing(counts)
+
+    def wait_for(*counts, pending=0):
+        return _nothing(counts, pending)
 
     def wgmma_commit():
-        pass
-
-    def wgmma_wait(acc):
-        pass
-
-    def wgmma_wait_but_one(acc):
         pass
 
 else:
@@ -239,39 +308,73 @@ else:
 
         return types.void(), codegen
 
-    def _accumulators(context, builder, array_type, array):
-        """Pointers to acc[0] .. acc[ACCUMULATORS - 1] (constant indices: registers after
-        SROA, as long as every other index into acc is a constant too)."""
+    def _elements(context, builder, array_type, array, count):
+        """Pointers to array[0] .. array[count - 1] (constant indices: registers after SROA,
+        as long as every other index into the array is a constant too) and their LLVM type."""
         data = context.make_array(array_type)(context, builder, array).data
-        return [builder.gep(data, [ir.Constant(I64, i)]) for i in range(ACCUMULATORS)]
+        kind = F32 if array_type.dtype == types.float32 else I32
+        return [builder.gep(data, [ir.Constant(I64, i)]) for i in range(count)], kind
 
-    def _check_acc(acc):
-        if not (isinstance(acc, types.Array) and acc.dtype == types.float32 and acc.ndim == 1):
-            raise TypeError(f"acc must be a 1-D float32 local array of {ACCUMULATORS}, "
-                            f"got {acc}")
+    def _check_registers(array):
+        if not (isinstance(array, types.Array) and array.ndim == 1
+                and array.dtype in (types.float32, types.uint32)):
+            raise TypeError(f"wgmma: registers come as a 1-D local array, float32 (D) or "
+                            f"uint32 (A fragments), got {array}")
 
-    def _tied(text):
-        """An intrinsic f(acc) running `text` with acc's 64 values as tied operands ("+f"):
-        in and out of the instruction, so that nothing reading or writing them crosses it."""
-        @intrinsic
-        def tied(typingctx, acc):
-            _check_acc(acc)
+    def _tied(text, counts):
+        """An intrinsic f(x1, .., xn) running `text` with the first counts[i] values of each
+        array xi as tied operands ("+f" or "+r"): in and out of the instruction, so that
+        nothing reading or writing them crosses it."""
+        def codegen(context, builder, signature, args):
+            pointers, kinds = [], []
+            for array_type, array, count in zip(signature.args, args, counts):
+                found, kind = _elements(context, builder, array_type, array, count)
+                pointers += found
+                kinds += [kind] * count
+            n = len(pointers)
+            letters = ["=f" if kind == F32 else "=r" for kind in kinds]
+            out = _asm(builder, text, ",".join(letters + [str(i) for i in range(n)])
+                       + ",~{memory}", [builder.load(p) for p in pointers], kinds,
+                       ir.LiteralStructType(kinds))
+            for i, p in enumerate(pointers):
+                builder.store(builder.extract_value(out, i), p)
 
-            def codegen(context, builder, signature, args):
-                pointers = _accumulators(context, builder, signature.args[0], args[0])
-                values = [builder.load(p) for p in pointers]
-                n = ACCUMULATORS
-                out = _asm(builder, text, ",".join(["=f"] * n + [str(i) for i in range(n)])
-                           + ",~{memory}", values, [F32] * n, ir.LiteralStructType([F32] * n))
-                for i, p in enumerate(pointers):
-                    builder.store(builder.extract_value(out, i), p)
+        def typed(*arrays):
+            for array in arrays:
+                _check_registers(array)
+            return types.void(*arrays), codegen
 
-            return types.void(acc), codegen
+        if len(counts) == 1:
+            @intrinsic
+            def tied(typingctx, x):
+                return typed(x)
+        elif len(counts) == 2:
+            @intrinsic
+            def tied(typingctx, x, y):
+                return typed(x, y)
+        elif len(counts) == 3:
+            @intrinsic
+            def tied(typingctx, x, y, z):
+                return typed(x, y, z)
+        elif len(counts) == 4:
+            @intrinsic
+            def tied(typingctx, x, y, z, w):
+                return typed(x, y, z, w)
+        else:
+            raise ValueError("wgmma: one to four arrays of registers")
         return tied
 
-    wgmma_fence = _tied("wgmma.fence.sync.aligned;")
-    wgmma_wait = _tied("wgmma.wait_group.sync.aligned 0;")
-    wgmma_wait_but_one = _tied("wgmma.wait_group.sync.aligned 1;")   # (the newest runs on)
+    @functools.cache
+    def fence_for(*counts):
+        """wgmma.fence with arrays of counts[i] registers each tied (accumulators, A
+        fragments): their writes before it, every wgmma reading them after."""
+        return _tied("wgmma.fence.sync.aligned;", counts)
+
+    @functools.cache
+    def wait_for(*counts, pending=0):
+        """wgmma.wait_group `pending` (all but the newest `pending` groups done) with arrays of
+        counts[i] accumulators each tied: their reads after it."""
+        return _tied(f"wgmma.wait_group.sync.aligned {int(pending)};", counts)
 
     @intrinsic
     def wgmma_commit(typingctx):
@@ -280,40 +383,82 @@ else:
 
         return types.void(), codegen
 
-    def wgmma_m64n128k16(a_layout, b_layout):
-        """The intrinsic multiply(acc, a_tiles, a_word, b_tiles, b_word): one wgmma, its
-        descriptors built here from the words' shared addresses and the layouts' constants."""
-        n = ACCUMULATORS
-        registers = ", ".join(f"${i}" for i in range(n))
-        trans_a, trans_b = (int(layout.major == "MN") for layout in (a_layout, b_layout))
-        code = (f"wgmma.mma_async.sync.aligned.m{M}n{N}k{K}.f32.bf16.bf16 "
-                f"{{{registers}}}, ${n}, ${n + 1}, 1, 1, 1, {trans_a}, {trans_b};")
-        # (scale-d 1: D += A B; scale-a, scale-b 1; trans-a, trans-b: 0 K-major, 1 MN-major)
-        constraints = ",".join(["=f"] * n + ["l", "l"] + [str(i) for i in range(n)])
-        highs = [ir.Constant(I64, descriptor_high(layout)) for layout in (a_layout, b_layout)]
+    def _descriptor(context, builder, tiles_type, tiles, word_type, word, layout):
+        # the matrix descriptor of tiles[word]: its shared address, and the layout's constants
+        index = context.make_tuple(builder, types.UniTuple(word_type, 1), [word])
+        address = shared_address(builder, _pointer(context, builder, tiles_type, tiles,
+                                                   types.UniTuple(word_type, 1), index))
+        start = builder.lshr(builder.and_(address, ir.Constant(I32, 0x3FFFF)), ir.Constant(I32, 4))
+        return builder.or_(builder.zext(start, I64), ir.Constant(I64, descriptor_high(layout)))
+
+    @functools.cache
+    def wgmma_m64nNk16(n, a_layout, b_layout):
+        """The intrinsic multiply(acc, a_tiles, a_word, b_tiles, b_word) of one wgmma of width
+        n, its descriptors built here from the words' shared addresses and the layouts'
+        constants; with a_layout REGISTERS, multiply(acc, a0, a1, a2, a3, b_tiles, b_word)."""
+        _check_layouts(n, a_layout, b_layout)
+        count = n // 2
+        registers = ", ".join(f"${i}" for i in range(count))
+        trans_b = int(b_layout.major == "MN")   # (0 K-major, 1 MN-major)
+        # (scale-d 1: D += A B; scale-a, scale-b 1)
+        if a_layout.major == REGISTERS.major:
+            code = (f"wgmma.mma_async.sync.aligned.m{M}n{n}k{K}.f32.bf16.bf16 {{{registers}}}, "
+                    f"{{${count}, ${count + 1}, ${count + 2}, ${count + 3}}}, ${count + 4}, "
+                    f"1, 1, 1, {trans_b};")
+            operands = ["r"] * 4 + ["l"]
+        else:
+            trans_a = int(a_layout.major == "MN")
+            code = (f"wgmma.mma_async.sync.aligned.m{M}n{n}k{K}.f32.bf16.bf16 {{{registers}}}, "
+                    f"${count}, ${count + 1}, 1, 1, 1, {trans_a}, {trans_b};")
+            operands = ["l", "l"]
+        constraints = ",".join(["=f"] * count + operands + [str(i) for i in range(count)])
+        kinds = [I32] * 4 + [I64] if a_layout.major == REGISTERS.major else [I64, I64]
+
+        def emit(context, builder, acc_type, acc, inputs):
+            pointers, _ = _elements(context, builder, acc_type, acc, count)
+            values = [builder.load(p) for p in pointers]
+            out = _asm(builder, code, constraints, inputs + values, kinds + [F32] * count,
+                       ir.LiteralStructType([F32] * count))
+            for i, p in enumerate(pointers):
+                builder.store(builder.extract_value(out, i), p)
+
+        if a_layout.major == REGISTERS.major:
+            @intrinsic
+            def multiply_rs(typingctx, acc, a0, a1, a2, a3, b_tiles, b_word):
+                _check_registers(acc)
+
+                def codegen(context, builder, signature, args):
+                    kinds_in = signature.args
+                    words = [context.cast(builder, value, kind, types.uint32)
+                             for value, kind in zip(args[1:5], kinds_in[1:5])]
+                    b = _descriptor(context, builder, kinds_in[5], args[5], kinds_in[6], args[6],
+                                    b_layout)
+                    emit(context, builder, kinds_in[0], args[0], words + [b])
+
+                return types.void(acc, a0, a1, a2, a3, b_tiles, b_word), codegen
+            return multiply_rs
 
         @intrinsic
         def multiply(typingctx, acc, a_tiles, a_word, b_tiles, b_word):
-            _check_acc(acc)
+            _check_registers(acc)
 
             def codegen(context, builder, signature, args):
-                kinds = signature.args
-                descriptors = []
-                for (tiles, word), high in zip(((1, 2), (3, 4)), highs):
-                    index = context.make_tuple(builder, types.UniTuple(kinds[word], 1),
-                                               [args[word]])
-                    address = shared_address(builder, _pointer(
-                        context, builder, kinds[tiles], args[tiles],
-                        types.UniTuple(kinds[word], 1), index))
-                    start = builder.lshr(builder.and_(address, ir.Constant(I32, 0x3FFFF)),
-                                         ir.Constant(I32, 4))
-                    descriptors.append(builder.or_(builder.zext(start, I64), high))
-                pointers = _accumulators(context, builder, kinds[0], args[0])
-                values = [builder.load(p) for p in pointers]
-                out = _asm(builder, code, constraints, descriptors + values,
-                           [I64, I64] + [F32] * n, ir.LiteralStructType([F32] * n))
-                for i, p in enumerate(pointers):
-                    builder.store(builder.extract_value(out, i), p)
+                kinds_in = signature.args
+                a = _descriptor(context, builder, kinds_in[1], args[1], kinds_in[2], args[2],
+                                a_layout)
+                b = _descriptor(context, builder, kinds_in[3], args[3], kinds_in[4], args[4],
+                                b_layout)
+                emit(context, builder, kinds_in[0], args[0], [a, b])
 
             return types.void(acc, a_tiles, a_word, b_tiles, b_word), codegen
         return multiply
+
+
+def wgmma_m64n128k16(a_layout, b_layout):
+    """matmul_wgmma's wgmma: multiply(acc, a_tiles, a_word, b_tiles, b_word), D [64,128]."""
+    return wgmma_m64nNk16(N, a_layout, b_layout)
+
+
+wgmma_fence = fence_for(ACCUMULATORS)
+wgmma_wait = wait_for(ACCUMULATORS)
+wgmma_wait_but_one = wait_for(ACCUMULATORS, pending=1)    # (the newest group runs on)

@@ -1,4 +1,4 @@
-"""The package's bf16 attention (nanoandrea/kernels/attention_bf16.py): v8, pipelined, and its
+"""The package's mma.sync attention (nanoandrea/kernels/attention_bf16.py): v8, pipelined, and its
 softmax on an instruction diet.
 H200 2026-12-02: fwd 0.189 ms (0.43x SDPA bf16), fwd+bwd 0.760 ms (0.47x) at [16,12,1024,64]
 (the package's kernels, each call rounding its float32 operands: tools/bench.py --only
@@ -18,7 +18,8 @@ Two steps since v8, both in the package:
              is one sum a k16 step (rows 16 apart are swizzled alike): 534 instructions a tile
              (dq 872 -> 532, dk/dv 1,074 -> 730)
 Here it runs as the ladder calls it: float32 q, k, v, dout, no dropout. (The model rounds q, k,
-v once for its forward and backward, straight from the [B,T,C] products: ops.attention.)
+v once for its forward and backward, straight from the [B,T,C] products: ops.attention.) The
+package takes these kernels on GPUs before Hopper; on Hopper, v10's (kernel="mma" names these).
 """
 import numpy as np
 from numba import cuda
@@ -30,7 +31,7 @@ PRECISION = "bf16"
 
 
 def forward(out, lse, q, k, v):
-    attention_forward_bf16(out, lse, q, k, v)
+    attention_forward_bf16(out, lse, q, k, v, kernel="mma")
 
 
 _deltas = {}
@@ -40,4 +41,4 @@ def backward(dq, dk, dv, dout, q, k, v, out, lse):
     B, H, T, D = q.shape
     if (B, H, T) not in _deltas:      # (delta_i = dout_i . out_i, the backward's scratch)
         _deltas[B, H, T] = cuda.device_array((B, H, T), np.float32)
-    attention_backward_bf16(dq, dk, dv, _deltas[B, H, T], dout, q, k, v, out, lse)
+    attention_backward_bf16(dq, dk, dv, _deltas[B, H, T], dout, q, k, v, out, lse, kernel="mma")

@@ -1,0 +1,52 @@
+"""The wgmma attention (kernels/attention_wgmma.py) against attention_bf16's NumPy twin:
+attention of q, k, v (and dout) rounded to bf16, in float64, within bf16's tolerance (the
+rounding of P and dS inside the kernels), the same check as the mma.sync kernels'
+(test_attention_bf16.py). A block is a whole warpgroup (128 threads) in the simulator too, so
+its cases are few: T = 80 is two blocks of 64 rows and, with the simulator's streamed tiles of
+16, up to five tiles a block, the last one partly past T.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from conftest import GPU
+from nanoandrea.kernels import attention_bf16, attention_wgmma
+from test_attention_bf16 import check_attention_bf16
+from test_kernels import device, poisoned, recording_launches
+
+if GPU and cuda.get_current_device().compute_capability != (9, 0):
+    pytest.skip("wgmma needs compute capability 9.0 (sm_90a)", allow_module_level=True)
+
+
+@pytest.mark.parametrize("D,dropout_p", [(32, 0.0), (64, 0.3)] if not GPU else
+                         [(D, p) for D in attention_wgmma.HEAD_SIZES for p in (0.0, 0.3)])
+@pytest.mark.parametrize("B,H,T", [(1, 1, 80)] if not GPU else [(4, 12, 256), (1, 2, 1000)])
+def test_attention_wgmma(rng, D, dropout_p, B, H, T):
+    check_attention_bf16(rng, B, H, T, D, dropout_p, kernel="wgmma")
+
+
+@pytest.mark.skipif(not GPU, reason="the simulator's case above covers the same code")
+def test_attention_wgmma_writes_the_heads_concat(rng):
+    check_attention_bf16(rng, 2, 3, 300, 64, 0.2, in_concat=True, kernel="wgmma")
+
+
+@pytest.mark.skipif(not GPU, reason="wgmma is taken on a GPU of compute capability 9.0 only")
+def test_attention_bf16_takes_wgmma_on_hopper(rng, monkeypatch):
+    """On compute capability 9.0 attention_bf16's heads of D = 32 and 64 go to the wgmma
+    kernels, and give the same results as naming them."""
+    B, H, T, D = 2, 2, 200, 64
+    q, k, v, dout = (device(rng.standard_normal((B, H, T, D))) for _ in range(4))
+    results = []
+    for kernel in ("auto", "wgmma"):
+        launched = recording_launches(monkeypatch, attention_wgmma)
+        out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
+        attention_bf16.attention_forward_bf16(out, lse, q, k, v, kernel=kernel)
+        grads = [poisoned((B, H, T, D)) for _ in range(3)]
+        attention_bf16.attention_backward_bf16(*grads, poisoned((B, H, T)), dout, q, k, v, out,
+                                               lse, kernel=kernel)
+        assert launched == [attention_wgmma.forward_kernel(D, False),
+                            attention_wgmma.dq_kernel(D, False),
+                            attention_wgmma.dkdv_kernel(D, False)]
+        results.append([x.copy_to_host() for x in (out, lse, *grads)])
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got, want)
