@@ -5,7 +5,11 @@
 #     startup   time to first step and first token, cold and warm kernel cache, beside PyTorch
 #               (tools/startup.py); it fills the kernel cache that the later steps use
 #     tests     the test suite at GPU sizes, in parallel workers
-#     e2e       training tokens/s against PyTorch, andrea-12m and andrea-120m (tools/bench.py)
+#     e2e       training tokens/s against PyTorch, andrea-12m and andrea-120m (tools/bench.py;
+#               PRECISION, default fp32; MODELS, default both)
+#     attention the tensor-core attention: its tests (wgmma alone, the wgmma and the mma.sync
+#               kernels), the ladder's v9 (mma.sync), v10 and v11 (wgmma) at both presets' shapes,
+#               then tools/bench.py's attention in bf16 beside SDPA
 #     bench     the kernels against cuBLAS, SDPA and PyTorch's ops (tools/bench.py)
 #     dev       the optimisation ladders, each version checked and timed (tools/dev/run.py)
 #     wgmma     one wgmma in each operand layout (tests/test_wgmma.py), then the wgmma rungs of
@@ -54,8 +58,21 @@ for step in "${steps[@]}"; do
           ${TESTS:-tests} > "$OUT/pytest.log" 2>&1
       grep -E "FAILED|ERROR|[0-9]+ (passed|failed)|^[0-9.]+s call" "$OUT/pytest.log" | tail -30 ;;
     e2e)
-      limit python3 tools/bench.py --only e2e --json "$OUT/e2e.json" > "$OUT/e2e.log" 2>&1
-      grep -A10 "^summary" "$OUT/e2e.log" ;;
+      limit python3 tools/bench.py --only e2e --precision ${PRECISION:-fp32} ${MODELS:+--models $MODELS} \
+          --json "$OUT/e2e-${PRECISION:-fp32}.json" > "$OUT/e2e-${PRECISION:-fp32}.log" 2>&1
+      grep -A10 "^summary" "$OUT/e2e-${PRECISION:-fp32}.log" ;;
+    attention)
+      NANOANDREA_INLINER=nvvm limit python3 -m pytest -v -rf -n ${TEST_WORKERS:-8} tests/test_wgmma.py \
+          tests/test_attention_wgmma.py tests/test_attention_bf16.py > "$OUT/pytest-attention.log" 2>&1
+      grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" "$OUT/pytest-attention.log" | tail -20
+      for shape in 16,12,1024,64 64,12,256,32; do
+        limit python3 tools/dev/run.py attention --only ${LADDER:-v9,v10,v11} --shape $shape \
+            --json "$OUT/dev-attention-$shape.json" > "$OUT/dev-attention-$shape.log" 2>&1
+        tail -6 "$OUT/dev-attention-$shape.log"
+      done
+      limit python3 tools/bench.py --only attention --precision bf16 --json "$OUT/bench-attention-bf16.json" \
+          > "$OUT/bench-attention-bf16.log" 2>&1
+      grep -A12 "^summary" "$OUT/bench-attention-bf16.log" ;;
     bench)
       limit python3 tools/bench.py --only ${BENCH:-matmul,attention,small} --json "$OUT/bench.json" \
           > "$OUT/bench.log" 2>&1

@@ -45,7 +45,6 @@ warpgroup) and a streamed tile 16 rows, so that T = 80 walks several tiles.
 """
 import math
 
-import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
@@ -55,9 +54,9 @@ from .launch import SIMULATOR, blocks, inlined, kernel_factory, launch
 from .reduce import quad_max, quad_sum
 from .tensorcores import bf16_pair
 from .vector import flat, load2, store2
-from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start, dynamic_shared_words,
-                    fence_for, fence_proxy_async, hopper, wait_for, wgmma_commit,
-                    wgmma_m64nNk16)
+from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start, descriptor_high,
+                    dynamic_shared_words, fence_for, fence_proxy_async, hopper, shared_descriptor,
+                    wait_for, wgmma_by_descriptors, wgmma_commit)
 
 HEAD_SIZES = (32, 64)
 ROWS = 64                           # a block's own rows: wgmma's M, one warpgroup
@@ -73,8 +72,15 @@ FRAG_WORDS = 4 * STEPS              # a thread's A fragments of scores [64, COLS
 TWO_TILES_ROWS = 2 * COLS           # dk/dv's -lse and delta of two stages of query tiles
 LN2 = float32(math.log(2.0))
 WAIT_ALL = wait_copies(0)
+# Descriptors (kernels/wgmma.py): a start-address field in 16-byte units | a layout's bits. A
+# k16 step along a row is 32 bytes on (2 units), one down a tile's rows 16 rows of 128 bytes
+# (128 units); the two stages of streamed tiles are STAGE_UNITS apart
 MN_LAYOUT = MN_MAJOR(OWN_WORDS * 4)     # (one block of 64 columns: D <= 64; LBO unused)
-multiply_scores = wgmma_m64nNk16(COLS, K_MAJOR, K_MAJOR)
+K_BITS, MN_BITS = descriptor_high(K_MAJOR), descriptor_high(MN_LAYOUT)
+ALONG, DOWN = 2, 128
+TILE_UNITS, STAGE_UNITS = TILE_WORDS // 4, 2 * TILE_WORDS // 4
+multiply_scores = wgmma_by_descriptors(COLS, K_MAJOR, K_MAJOR)
+first_scores = wgmma_by_descriptors(COLS, K_MAJOR, K_MAJOR, scale_d=0)    # (D = A B)
 
 
 def shared_bytes(own, streams):
@@ -90,24 +96,35 @@ def tile_functions(D):
     DN = D // 8                         # its n8 column groups
     G_WORDS, CHUNKS = D // 2, D // 8    # a row of x in device memory: words, 16-byte chunks
     LOG_CHUNKS = CHUNKS.bit_length() - 1
-    multiply_rows = wgmma_m64nNk16(D, REGISTERS, MN_LAYOUT)
+    ROW_STEP = THREADS // CHUNKS        # rows between a thread's copies (a multiple of 8: each
+                                        # copy's chunk is swizzled as the first's)
+    multiply_rows = wgmma_by_descriptors(D, REGISTERS, MN_LAYOUT)
+
+    @inlined
+    def copy_start(bh, T, tid):
+        # this thread's first copy of a matrix's rows: (its word in a staged matrix, its word
+        # of x[bh] at row 0, its row): chunk tid % CHUNKS of row tid / CHUNKS
+        row, chunk = int32(tid >> LOG_CHUNKS), int32(tid & (CHUNKS - 1))
+        return (int32(row * ROW_WORDS + 4 * (chunk ^ (row & 7))),
+                int32((bh * T + row) * G_WORDS + 4 * chunk), row)
 
     def copier(count):
-        COPIES = -(-count * CHUNKS // THREADS)      # a thread's 16-byte copies of `count` rows
-        EXACT = count * CHUNKS % THREADS == 0
+        PASSES = -(-count // ROW_STEP)  # a thread's copies of `count` rows
+        EXACT = count % ROW_STEP == 0
 
         @inlined
-        def copy_rows(words, at, x, bh, row0, T, tid):
-            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 words, flat) into
-            # words[at:] as swizzled rows of 128 bytes; zeros past row T
-            for r in range(COPIES):
-                c = int32(tid + r * THREADS)
-                if EXACT or c < count * CHUNKS:
-                    i, chunk = c >> LOG_CHUNKS, c & (CHUNKS - 1)
-                    inside = row0 + i < T
-                    src = uint32((bh * T + row0 + i) * G_WORDS + 4 * chunk) if inside else uint32(0)
-                    copy16_async(words, (at + i * ROW_WORDS + 4 * (chunk ^ (i & 7)),), x, (src,),
-                                 inside)
+        def copy_rows(words, at, x, start, row0, T):
+            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 words, flat; start:
+            # copy_start's for bh) into words[at:] as swizzled rows of 128 bytes; zeros past T
+            place, src, row = start
+            rows_left = int32(T - row0)
+            first = int32(src + row0 * G_WORDS)
+            for r in range(PASSES):
+                if EXACT or row + r * ROW_STEP < count:
+                    inside = row + r * ROW_STEP < rows_left
+                    copy16_async(words, (at + place + r * ROW_STEP * ROW_WORDS,), x,
+                                 (uint32(first + r * ROW_STEP * G_WORDS) if inside
+                                  else uint32(0),), inside)
         return copy_rows
 
     @inlined
@@ -116,10 +133,13 @@ def tile_functions(D):
             acc[e] = float32(0.0)
 
     @inlined
-    def scores(acc, words, a_at, b_at):
-        # acc (+)= the rows at a_at [64, D] . those at b_at [COLS, D]^T: issued, not waited for
-        for kk in range(KD):
-            multiply_scores(acc, words, a_at + 8 * kk, words, b_at + 8 * kk)
+    def scores(acc, words, a_desc, b_desc):
+        # acc = the rows a_desc names [64, D] . those b_desc names [COLS, D]^T (both K-major
+        # descriptors): issued, not waited for. The first step overwrites acc: it is never
+        # zeroed by an instruction of its own (wgmma.py's wgmma_by_descriptors)
+        first_scores(acc, words, a_desc, b_desc)
+        for kk in range(1, KD):
+            multiply_scores(acc, words, a_desc + ALONG * kk, b_desc + ALONG * kk)
 
     @inlined
     def fragments(frag, acc):
@@ -130,26 +150,27 @@ def tile_functions(D):
                 frag[4 * s + r] = bf16_pair(acc[8 * s + 2 * r], acc[8 * s + 2 * r + 1])
 
     @inlined
-    def rows_product(acc, frag, words, b_at):
-        # acc [64, D] += frag [64, COLS] . the rows at b_at [COLS, D]: issued, not waited for
+    def rows_product(acc, frag, words, b_desc):
+        # acc [64, D] += frag [64, COLS] . the rows b_desc names [COLS, D] (an MN-major
+        # descriptor): issued, not waited for
         for s in range(STEPS):
             multiply_rows(acc, frag[4 * s], frag[4 * s + 1], frag[4 * s + 2], frag[4 * s + 3],
-                          words, b_at + 16 * s * ROW_WORDS)
+                          words, b_desc + DOWN * s)
 
     def masker(future):
         @inlined
-        def mask(acc, limit):
-            # acc [S_ACC]: a thread's scores, acc[4j + e] at (row g + 8 (e >> 1), column 8 j +
-            # 2 t + (e & 1)) of its warp's 16 rows. limit = the lane's row g less its column 2 t
-            # (less the tile's offsets): a score's column less its row is a constant less limit.
-            # -inf where the column lies after the row (future: a key after its query) or
-            # before it (a query before its key, dk/dv's S^T); 32-bit compares
-            for j in range(NT):
-                for e in range(4):
-                    ahead = int32(8 * j + (e & 1) - 8 * (e >> 1))
-                    if (ahead > limit) if future else (ahead < limit):
-                        acc[4 * j + e] = NEG_INF
-        return mask
+        def masked(j, e, limit):
+            # whether score acc[4j + e] is masked: a thread holds acc[4j + e] at (row g + 8 (e >>
+            # 1), column 8 j + 2 t + (e & 1)) of its warp's 16 rows; limit = the lane's row g less
+            # its column 2 t (less the tile's offsets), so that a score's column less its row is
+            # a constant less limit. True where the column lies after the row (future: a key
+            # after its query) or before it (a query before its key, dk/dv's S^T); 32-bit
+            # compares. (The kernels read the scores through this, and never write -inf into
+            # them: ptxas serializes a wgmma whose accumulators another instruction writes while
+            # a wgmma is in flight, and the previous tile's last product is)
+            ahead = int32(8 * j + (e & 1) - 8 * (e >> 1))
+            return (ahead > limit) if future else (ahead < limit)
+        return masked
 
     @inlined
     def store_rows(x, acc, factor0, factor1, accumulate, b, h, wrow, T, lane):
@@ -170,9 +191,10 @@ def tile_functions(D):
                         y1 += x1
                     store2(x, (b, h, row, col), y0, y1)
 
-    return dict(copy_own=copier(ROWS), copy_tile=copier(COLS), zero=zero, scores=scores,
-                fragments=fragments, rows_product=rows_product, mask_future=masker(True),
-                mask_past=masker(False), store_rows=store_rows, O_ACC=O_ACC)
+    return dict(copy_start=copy_start, copy_own=copier(ROWS), copy_tile=copier(COLS),
+                zero=zero, scores=scores, fragments=fragments, rows_product=rows_product,
+                future=masker(True), past=masker(False), store_rows=store_rows,
+                O_ACC=O_ACC)
 
 
 def bounds(blocks_per_sm):
@@ -183,12 +205,72 @@ def bounds(blocks_per_sm):
 def forward_kernel(D, dropout):
     """The forward for heads of D; dropout: built with the dropout hash, else without."""
     f = tile_functions(D)
-    copy_own, copy_tile, zero, scores = f["copy_own"], f["copy_tile"], f["zero"], f["scores"]
-    fragments, rows_product, mask_future = f["fragments"], f["rows_product"], f["mask_future"]
-    store_rows, O_ACC = f["store_rows"], f["O_ACC"]
+    copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
+    zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
+    future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
     factor = dropout_factor if dropout else no_dropout
-    fence_s, wait_s = fence_for(S_ACC), wait_for(S_ACC)
+    fence_s, wait_s = fence_for(), wait_for(S_ACC, O_ACC, FRAG_WORDS)
     fence_o, wait_o = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
+
+    @inlined
+    def tile_step(i, diagonal, tiles, words, q_desc, k_desc, v_desc, tiles_at, k, v, start, T,
+                  s_acc, o_acc, p_frag, m0, m1, l0, l1, wrow, g, t, scale_log2, seed, site,
+                  threshold, keep, b, h, H):
+        # key tile i: S = Q K^T, the online softmax, O += P V (issued; waited for with the next
+        # tile's S). diagonal (a constant): the tile crosses the diagonal, and its keys after a
+        # query are masked. Returns the rows' new running max and sum
+        n0 = i * COLS
+        stage = i & 1
+        WAIT_ALL()                              # tile i has landed, for every thread, and is
+        fence_proxy_async()                     # visible to wgmma
+        cuda.syncthreads()
+        fence_s()                               # (S = Q K^T reads no registers)
+        scores(s_acc, words, q_desc, k_desc + stage * STAGE_UNITS)          # S = Q K^T
+        wgmma_commit()
+        wait_s(s_acc, o_acc, p_frag)            # S, and the last tile's P V: every warp is
+        cuda.syncthreads()                      # done with its stage, tile i + 1 goes there
+        if i + 1 < tiles:
+            at = tiles_at + (stage ^ 1) * 2 * TILE_WORDS
+            copy_tile(words, at, k, start, n0 + COLS, T)
+            copy_tile(words, at + TILE_WORDS, v, start, n0 + COLS, T)
+        commit_copies()
+        limit = int32(wrow + g - n0 - 2 * t)
+        max0 = max1 = NEG_INF                   # the rows' largest scores, unscaled (scale > 0)
+        for j in range(NT):
+            for e in range(4):
+                x = NEG_INF if diagonal and future(j, e, limit) else s_acc[4 * j + e]
+                if e < 2:
+                    max0 = max(max0, x)
+                else:
+                    max1 = max(max1, x)
+        new0 = max(m0, quad_max(max0) * scale_log2)
+        new1 = max(m1, quad_max(max1) * scale_log2)
+        shrink0, shrink1 = exp2_fast(m0 - new0), exp2_fast(m1 - new1)
+        l0, l1 = l0 * shrink0, l1 * shrink1
+        for j in range(O_ACC // 4):
+            o_acc[4 * j] *= shrink0
+            o_acc[4 * j + 1] *= shrink0
+            o_acc[4 * j + 2] *= shrink1
+            o_acc[4 * j + 3] *= shrink1
+        for j in range(NT):
+            key = n0 + 8 * j + 2 * t
+            for e in range(4):
+                query = wrow + g + 8 * (e >> 1)
+                # (one FFMA and one MUFU a probability)
+                p = exp2_fast(cuda.fma(s_acc[4 * j + e], scale_log2, -(new0 if e < 2 else new1)))
+                if diagonal and future(j, e, limit):
+                    p = float32(0.0)
+                if e < 2:
+                    l0 += p
+                else:
+                    l1 += p
+                s_acc[4 * j + e] = p * factor(seed, site, threshold, keep, b, h, query,
+                                              key + (e & 1), H, T)
+        fragments(p_frag, s_acc)
+        fence_o(o_acc, p_frag)
+        rows_product(o_acc, p_frag, words, v_desc + stage * STAGE_UNITS)    # O += P V
+        wgmma_commit()
+        return new0, new1, l0, l1
 
     @cuda.jit(**bounds(4))
     def attention_forward_wgmma_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
@@ -210,64 +292,31 @@ def forward_kernel(D, dropout):
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp                 # the warp's rows; the lane's: wrow + g (+ 8)
-        q_at = first
-        copy_own(words, q_at, q, bh, row0, T, tid)
-        copy_tile(words, first + OWN_WORDS, k, bh, 0, T, tid)
-        copy_tile(words, first + OWN_WORDS + TILE_WORDS, v, bh, 0, T, tid)
+        start = copy_start(bh, T, tid)
+        tiles_at = first + OWN_WORDS            # stage s: a K tile, then a V tile
+        copy_own(words, first, q, start, row0, T)
+        copy_tile(words, tiles_at, k, start, 0, T)
+        copy_tile(words, tiles_at + TILE_WORDS, v, start, 0, T)
         commit_copies()
+        q_desc = shared_descriptor(words, first) | K_BITS
+        field = shared_descriptor(words, tiles_at)
+        k_desc, v_desc = field | K_BITS, (field + TILE_UNITS) | MN_BITS
         zero(o_acc, O_ACC)
         m0 = m1 = NEG_INF                       # each row's running max and sum (of this
         l0 = l1 = float32(0.0)                  # lane's columns: summed over the quad at the end)
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
-        for i in range(tiles):
-            n0 = i * COLS
-            k_at = first + OWN_WORDS + (i & 1) * 2 * TILE_WORDS
-            WAIT_ALL()                          # tile i has landed, for every thread, is
-            fence_proxy_async()                 # visible to wgmma, and everyone is done with
-            cuda.syncthreads()                  # tile i - 1's stage: tile i + 1 goes there
-            if i + 1 < tiles:
-                next_at = first + OWN_WORDS + ((i + 1) & 1) * 2 * TILE_WORDS
-                copy_tile(words, next_at, k, bh, n0 + COLS, T, tid)
-                copy_tile(words, next_at + TILE_WORDS, v, bh, n0 + COLS, T, tid)
-            commit_copies()
-            zero(s_acc, S_ACC)
-            fence_s(s_acc)
-            scores(s_acc, words, q_at, k_at)                        # S = Q K^T
-            wgmma_commit()
-            wait_s(s_acc)
-            if n0 + COLS > wrow + 1:            # (a key after a row of the warp's)
-                mask_future(s_acc, int32(wrow + g - n0 - 2 * t))
-            max0 = max1 = NEG_INF               # the rows' largest scores, unscaled (scale > 0)
-            for j in range(NT):
-                max0 = max(max0, max(s_acc[4 * j], s_acc[4 * j + 1]))
-                max1 = max(max1, max(s_acc[4 * j + 2], s_acc[4 * j + 3]))
-            new0 = max(m0, quad_max(max0) * scale_log2)
-            new1 = max(m1, quad_max(max1) * scale_log2)
-            shrink0, shrink1 = exp2_fast(m0 - new0), exp2_fast(m1 - new1)
-            m0, m1 = new0, new1
-            l0, l1 = l0 * shrink0, l1 * shrink1
-            for j in range(O_ACC // 4):
-                o_acc[4 * j] *= shrink0
-                o_acc[4 * j + 1] *= shrink0
-                o_acc[4 * j + 2] *= shrink1
-                o_acc[4 * j + 3] *= shrink1
-            for j in range(NT):
-                key = n0 + 8 * j + 2 * t
-                for e in range(4):
-                    query = wrow + g + 8 * (e >> 1)
-                    # (one FFMA and one MUFU a probability)
-                    p = exp2_fast(cuda.fma(s_acc[4 * j + e], scale_log2, -(m0 if e < 2 else m1)))
-                    if e < 2:
-                        l0 += p
-                    else:
-                        l1 += p
-                    s_acc[4 * j + e] = p * factor(seed, site, threshold, keep, b, h, query,
-                                                  key + (e & 1), H, T)
-            fragments(p_frag, s_acc)
-            fence_o(o_acc, p_frag)
-            rows_product(o_acc, p_frag, words, k_at + TILE_WORDS)   # O += P V
-            wgmma_commit()
-            wait_o(o_acc)
+        past = row0 // COLS                     # the tiles before the diagonal's, then those
+        for i in range(past):                   # crossing it
+            m0, m1, l0, l1 = tile_step(i, False, tiles, words, q_desc, k_desc, v_desc,
+                                       tiles_at, k, v, start, T, s_acc, o_acc, p_frag, m0, m1,
+                                       l0, l1, wrow, g, t, scale_log2, seed, site, threshold,
+                                       keep, b, h, H)
+        for i in range(past, tiles):
+            m0, m1, l0, l1 = tile_step(i, True, tiles, words, q_desc, k_desc, v_desc, tiles_at,
+                                       k, v, start, T, s_acc, o_acc, p_frag, m0, m1, l0, l1,
+                                       wrow, g, t, scale_log2, seed, site, threshold, keep, b,
+                                       h, H)
+        wait_o(o_acc)
         l0, l1 = quad_sum(l0), quad_sum(l1)
         store_rows(out, o_acc, float32(1.0) / l0, float32(1.0) / l1, False, b, h, wrow, T, lane)
         if t == 0:
@@ -283,12 +332,50 @@ def forward_kernel(D, dropout):
 def dq_kernel(D, dropout):
     """dq for heads of D: the forward's walk over the key tiles, P from lse."""
     f = tile_functions(D)
-    copy_own, copy_tile, zero, scores = f["copy_own"], f["copy_tile"], f["zero"], f["scores"]
-    fragments, rows_product, mask_future = f["fragments"], f["rows_product"], f["mask_future"]
-    store_rows, O_ACC = f["store_rows"], f["O_ACC"]
+    copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
+    zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
+    future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
     factor = dropout_factor if dropout else no_dropout
-    fence_s, wait_s = fence_for(S_ACC, S_ACC), wait_for(S_ACC, S_ACC)
+    fence_s, wait_s = fence_for(), wait_for(S_ACC, S_ACC, O_ACC, FRAG_WORDS)
     fence_q, wait_q = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
+
+    @inlined
+    def tile_step(i, diagonal, tiles, words, q_desc, dout_desc, k_desc, v_desc, k_rows_desc,
+                  tiles_at, k, v, start, T, s_acc, dp_acc, dq_acc, ds_frag, neg_lse0, neg_lse1,
+                  delta0, delta1, wrow, g, t, scale_log2, seed, site, threshold, keep, b, h, H):
+        # key tile i: S = Q K^T, dP = dO V^T, dS, dQ += dS K (issued; waited for with the next
+        # tile's S). diagonal (a constant): the tile crosses the diagonal
+        n0 = i * COLS
+        stage = i & 1
+        WAIT_ALL()
+        fence_proxy_async()
+        cuda.syncthreads()
+        fence_s()
+        scores(s_acc, words, q_desc, k_desc + stage * STAGE_UNITS)          # S = Q K^T
+        scores(dp_acc, words, dout_desc, v_desc + stage * STAGE_UNITS)      # dP = dO V^T
+        wgmma_commit()
+        wait_s(s_acc, dp_acc, dq_acc, ds_frag)  # (and the last tile's dS K)
+        cuda.syncthreads()
+        if i + 1 < tiles:
+            at = tiles_at + (stage ^ 1) * 2 * TILE_WORDS
+            copy_tile(words, at, k, start, n0 + COLS, T)
+            copy_tile(words, at + TILE_WORDS, v, start, n0 + COLS, T)
+        commit_copies()
+        limit = int32(wrow + g - n0 - 2 * t)
+        for j in range(NT):
+            key = n0 + 8 * j + 2 * t
+            for e in range(4):
+                query = wrow + g + 8 * (e >> 1)
+                p = exp2_fast(cuda.fma(s_acc[4 * j + e], scale_log2,
+                                       neg_lse0 if e < 2 else neg_lse1))
+                if diagonal and future(j, e, limit):
+                    p = float32(0.0)
+                gf = factor(seed, site, threshold, keep, b, h, query, key + (e & 1), H, T)
+                s_acc[4 * j + e] = p * (gf * dp_acc[4 * j + e] - (delta0 if e < 2 else delta1))
+        fragments(ds_frag, s_acc)
+        fence_q(dq_acc, ds_frag)
+        rows_product(dq_acc, ds_frag, words, k_rows_desc + stage * STAGE_UNITS)   # dQ += dS K
+        wgmma_commit()
 
     @cuda.jit(**bounds(3))
     def attention_dq_wgmma_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
@@ -310,12 +397,18 @@ def dq_kernel(D, dropout):
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp
-        q_at, dout_at, tiles_at = first, first + OWN_WORDS, first + 2 * OWN_WORDS
-        copy_own(words, q_at, q, bh, row0, T, tid)
-        copy_own(words, dout_at, dout, bh, row0, T, tid)
-        copy_tile(words, tiles_at, k, bh, 0, T, tid)
-        copy_tile(words, tiles_at + TILE_WORDS, v, bh, 0, T, tid)
+        start = copy_start(bh, T, tid)
+        tiles_at = first + 2 * OWN_WORDS        # stage s: a K tile, then a V tile
+        copy_own(words, first, q, start, row0, T)
+        copy_own(words, first + OWN_WORDS, dout, start, row0, T)
+        copy_tile(words, tiles_at, k, start, 0, T)
+        copy_tile(words, tiles_at + TILE_WORDS, v, start, 0, T)
         commit_copies()
+        q_desc = shared_descriptor(words, first) | K_BITS
+        dout_desc = shared_descriptor(words, first + OWN_WORDS) | K_BITS
+        field = shared_descriptor(words, tiles_at)
+        k_desc, k_rows_desc = field | K_BITS, field | MN_BITS   # (K's rows read both ways)
+        v_desc = (field + TILE_UNITS) | K_BITS
         # the lane's two rows' -lse (log2 units: P = 2^(S scale - lse), an FFMA's addend) and
         # delta; rows past T: P = 0
         neg_lse0 = -lse[b, h, wrow + g] * LOG2E if wrow + g < T else NEG_INF
@@ -324,40 +417,18 @@ def dq_kernel(D, dropout):
         delta1 = delta[b, h, wrow + g + 8] if wrow + g + 8 < T else float32(0.0)
         zero(dq_acc, O_ACC)
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
-        for i in range(tiles):
-            n0 = i * COLS
-            k_at = tiles_at + (i & 1) * 2 * TILE_WORDS
-            WAIT_ALL()
-            fence_proxy_async()
-            cuda.syncthreads()
-            if i + 1 < tiles:
-                next_at = tiles_at + ((i + 1) & 1) * 2 * TILE_WORDS
-                copy_tile(words, next_at, k, bh, n0 + COLS, T, tid)
-                copy_tile(words, next_at + TILE_WORDS, v, bh, n0 + COLS, T, tid)
-            commit_copies()
-            zero(s_acc, S_ACC)
-            zero(dp_acc, S_ACC)
-            fence_s(s_acc, dp_acc)
-            scores(s_acc, words, q_at, k_at)                        # S = Q K^T
-            scores(dp_acc, words, dout_at, k_at + TILE_WORDS)       # dP = dO V^T
-            wgmma_commit()
-            wait_s(s_acc, dp_acc)
-            if n0 + COLS > wrow + 1:
-                mask_future(s_acc, int32(wrow + g - n0 - 2 * t))
-            for j in range(NT):
-                key = n0 + 8 * j + 2 * t
-                for e in range(4):
-                    query = wrow + g + 8 * (e >> 1)
-                    p = exp2_fast(cuda.fma(s_acc[4 * j + e], scale_log2,
-                                           neg_lse0 if e < 2 else neg_lse1))
-                    gf = factor(seed, site, threshold, keep, b, h, query, key + (e & 1), H, T)
-                    s_acc[4 * j + e] = p * (gf * dp_acc[4 * j + e]
-                                            - (delta0 if e < 2 else delta1))
-            fragments(ds_frag, s_acc)
-            fence_q(dq_acc, ds_frag)
-            rows_product(dq_acc, ds_frag, words, k_at)              # dQ += dS K
-            wgmma_commit()
-            wait_q(dq_acc)
+        past = row0 // COLS                     # the tiles before the diagonal's, then those
+        for i in range(past):                   # crossing it
+            tile_step(i, False, tiles, words, q_desc, dout_desc, k_desc, v_desc, k_rows_desc,
+                      tiles_at, k, v, start, T, s_acc, dp_acc, dq_acc, ds_frag, neg_lse0,
+                      neg_lse1, delta0, delta1, wrow, g, t, scale_log2, seed, site, threshold,
+                      keep, b, h, H)
+        for i in range(past, tiles):
+            tile_step(i, True, tiles, words, q_desc, dout_desc, k_desc, v_desc, k_rows_desc,
+                      tiles_at, k, v, start, T, s_acc, dp_acc, dq_acc, ds_frag, neg_lse0,
+                      neg_lse1, delta0, delta1, wrow, g, t, scale_log2, seed, site, threshold,
+                      keep, b, h, H)
+        wait_q(dq_acc)
         store_rows(dq, dq_acc, scale, scale, accumulate, b, h, wrow, T, lane)
 
     return attention_dq_wgmma_kernel
@@ -367,11 +438,12 @@ def dq_kernel(D, dropout):
 def dkdv_kernel(D, dropout):
     """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
     f = tile_functions(D)
-    copy_own, copy_tile, zero, scores = f["copy_own"], f["copy_tile"], f["zero"], f["scores"]
-    fragments, rows_product, mask_past = f["fragments"], f["rows_product"], f["mask_past"]
-    store_rows, O_ACC = f["store_rows"], f["O_ACC"]
+    copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
+    zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
+    past, store_rows, O_ACC = f["past"], f["store_rows"], f["O_ACC"]
     factor = dropout_factor if dropout else no_dropout
-    fence_s, wait_s = fence_for(S_ACC, S_ACC), wait_for(S_ACC, S_ACC)
+    fence_s = fence_for()
+    wait_s = wait_for(S_ACC, S_ACC, O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS)
     fence_kv, wait_kv = fence_for(O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS), wait_for(O_ACC, O_ACC)
 
     @inlined
@@ -380,6 +452,56 @@ def dkdv_kernel(D, dropout):
         if tid < COLS:
             neg_lse_tiles[at + tid] = -lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else NEG_INF
             delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
+
+    @inlined
+    def tile_step(i, diagonal, tiles, row0, words, k_desc, v_desc, q_desc, dout_desc,
+                  q_rows_desc, dout_rows_desc, tiles_at, q, dout, start, T, neg_lse_tiles,
+                  delta_tiles, lse, delta, st_acc, dpt_acc, dk_acc, dv_acc, p_frag, ds_frag,
+                  wrow, g, t, tid, scale_log2, seed, site, threshold, keep, b, h, H):
+        # query tile i: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, dV += (P G)^T dO, dK += dS^T Q
+        # (issued; waited for with the next tile's S^T). diagonal (a constant): the tile crosses
+        # the diagonal, and its queries before a key are masked
+        n0 = row0 + i * COLS
+        stage = i & 1
+        columns = stage * COLS
+        WAIT_ALL()
+        fence_proxy_async()
+        cuda.syncthreads()
+        fence_s()
+        scores(st_acc, words, k_desc, q_desc + stage * STAGE_UNITS)          # S^T = K Q^T
+        scores(dpt_acc, words, v_desc, dout_desc + stage * STAGE_UNITS)      # dP^T = V dO^T
+        wgmma_commit()
+        wait_s(st_acc, dpt_acc, dv_acc, dk_acc, p_frag, ds_frag)   # (and the last dV, dK)
+        cuda.syncthreads()
+        if i + 1 < tiles:
+            at = tiles_at + (stage ^ 1) * 2 * TILE_WORDS
+            copy_tile(words, at, q, start, n0 + COLS, T)
+            copy_tile(words, at + TILE_WORDS, dout, start, n0 + COLS, T)
+            stage_columns(neg_lse_tiles, delta_tiles, (stage ^ 1) * COLS, lse, delta, b, h,
+                          n0 + COLS, T, tid)
+        commit_copies()
+        limit = int32(wrow + g - n0 - 2 * t)
+        for j in range(NT):                 # P^T, then dS^T and (P G)^T: two loops,
+            for e in range(4):              # each short enough to be unrolled whole
+                c = columns + 8 * j + 2 * t + (e & 1)       # (the query's slot)
+                p = exp2_fast(cuda.fma(st_acc[4 * j + e], scale_log2, neg_lse_tiles[c]))
+                if diagonal and past(j, e, limit):
+                    p = float32(0.0)
+                st_acc[4 * j + e] = p
+        for j in range(NT):
+            for e in range(4):
+                c = 8 * j + 2 * t + (e & 1)                 # the query's column in the tile
+                gf = factor(seed, site, threshold, keep, b, h, n0 + c, wrow + g + 8 * (e >> 1),
+                            H, T)
+                p = st_acc[4 * j + e]
+                dpt_acc[4 * j + e] = p * (gf * dpt_acc[4 * j + e] - delta_tiles[columns + c])
+                st_acc[4 * j + e] = p * gf
+        fragments(p_frag, st_acc)
+        fragments(ds_frag, dpt_acc)
+        fence_kv(dv_acc, dk_acc, p_frag, ds_frag)
+        rows_product(dv_acc, p_frag, words, dout_rows_desc + stage * STAGE_UNITS)  # dV += (P G)^T dO
+        rows_product(dk_acc, ds_frag, words, q_rows_desc + stage * STAGE_UNITS)    # dK += dS^T Q
+        wgmma_commit()
 
     @cuda.jit(**bounds(2))
     def attention_dkdv_wgmma_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
@@ -405,59 +527,34 @@ def dkdv_kernel(D, dropout):
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp                 # the warp's key rows
-        k_at, v_at, tiles_at = first, first + OWN_WORDS, first + 2 * OWN_WORDS
-        copy_own(words, k_at, k, bh, row0, T, tid)
-        copy_own(words, v_at, v, bh, row0, T, tid)
-        copy_tile(words, tiles_at, q, bh, row0, T, tid)       # (row0 is a multiple of COLS:
-        copy_tile(words, tiles_at + TILE_WORDS, dout, bh, row0, T, tid)   # the diagonal's tile)
+        start = copy_start(bh, T, tid)
+        tiles_at = first + 2 * OWN_WORDS        # stage s: a Q tile, then a dO tile
+        copy_own(words, first, k, start, row0, T)
+        copy_own(words, first + OWN_WORDS, v, start, row0, T)
+        copy_tile(words, tiles_at, q, start, row0, T)       # (row0 is a multiple of COLS:
+        copy_tile(words, tiles_at + TILE_WORDS, dout, start, row0, T)   # the diagonal's tile)
         commit_copies()
         stage_columns(neg_lse_tiles, delta_tiles, 0, lse, delta, b, h, row0, T, tid)
+        k_desc = shared_descriptor(words, first) | K_BITS
+        v_desc = shared_descriptor(words, first + OWN_WORDS) | K_BITS
+        field = shared_descriptor(words, tiles_at)
+        q_desc, q_rows_desc = field | K_BITS, field | MN_BITS   # (each tile read both ways)
+        dout_desc, dout_rows_desc = (field + TILE_UNITS) | K_BITS, (field + TILE_UNITS) | MN_BITS
         zero(dk_acc, O_ACC)
         zero(dv_acc, O_ACC)
         tiles = (T - row0 + COLS - 1) // COLS
-        for i in range(tiles):
-            n0 = row0 + i * COLS
-            q_at = tiles_at + (i & 1) * 2 * TILE_WORDS
-            columns = (i & 1) * COLS
-            WAIT_ALL()
-            fence_proxy_async()
-            cuda.syncthreads()
-            if i + 1 < tiles:
-                next_at = tiles_at + ((i + 1) & 1) * 2 * TILE_WORDS
-                copy_tile(words, next_at, q, bh, n0 + COLS, T, tid)
-                copy_tile(words, next_at + TILE_WORDS, dout, bh, n0 + COLS, T, tid)
-                stage_columns(neg_lse_tiles, delta_tiles, ((i + 1) & 1) * COLS, lse, delta, b,
-                              h, n0 + COLS, T, tid)
-            commit_copies()
-            zero(st_acc, S_ACC)
-            zero(dpt_acc, S_ACC)
-            fence_s(st_acc, dpt_acc)
-            scores(st_acc, words, k_at, q_at)                       # S^T = K Q^T
-            scores(dpt_acc, words, v_at, q_at + TILE_WORDS)         # dP^T = V dO^T
-            wgmma_commit()
-            wait_s(st_acc, dpt_acc)
-            if n0 < wrow + 16:                  # (a query before a key of the warp's)
-                mask_past(st_acc, int32(wrow + g - n0 - 2 * t))
-            for j in range(NT):                 # P^T, then dS^T and (P G)^T: two loops,
-                for e in range(4):              # each short enough to be unrolled whole
-                    c = columns + 8 * j + 2 * t + (e & 1)       # (the query's slot)
-                    st_acc[4 * j + e] = exp2_fast(cuda.fma(st_acc[4 * j + e], scale_log2,
-                                                           neg_lse_tiles[c]))
-            for j in range(NT):
-                for e in range(4):
-                    c = 8 * j + 2 * t + (e & 1)                 # the query's column in the tile
-                    gf = factor(seed, site, threshold, keep, b, h, n0 + c, wrow + g + 8 * (e >> 1),
-                                H, T)
-                    p = st_acc[4 * j + e]
-                    dpt_acc[4 * j + e] = p * (gf * dpt_acc[4 * j + e] - delta_tiles[columns + c])
-                    st_acc[4 * j + e] = p * gf
-            fragments(p_frag, st_acc)
-            fragments(ds_frag, dpt_acc)
-            fence_kv(dv_acc, dk_acc, p_frag, ds_frag)
-            rows_product(dv_acc, p_frag, words, q_at + TILE_WORDS)  # dV += (P G)^T dO
-            rows_product(dk_acc, ds_frag, words, q_at)              # dK += dS^T Q
-            wgmma_commit()
-            wait_kv(dv_acc, dk_acc)
+        crossing = min(tiles, ROWS // COLS)     # the tiles crossing the diagonal, then the rest
+        for i in range(crossing):
+            tile_step(i, True, tiles, row0, words, k_desc, v_desc, q_desc, dout_desc,
+                      q_rows_desc, dout_rows_desc, tiles_at, q, dout, start, T, neg_lse_tiles,
+                      delta_tiles, lse, delta, st_acc, dpt_acc, dk_acc, dv_acc, p_frag, ds_frag,
+                      wrow, g, t, tid, scale_log2, seed, site, threshold, keep, b, h, H)
+        for i in range(crossing, tiles):
+            tile_step(i, False, tiles, row0, words, k_desc, v_desc, q_desc, dout_desc,
+                      q_rows_desc, dout_rows_desc, tiles_at, q, dout, start, T, neg_lse_tiles,
+                      delta_tiles, lse, delta, st_acc, dpt_acc, dk_acc, dv_acc, p_frag, ds_frag,
+                      wrow, g, t, tid, scale_log2, seed, site, threshold, keep, b, h, H)
+        wait_kv(dv_acc, dk_acc)
         store_rows(dk, dk_acc, scale, scale, accumulate, b, h, wrow, T, lane)
         store_rows(dv, dv_acc, float32(1.0), float32(1.0), accumulate, b, h, wrow, T, lane)
 

@@ -209,29 +209,39 @@ if SIMULATOR:
     def fence_proxy_async():
         pass
 
-    def _read_b(b_tiles, b_word, b_layout, n):
-        """B [16, n] as the descriptor of b_tiles[b_word] names it (float64)."""
-        desc = descriptor(4 * (int(b_word) - SIMULATED_START), b_layout)   # (Python ints:
-        if b_layout.major == "MN":                                        # NumPy's int32
-            return read_operand(b_tiles, SIMULATED_START, desc, "MN", K, n)   # overflows)
-        return read_operand(b_tiles, SIMULATED_START, desc, "K", n, K).T
+    def shared_descriptor(tiles, word):
+        """The address field of a descriptor of tiles[word] (word SIMULATED_START at 0)."""
+        return ((4 * (int(word) - SIMULATED_START)) & 0x3FFFF) >> 4   # (Python ints: NumPy's
+                                                                      # int32 overflows)
+    def _operand_a(tiles, desc, major):
+        """A [64, 16] as the descriptor names it (float64)."""
+        if major == "K":
+            return read_operand(tiles, SIMULATED_START, int(desc), "K", M, K)
+        return read_operand(tiles, SIMULATED_START, int(desc), "MN", K, M).T
 
-    def _add_rows(acc, rows, n, t):
-        # acc += the part of D's two rows `rows` [2, n] of a thread of lane % 4 = t (the doc's
-        # layout)
+    def _operand_b(tiles, desc, major, n):
+        """B [16, n] as the descriptor names it (float64)."""
+        if major == "MN":
+            return read_operand(tiles, SIMULATED_START, int(desc), "MN", K, n)
+        return read_operand(tiles, SIMULATED_START, int(desc), "K", n, K).T
+
+    def _add_rows(acc, rows, n, t, scale_d=1):
+        # acc (+)= the part of D's two rows `rows` [2, n] of a thread of lane % 4 = t (the doc's
+        # layout); scale_d 0: acc's values are not read (D = A B)
         for j in range(n // 8):
             for e in range(4):
-                acc[4 * j + e] = float32(acc[4 * j + e] + rows[e // 2, 8 * j + 2 * t + e % 2])
+                old = acc[4 * j + e] if scale_d else 0.0
+                acc[4 * j + e] = float32(old + rows[e // 2, 8 * j + 2 * t + e % 2])
 
     @functools.cache
-    def wgmma_m64nNk16(n, a_layout, b_layout):
-        """The twin of one wgmma of width n with operands in these layouts: the words' shared
-        addresses (word SIMULATED_START at address 0) made into descriptors, and read back;
-        A in registers gathered from the warp's lanes."""
+    def wgmma_by_descriptors(n, a_layout, b_layout, scale_d=1):
+        """The twin of one wgmma of width n whose operands the kernel names by descriptors into
+        the shared array `tiles`; A in registers gathered from the warp's lanes; scale_d 0:
+        D = A B, acc's old values unread."""
         _check_layouts(n, a_layout, b_layout)
         if a_layout.major == REGISTERS.major:
             @cuda.jit(device=True)  # (a device function: `cuda` in it is the simulated one)
-            def multiply_rs(acc, a0, a1, a2, a3, b_tiles, b_word):
+            def multiply_rs(acc, a0, a1, a2, a3, tiles, b_desc):
                 fragments, lane = warp_values((a0, a1, a2, a3))
                 words = np.array(fragments, dtype=np.uint32).T                  # [4, 32]
                 a_words = np.zeros((16, 8), np.uint32)          # the warp's 16 rows of A
@@ -239,19 +249,37 @@ if SIMULATOR:
                 a_words[_G, _T + 4], a_words[_G + 8, _T + 4] = words[2], words[3]
                 a = unpack_bf16(a_words).astype(np.float64)                     # [16, 16]
                 g, t = lane // 4, lane % 4
-                _add_rows(acc, a[[g, g + 8]] @ _read_b(b_tiles, b_word, b_layout, n), n, t)
+                _add_rows(acc, a[[g, g + 8]] @ _operand_b(tiles, b_desc, b_layout.major, n), n,
+                          t, scale_d)
             return multiply_rs
 
         @cuda.jit(device=True)
-        def multiply(acc, a_tiles, a_word, b_tiles, b_word):
-            a_desc = descriptor(4 * (int(a_word) - SIMULATED_START), a_layout)
-            a = (read_operand(a_tiles, SIMULATED_START, a_desc, "K", M, K)
-                 if a_layout.major == "K" else
-                 read_operand(a_tiles, SIMULATED_START, a_desc, "MN", K, M).T)      # [M, K]
+        def multiply(acc, tiles, a_desc, b_desc):
+            a = _operand_a(tiles, a_desc, a_layout.major)                       # [M, K]
             thread = cuda.threadIdx.x % 128
             warp, g, t = thread // 32, (thread % 32) // 4, thread % 4
             _add_rows(acc, a[[16 * warp + g, 16 * warp + g + 8]]
-                      @ _read_b(b_tiles, b_word, b_layout, n), n, t)
+                      @ _operand_b(tiles, b_desc, b_layout.major, n), n, t, scale_d)
+        return multiply
+
+    @functools.cache
+    def wgmma_m64nNk16(n, a_layout, b_layout):
+        """The twin of one wgmma of width n with operands in these layouts at tiles' words:
+        their shared addresses (word SIMULATED_START at address 0) made into descriptors."""
+        by_descriptors = wgmma_by_descriptors(n, a_layout, b_layout)
+        b_bits = descriptor_high(b_layout)
+        if a_layout.major == REGISTERS.major:
+            @cuda.jit(device=True)
+            def multiply_rs(acc, a0, a1, a2, a3, b_tiles, b_word):
+                by_descriptors(acc, a0, a1, a2, a3, b_tiles,
+                               shared_descriptor(b_tiles, b_word) | b_bits)
+            return multiply_rs
+        a_bits = descriptor_high(a_layout)
+
+        @cuda.jit(device=True)
+        def multiply(acc, a_tiles, a_word, b_tiles, b_word):
+            by_descriptors(acc, a_tiles, shared_descriptor(a_tiles, a_word) | a_bits,
+                           shared_descriptor(b_tiles, b_word) | b_bits)
         return multiply
 
     @functools.cache
@@ -332,6 +360,9 @@ else:
                 pointers += found
                 kinds += [kind] * count
             n = len(pointers)
+            if n == 0:
+                _asm(builder, text, "~{memory}", [], [])
+                return
             letters = ["=f" if kind == F32 else "=r" for kind in kinds]
             out = _asm(builder, text, ",".join(letters + [str(i) for i in range(n)])
                        + ",~{memory}", [builder.load(p) for p in pointers], kinds,
@@ -344,25 +375,19 @@ else:
                 _check_registers(array)
             return types.void(*arrays), codegen
 
-        if len(counts) == 1:
-            @intrinsic
-            def tied(typingctx, x):
-                return typed(x)
-        elif len(counts) == 2:
-            @intrinsic
-            def tied(typingctx, x, y):
-                return typed(x, y)
-        elif len(counts) == 3:
-            @intrinsic
-            def tied(typingctx, x, y, z):
-                return typed(x, y, z)
-        elif len(counts) == 4:
-            @intrinsic
-            def tied(typingctx, x, y, z, w):
-                return typed(x, y, z, w)
-        else:
-            raise ValueError("wgmma: one to four arrays of registers")
-        return tied
+        if len(counts) >= len(_ARITIES):
+            raise ValueError(f"wgmma: at most {len(_ARITIES) - 1} arrays of registers")
+        return _ARITIES[len(counts)](typed)
+
+    # an intrinsic of 0 to 6 arrays (Numba's intrinsics take no *args)
+    _ARITIES = [lambda typed: intrinsic(lambda typingctx: typed()),
+                lambda typed: intrinsic(lambda typingctx, a: typed(a)),
+                lambda typed: intrinsic(lambda typingctx, a, b: typed(a, b)),
+                lambda typed: intrinsic(lambda typingctx, a, b, c: typed(a, b, c)),
+                lambda typed: intrinsic(lambda typingctx, a, b, c, d: typed(a, b, c, d)),
+                lambda typed: intrinsic(lambda typingctx, a, b, c, d, e: typed(a, b, c, d, e)),
+                lambda typed: intrinsic(lambda typingctx, a, b, c, d, e, f: typed(a, b, c, d, e,
+                                                                                 f))]
 
     @functools.cache
     def fence_for(*counts):
@@ -383,57 +408,121 @@ else:
 
         return types.void(), codegen
 
-    def _descriptor(context, builder, tiles_type, tiles, word_type, word, layout):
-        # the matrix descriptor of tiles[word]: its shared address, and the layout's constants
+    def _address_field(context, builder, tiles_type, tiles, word_type, word):
+        # the start-address field of a descriptor of tiles[word]: its shared address >> 4
         index = context.make_tuple(builder, types.UniTuple(word_type, 1), [word])
         address = shared_address(builder, _pointer(context, builder, tiles_type, tiles,
                                                    types.UniTuple(word_type, 1), index))
         start = builder.lshr(builder.and_(address, ir.Constant(I32, 0x3FFFF)), ir.Constant(I32, 4))
-        return builder.or_(builder.zext(start, I64), ir.Constant(I64, descriptor_high(layout)))
+        return builder.zext(start, I64)
+
+    @intrinsic
+    def shared_descriptor(typingctx, tiles, word):
+        """The address field of a descriptor of tiles[word] (an int64): a whole descriptor is
+        this | descriptor_high(layout), and a start 16 n bytes on is this + n."""
+        if not (isinstance(tiles, types.Array) and isinstance(word, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            return _address_field(context, builder, signature.args[0], args[0],
+                                  signature.args[1], args[1])
+
+        return types.int64(tiles, word), codegen
+
+    def _wgmma(n, a_layout, b_layout, scale_d=1):
+        """(emit, registers_a): emit(context, builder, acc_type, acc, inputs) issues one wgmma
+        of width n on acc, inputs the A words (registers_a) or descriptor, then B's; scale_d
+        1: D += A B, 0: D = A B."""
+        _check_layouts(n, a_layout, b_layout)
+        count = n // 2
+        registers = ", ".join(f"${i}" for i in range(count))
+        trans_b = int(b_layout.major == "MN")   # (0 K-major, 1 MN-major)
+        registers_a = a_layout.major == REGISTERS.major
+        # (scale-a, scale-b 1)
+        if registers_a:
+            code = (f"wgmma.mma_async.sync.aligned.m{M}n{n}k{K}.f32.bf16.bf16 {{{registers}}}, "
+                    f"{{${count}, ${count + 1}, ${count + 2}, ${count + 3}}}, ${count + 4}, "
+                    f"{int(scale_d)}, 1, 1, {trans_b};")
+            operands, kinds = ["r"] * 4 + ["l"], [I32] * 4 + [I64]
+        else:
+            trans_a = int(a_layout.major == "MN")
+            code = (f"wgmma.mma_async.sync.aligned.m{M}n{n}k{K}.f32.bf16.bf16 {{{registers}}}, "
+                    f"${count}, ${count + 1}, {int(scale_d)}, 1, 1, {trans_a}, {trans_b};")
+            operands, kinds = ["l", "l"], [I64, I64]
+        # (D = A B reads no accumulators: outputs only, so that acc's old values are not kept
+        # alive into it, nor moved into its registers, while another wgmma is in flight)
+        tied = [str(i) for i in range(count)] if scale_d else []
+        constraints = ",".join(["=f"] * count + operands + tied)
+
+        def emit(context, builder, acc_type, acc, inputs):
+            pointers, _ = _elements(context, builder, acc_type, acc, count)
+            values = [builder.load(p) for p in pointers] if scale_d else []
+            out = _asm(builder, code, constraints, inputs + values,
+                       kinds + [F32] * len(values), ir.LiteralStructType([F32] * count))
+            for i, p in enumerate(pointers):
+                builder.store(builder.extract_value(out, i), p)
+        return emit, registers_a
+
+    def _casts(context, builder, values, kinds, kind):
+        return [context.cast(builder, value, type_, kind) for value, type_ in zip(values, kinds)]
+
+    @functools.cache
+    def wgmma_by_descriptors(n, a_layout, b_layout, scale_d=1):
+        """The intrinsic multiply(acc, tiles, a_desc, b_desc) of one wgmma of width n whose
+        operands the kernel names by descriptors it made (shared_descriptor(tiles, word) |
+        descriptor_high(layout), + an offset); with a_layout REGISTERS, multiply(acc, a0, a1,
+        a2, a3, tiles, b_desc). `tiles` is the shared array they point into: the twin reads it,
+        the tensor cores read shared memory by address. scale_d 0: D = A B, acc's values
+        unread (a product's first k16 step: no instruction zeroes acc, which ptxas would count
+        as a write into a wgmma's registers while another wgmma is in flight)."""
+        emit, registers_a = _wgmma(n, a_layout, b_layout, scale_d)
+        if registers_a:
+            @intrinsic
+            def multiply_rs(typingctx, acc, a0, a1, a2, a3, tiles, b_desc):
+                _check_registers(acc)
+
+                def codegen(context, builder, signature, args):
+                    kinds = signature.args
+                    emit(context, builder, kinds[0], args[0],
+                         _casts(context, builder, args[1:5], kinds[1:5], types.uint32)
+                         + _casts(context, builder, args[6:7], kinds[6:7], types.int64))
+
+                return types.void(acc, a0, a1, a2, a3, tiles, b_desc), codegen
+            return multiply_rs
+
+        @intrinsic
+        def multiply(typingctx, acc, tiles, a_desc, b_desc):
+            _check_registers(acc)
+
+            def codegen(context, builder, signature, args):
+                kinds = signature.args
+                emit(context, builder, kinds[0], args[0],
+                     _casts(context, builder, args[2:4], kinds[2:4], types.int64))
+
+            return types.void(acc, tiles, a_desc, b_desc), codegen
+        return multiply
 
     @functools.cache
     def wgmma_m64nNk16(n, a_layout, b_layout):
         """The intrinsic multiply(acc, a_tiles, a_word, b_tiles, b_word) of one wgmma of width
         n, its descriptors built here from the words' shared addresses and the layouts'
         constants; with a_layout REGISTERS, multiply(acc, a0, a1, a2, a3, b_tiles, b_word)."""
-        _check_layouts(n, a_layout, b_layout)
-        count = n // 2
-        registers = ", ".join(f"${i}" for i in range(count))
-        trans_b = int(b_layout.major == "MN")   # (0 K-major, 1 MN-major)
-        # (scale-d 1: D += A B; scale-a, scale-b 1)
-        if a_layout.major == REGISTERS.major:
-            code = (f"wgmma.mma_async.sync.aligned.m{M}n{n}k{K}.f32.bf16.bf16 {{{registers}}}, "
-                    f"{{${count}, ${count + 1}, ${count + 2}, ${count + 3}}}, ${count + 4}, "
-                    f"1, 1, 1, {trans_b};")
-            operands = ["r"] * 4 + ["l"]
-        else:
-            trans_a = int(a_layout.major == "MN")
-            code = (f"wgmma.mma_async.sync.aligned.m{M}n{n}k{K}.f32.bf16.bf16 {{{registers}}}, "
-                    f"${count}, ${count + 1}, 1, 1, 1, {trans_a}, {trans_b};")
-            operands = ["l", "l"]
-        constraints = ",".join(["=f"] * count + operands + [str(i) for i in range(count)])
-        kinds = [I32] * 4 + [I64] if a_layout.major == REGISTERS.major else [I64, I64]
+        emit, registers_a = _wgmma(n, a_layout, b_layout)
 
-        def emit(context, builder, acc_type, acc, inputs):
-            pointers, _ = _elements(context, builder, acc_type, acc, count)
-            values = [builder.load(p) for p in pointers]
-            out = _asm(builder, code, constraints, inputs + values, kinds + [F32] * count,
-                       ir.LiteralStructType([F32] * count))
-            for i, p in enumerate(pointers):
-                builder.store(builder.extract_value(out, i), p)
+        def described(context, builder, kinds, args, layout):
+            field = _address_field(context, builder, kinds[0], args[0], kinds[1], args[1])
+            return builder.or_(field, ir.Constant(I64, descriptor_high(layout)))
 
-        if a_layout.major == REGISTERS.major:
+        if registers_a:
             @intrinsic
             def multiply_rs(typingctx, acc, a0, a1, a2, a3, b_tiles, b_word):
                 _check_registers(acc)
 
                 def codegen(context, builder, signature, args):
-                    kinds_in = signature.args
-                    words = [context.cast(builder, value, kind, types.uint32)
-                             for value, kind in zip(args[1:5], kinds_in[1:5])]
-                    b = _descriptor(context, builder, kinds_in[5], args[5], kinds_in[6], args[6],
-                                    b_layout)
-                    emit(context, builder, kinds_in[0], args[0], words + [b])
+                    kinds = signature.args
+                    emit(context, builder, kinds[0], args[0],
+                         _casts(context, builder, args[1:5], kinds[1:5], types.uint32)
+                         + [described(context, builder, kinds[5:7], args[5:7], b_layout)])
 
                 return types.void(acc, a0, a1, a2, a3, b_tiles, b_word), codegen
             return multiply_rs
@@ -443,12 +532,10 @@ else:
             _check_registers(acc)
 
             def codegen(context, builder, signature, args):
-                kinds_in = signature.args
-                a = _descriptor(context, builder, kinds_in[1], args[1], kinds_in[2], args[2],
-                                a_layout)
-                b = _descriptor(context, builder, kinds_in[3], args[3], kinds_in[4], args[4],
-                                b_layout)
-                emit(context, builder, kinds_in[0], args[0], [a, b])
+                kinds = signature.args
+                emit(context, builder, kinds[0], args[0],
+                     [described(context, builder, kinds[1:3], args[1:3], a_layout),
+                      described(context, builder, kinds[3:5], args[3:5], b_layout)])
 
             return types.void(acc, a_tiles, a_word, b_tiles, b_word), codegen
         return multiply

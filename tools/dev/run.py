@@ -45,7 +45,7 @@ takes, and not timed.
 
 Timing: CUDA events (numba.cuda.event) on the default stream, after warm-up (the first call
 compiles) and two seconds of the library's op to bring the clocks up; the median of --repeat
-timings. Each timing covers 5 calls queued behind one untimed call, so that the GPU runs
+timings. Each timing covers 5 calls queued behind ~6 ms of other work, so that the GPU runs
 them back to back and the host's launch overhead is not counted (what a CUDA-graph replay
 pays); calls over 20 ms are timed one at a time. CuPy and torch are imported only to time.
 
@@ -73,7 +73,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE.parent))           # (tools/: bench.py's timing)
 
 import numpy as np  # noqa: E402
-from bench import median_ms_per_call, warm_up_and_time_one  # noqa: E402
+from bench import keep_gpu_busy, median_ms_per_call, warm_up_and_time_one  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from nanoandrea.kernels.launch import SIMULATOR  # noqa: E402
@@ -424,11 +424,12 @@ def precompile_all(op, paths, shape):
 
 def gpu_ms(fn, repeat=10, calls=5):
     """Median milliseconds of one fn() on the GPU (see the module's doc): `calls` calls between
-    two CUDA events (one, for a call over 20 ms), each timing behind an untimed call that keeps
-    the GPU busy while the timed ones queue. The timing itself is tools/bench.py's."""
+    two CUDA events (one, for a call over 20 ms), each timing behind ~6 ms of matrix products
+    that keep the GPU busy while the timed calls queue, so that a launcher's host time (more
+    than a fast kernel's GPU time) is not what is timed. The timing itself is tools/bench.py's."""
     if warm_up_and_time_one(fn, warmup=1) > 0.02:       # (the first call compiles)
         calls = 1
-    return median_ms_per_call(fn, calls, repeat, before=fn)
+    return median_ms_per_call(fn, calls, repeat, before=lambda: keep_gpu_busy(6))
 
 
 def warm_up(fn, seconds=2.0):

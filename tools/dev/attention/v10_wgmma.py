@@ -1,26 +1,449 @@
 """wgmma: a warpgroup's [64, N] x [N, 16] products, P and dS as A from the registers.
-H200: not yet measured (predicted in docs/perf.md, "Attention on wgmma")
+H200 2026-12-03: fwd 0.090 ms (0.92x SDPA bf16), fwd+bwd 0.460 ms (0.77x) at [16,12,1024,64],
+q, k, v given in bf16; 0.029 / 0.156 ms (1.34x / 1.09x) at [64,12,256,32] (then the package's
+kernels: tools/bench.py --only attention --precision bf16, docs/runs/2026-12-03)
 
-The package's attention on Hopper (nanoandrea/kernels/attention_wgmma.py): v9's walk, each
-product one instruction for a warpgroup (4 warps, 128 threads) in place of a warp's mma.sync.
-The tensor cores read B straight from the shared tiles (no ldmatrix); the A of the second
-product of each pair, P or dS, comes from the registers the first product left its scores in.
-A block is one warpgroup and 64 rows; the streamed tiles are 64 rows of 128 bytes, and each
-serves two products through two descriptors (K-major for the scores, MN-major for O, dQ, dK,
-dV). Three kernels as before (forward, dq, dk/dv), no atomics.
-Here it runs as the ladder calls it: float32 q, k, v, dout, each call rounding them, no dropout.
+v9's walk (the package's mma.sync kernels), each product one instruction for a warpgroup (4
+warps, 128 threads) in place of a warp's mma.sync: kernels/wgmma.py's m64nNk16. The tensor cores
+read B straight from the shared tiles (no ldmatrix); the A of the second product of each pair,
+P or dS, comes from the registers the first product left its scores in (the RS form). A block
+is one warpgroup and 64 rows; the streamed tiles are 64 rows of 128 bytes, and each serves two
+products through two descriptors (K-major for the scores, MN-major for O, dQ, dK, dV). Each
+product's group of wgmma's is waited for before the next step: the tensor cores idle between
+them unless another block on the multiprocessor has work for them. Three kernels as before
+(forward, dq, dk/dv), no atomics, no dropout here. Here it runs as the ladder calls it: float32
+q, k, v, dout, each call rounding them (attention_bf16.heads_bf16).
 """
-import numpy as np
-from numba import cuda
+import math
 
-from nanoandrea.kernels.attention_bf16 import attention_backward_bf16, attention_forward_bf16
-from nanoandrea.kernels.attention_wgmma import HEAD_SIZES  # noqa: F401
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from nanoandrea.kernels import attention
+from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
+from nanoandrea.kernels.attention import NEG_INF, no_dropout
+from nanoandrea.kernels.attention_bf16 import heads_bf16
+from nanoandrea.kernels.attention_tiles import LOG2E, exp2_fast
+from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
+from nanoandrea.kernels.reduce import quad_max, quad_sum
+from nanoandrea.kernels.tensorcores import bf16_pair
+from nanoandrea.kernels.vector import flat, load2, store2
+from nanoandrea.kernels.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start,
+                                      dynamic_shared_words, fence_for, fence_proxy_async,
+                                      wait_for, wgmma_commit, wgmma_m64nNk16)
 
 PRECISION = "bf16"
+HEAD_SIZES = (32, 64)
+ROWS = 64                           # a block's own rows: wgmma's M, one warpgroup
+THREADS = 128
+COLS = 16 if SIMULATOR else 64      # a streamed tile's rows: the score products' N
+ROW_WORDS = 32                      # a staged row: 128 bytes, 8 chunks of 16 (D = 32: 4 used)
+OWN_WORDS = ROWS * ROW_WORDS        # one staged matrix of the block's own rows: 8 KB
+TILE_WORDS = COLS * ROW_WORDS       # one streamed tile
+NT = COLS // 8                      # n8 column groups of the scores
+S_ACC = COLS // 2                   # a thread's floats of the scores [64, COLS]
+STEPS = COLS // 16                  # k16 steps of a product over a streamed tile's rows
+FRAG_WORDS = 4 * STEPS              # a thread's A fragments of scores [64, COLS] in bf16
+TWO_TILES_ROWS = 2 * COLS           # dk/dv's -lse and delta of two stages of query tiles
+LN2 = float32(math.log(2.0))
+WAIT_ALL = wait_copies(0)
+MN_LAYOUT = MN_MAJOR(OWN_WORDS * 4)     # (one block of 64 columns: D <= 64; LBO unused)
+multiply_scores = wgmma_m64nNk16(COLS, K_MAJOR, K_MAJOR)
+
+
+def shared_bytes(own, streams):
+    """The dynamic shared memory of a kernel with `own` matrices of its rows and `streams`
+    streamed matrices two stages deep, from the first 1024-byte boundary on (atom_start)."""
+    return 4 * (own * OWN_WORDS + 2 * streams * TILE_WORDS) + ATOM_BYTES
+
+
+def tile_functions(D):
+    """The inlined device functions of the kernels for heads of D (32 or 64)."""
+    KD = D // 16                        # k16 steps along D: the score products'
+    O_ACC = D // 2                      # a thread's floats of a [64, D] product
+    DN = D // 8                         # its n8 column groups
+    G_WORDS, CHUNKS = D // 2, D // 8    # a row of x in device memory: words, 16-byte chunks
+    LOG_CHUNKS = CHUNKS.bit_length() - 1
+    multiply_rows = wgmma_m64nNk16(D, REGISTERS, MN_LAYOUT)
+
+    def copier(count):
+        COPIES = -(-count * CHUNKS // THREADS)      # a thread's 16-byte copies of `count` rows
+        EXACT = count * CHUNKS % THREADS == 0
+
+        @inlined
+        def copy_rows(words, at, x, bh, row0, T, tid):
+            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 words, flat) into
+            # words[at:] as swizzled rows of 128 bytes; zeros past row T
+            for r in range(COPIES):
+                c = int32(tid + r * THREADS)
+                if EXACT or c < count * CHUNKS:
+                    i, chunk = c >> LOG_CHUNKS, c & (CHUNKS - 1)
+                    inside = row0 + i < T
+                    src = uint32((bh * T + row0 + i) * G_WORDS + 4 * chunk) if inside else uint32(0)
+                    copy16_async(words, (at + i * ROW_WORDS + 4 * (chunk ^ (i & 7)),), x, (src,),
+                                 inside)
+        return copy_rows
+
+    @inlined
+    def zero(acc, count):
+        for e in range(count):
+            acc[e] = float32(0.0)
+
+    @inlined
+    def scores(acc, words, a_at, b_at):
+        # acc (+)= the rows at a_at [64, D] . those at b_at [COLS, D]^T: issued, not waited for
+        for kk in range(KD):
+            multiply_scores(acc, words, a_at + 8 * kk, words, b_at + 8 * kk)
+
+    @inlined
+    def fragments(frag, acc):
+        # frag = acc's scores [64, COLS] rounded to bf16 as A fragments, 4 words a k16 step
+        # (the module's doc: column groups 2s and 2s + 1 are step s)
+        for s in range(STEPS):
+            for r in range(4):
+                frag[4 * s + r] = bf16_pair(acc[8 * s + 2 * r], acc[8 * s + 2 * r + 1])
+
+    @inlined
+    def rows_product(acc, frag, words, b_at):
+        # acc [64, D] += frag [64, COLS] . the rows at b_at [COLS, D]: issued, not waited for
+        for s in range(STEPS):
+            multiply_rows(acc, frag[4 * s], frag[4 * s + 1], frag[4 * s + 2], frag[4 * s + 3],
+                          words, b_at + 16 * s * ROW_WORDS)
+
+    def masker(future):
+        @inlined
+        def mask(acc, limit):
+            # acc [S_ACC]: a thread's scores, acc[4j + e] at (row g + 8 (e >> 1), column 8 j +
+            # 2 t + (e & 1)) of its warp's 16 rows. limit = the lane's row g less its column 2 t
+            # (less the tile's offsets): a score's column less its row is a constant less limit.
+            # -inf where the column lies after the row (future: a key after its query) or
+            # before it (a query before its key, dk/dv's S^T); 32-bit compares
+            for j in range(NT):
+                for e in range(4):
+                    ahead = int32(8 * j + (e & 1) - 8 * (e >> 1))
+                    if (ahead > limit) if future else (ahead < limit):
+                        acc[4 * j + e] = NEG_INF
+        return mask
+
+    @inlined
+    def store_rows(x, acc, factor0, factor1, accumulate, b, h, wrow, T, lane):
+        # x[b, h, wrow + g (+ 8), :] (+)= acc [O_ACC] times factor0 (row g) or factor1 (g + 8):
+        # two floats a store
+        g, t = lane >> 2, lane & 3
+        for j in range(DN):
+            col = 8 * j + 2 * t
+            for half in range(2):
+                row = wrow + g + 8 * half
+                factor = factor0 if half == 0 else factor1
+                if row < T:
+                    y0 = acc[4 * j + 2 * half] * factor
+                    y1 = acc[4 * j + 2 * half + 1] * factor
+                    if accumulate:
+                        x0, x1 = load2(x, (b, h, row, col))
+                        y0 += x0
+                        y1 += x1
+                    store2(x, (b, h, row, col), y0, y1)
+
+    return dict(copy_own=copier(ROWS), copy_tile=copier(COLS), zero=zero, scores=scores,
+                fragments=fragments, rows_product=rows_product, mask_future=masker(True),
+                mask_past=masker(False), store_rows=store_rows, O_ACC=O_ACC)
+
+
+def bounds(blocks_per_sm):
+    return {} if SIMULATOR else dict(launch_bounds=(THREADS, blocks_per_sm))
+
+
+@kernel_factory
+def forward_kernel(D):
+    """The forward for heads of D."""
+    f = tile_functions(D)
+    copy_own, copy_tile, zero, scores = f["copy_own"], f["copy_tile"], f["zero"], f["scores"]
+    fragments, rows_product, mask_future = f["fragments"], f["rows_product"], f["mask_future"]
+    store_rows, O_ACC = f["store_rows"], f["O_ACC"]
+    factor = no_dropout
+    fence_s, wait_s = fence_for(S_ACC), wait_for(S_ACC)
+    fence_o, wait_o = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
+
+    @cuda.jit(**bounds(4))
+    def attention_forward_wgmma_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
+                                       site, threshold, keep):
+        # q, k, v: heads_bf16's words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
+        # keys) first; block THREADS; dynamic shared memory shared_bytes(1, 2): Q's rows, then
+        # two stages of a K tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
+        words = dynamic_shared_words()
+        first = atom_start(words)
+        s_acc = cuda.local.array(S_ACC, float32)
+        o_acc = cuda.local.array(O_ACC, float32)
+        p_frag = cuda.local.array(FRAG_WORDS, uint32)
+        q, k, v = flat(q_words), flat(k_words), flat(v_words)
+        H, T = out.shape[1], out.shape[2]
+        bh = cuda.blockIdx.x
+        b, h = bh // H, bh % H
+        row0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * ROWS
+        tid = cuda.threadIdx.x
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        wrow = row0 + 16 * warp                 # the warp's rows; the lane's: wrow + g (+ 8)
+        q_at = first
+        copy_own(words, q_at, q, bh, row0, T, tid)
+        copy_tile(words, first + OWN_WORDS, k, bh, 0, T, tid)
+        copy_tile(words, first + OWN_WORDS + TILE_WORDS, v, bh, 0, T, tid)
+        commit_copies()
+        zero(o_acc, O_ACC)
+        m0 = m1 = NEG_INF                       # each row's running max and sum (of this
+        l0 = l1 = float32(0.0)                  # lane's columns: summed over the quad at the end)
+        tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
+        for i in range(tiles):
+            n0 = i * COLS
+            k_at = first + OWN_WORDS + (i & 1) * 2 * TILE_WORDS
+            WAIT_ALL()                          # tile i has landed, for every thread, is
+            fence_proxy_async()                 # visible to wgmma, and everyone is done with
+            cuda.syncthreads()                  # tile i - 1's stage: tile i + 1 goes there
+            if i + 1 < tiles:
+                next_at = first + OWN_WORDS + ((i + 1) & 1) * 2 * TILE_WORDS
+                copy_tile(words, next_at, k, bh, n0 + COLS, T, tid)
+                copy_tile(words, next_at + TILE_WORDS, v, bh, n0 + COLS, T, tid)
+            commit_copies()
+            zero(s_acc, S_ACC)
+            fence_s(s_acc)
+            scores(s_acc, words, q_at, k_at)                        # S = Q K^T
+            wgmma_commit()
+            wait_s(s_acc)
+            if n0 + COLS > wrow + 1:            # (a key after a row of the warp's)
+                mask_future(s_acc, int32(wrow + g - n0 - 2 * t))
+            max0 = max1 = NEG_INF               # the rows' largest scores, unscaled (scale > 0)
+            for j in range(NT):
+                max0 = max(max0, max(s_acc[4 * j], s_acc[4 * j + 1]))
+                max1 = max(max1, max(s_acc[4 * j + 2], s_acc[4 * j + 3]))
+            new0 = max(m0, quad_max(max0) * scale_log2)
+            new1 = max(m1, quad_max(max1) * scale_log2)
+            shrink0, shrink1 = exp2_fast(m0 - new0), exp2_fast(m1 - new1)
+            m0, m1 = new0, new1
+            l0, l1 = l0 * shrink0, l1 * shrink1
+            for j in range(O_ACC // 4):
+                o_acc[4 * j] *= shrink0
+                o_acc[4 * j + 1] *= shrink0
+                o_acc[4 * j + 2] *= shrink1
+                o_acc[4 * j + 3] *= shrink1
+            for j in range(NT):
+                key = n0 + 8 * j + 2 * t
+                for e in range(4):
+                    query = wrow + g + 8 * (e >> 1)
+                    # (one FFMA and one MUFU a probability)
+                    p = exp2_fast(cuda.fma(s_acc[4 * j + e], scale_log2, -(m0 if e < 2 else m1)))
+                    if e < 2:
+                        l0 += p
+                    else:
+                        l1 += p
+                    s_acc[4 * j + e] = p * factor(seed, site, threshold, keep, b, h, query,
+                                                  key + (e & 1), H, T)
+            fragments(p_frag, s_acc)
+            fence_o(o_acc, p_frag)
+            rows_product(o_acc, p_frag, words, k_at + TILE_WORDS)   # O += P V
+            wgmma_commit()
+            wait_o(o_acc)
+        l0, l1 = quad_sum(l0), quad_sum(l1)
+        store_rows(out, o_acc, float32(1.0) / l0, float32(1.0) / l1, False, b, h, wrow, T, lane)
+        if t == 0:
+            if wrow + g < T:
+                lse[b, h, wrow + g] = (m0 + math.log2(l0)) * LN2
+            if wrow + g + 8 < T:
+                lse[b, h, wrow + g + 8] = (m1 + math.log2(l1)) * LN2
+
+    return attention_forward_wgmma_kernel
+
+
+@kernel_factory
+def dq_kernel(D):
+    """dq for heads of D: the forward's walk over the key tiles, P from lse."""
+    f = tile_functions(D)
+    copy_own, copy_tile, zero, scores = f["copy_own"], f["copy_tile"], f["zero"], f["scores"]
+    fragments, rows_product, mask_future = f["fragments"], f["rows_product"], f["mask_future"]
+    store_rows, O_ACC = f["store_rows"], f["O_ACC"]
+    factor = no_dropout
+    fence_s, wait_s = fence_for(S_ACC, S_ACC), wait_for(S_ACC, S_ACC)
+    fence_q, wait_q = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
+
+    @cuda.jit(**bounds(3))
+    def attention_dq_wgmma_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
+                                  scale_log2, scale, seed, site, threshold, keep, accumulate):
+        # dynamic shared memory shared_bytes(2, 2): Q's and dO's rows, then two stages of a K
+        # tile and a V tile
+        words = dynamic_shared_words()
+        first = atom_start(words)
+        s_acc = cuda.local.array(S_ACC, float32)
+        dp_acc = cuda.local.array(S_ACC, float32)
+        dq_acc = cuda.local.array(O_ACC, float32)
+        ds_frag = cuda.local.array(FRAG_WORDS, uint32)
+        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        H, T = dq.shape[1], dq.shape[2]
+        bh = cuda.blockIdx.x
+        b, h = bh // H, bh % H
+        row0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * ROWS
+        tid = cuda.threadIdx.x
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        wrow = row0 + 16 * warp
+        q_at, dout_at, tiles_at = first, first + OWN_WORDS, first + 2 * OWN_WORDS
+        copy_own(words, q_at, q, bh, row0, T, tid)
+        copy_own(words, dout_at, dout, bh, row0, T, tid)
+        copy_tile(words, tiles_at, k, bh, 0, T, tid)
+        copy_tile(words, tiles_at + TILE_WORDS, v, bh, 0, T, tid)
+        commit_copies()
+        # the lane's two rows' -lse (log2 units: P = 2^(S scale - lse), an FFMA's addend) and
+        # delta; rows past T: P = 0
+        neg_lse0 = -lse[b, h, wrow + g] * LOG2E if wrow + g < T else NEG_INF
+        neg_lse1 = -lse[b, h, wrow + g + 8] * LOG2E if wrow + g + 8 < T else NEG_INF
+        delta0 = delta[b, h, wrow + g] if wrow + g < T else float32(0.0)
+        delta1 = delta[b, h, wrow + g + 8] if wrow + g + 8 < T else float32(0.0)
+        zero(dq_acc, O_ACC)
+        tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
+        for i in range(tiles):
+            n0 = i * COLS
+            k_at = tiles_at + (i & 1) * 2 * TILE_WORDS
+            WAIT_ALL()
+            fence_proxy_async()
+            cuda.syncthreads()
+            if i + 1 < tiles:
+                next_at = tiles_at + ((i + 1) & 1) * 2 * TILE_WORDS
+                copy_tile(words, next_at, k, bh, n0 + COLS, T, tid)
+                copy_tile(words, next_at + TILE_WORDS, v, bh, n0 + COLS, T, tid)
+            commit_copies()
+            zero(s_acc, S_ACC)
+            zero(dp_acc, S_ACC)
+            fence_s(s_acc, dp_acc)
+            scores(s_acc, words, q_at, k_at)                        # S = Q K^T
+            scores(dp_acc, words, dout_at, k_at + TILE_WORDS)       # dP = dO V^T
+            wgmma_commit()
+            wait_s(s_acc, dp_acc)
+            if n0 + COLS > wrow + 1:
+                mask_future(s_acc, int32(wrow + g - n0 - 2 * t))
+            for j in range(NT):
+                key = n0 + 8 * j + 2 * t
+                for e in range(4):
+                    query = wrow + g + 8 * (e >> 1)
+                    p = exp2_fast(cuda.fma(s_acc[4 * j + e], scale_log2,
+                                           neg_lse0 if e < 2 else neg_lse1))
+                    gf = factor(seed, site, threshold, keep, b, h, query, key + (e & 1), H, T)
+                    s_acc[4 * j + e] = p * (gf * dp_acc[4 * j + e]
+                                            - (delta0 if e < 2 else delta1))
+            fragments(ds_frag, s_acc)
+            fence_q(dq_acc, ds_frag)
+            rows_product(dq_acc, ds_frag, words, k_at)              # dQ += dS K
+            wgmma_commit()
+            wait_q(dq_acc)
+        store_rows(dq, dq_acc, scale, scale, accumulate, b, h, wrow, T, lane)
+
+    return attention_dq_wgmma_kernel
+
+
+@kernel_factory
+def dkdv_kernel(D):
+    """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
+    f = tile_functions(D)
+    copy_own, copy_tile, zero, scores = f["copy_own"], f["copy_tile"], f["zero"], f["scores"]
+    fragments, rows_product, mask_past = f["fragments"], f["rows_product"], f["mask_past"]
+    store_rows, O_ACC = f["store_rows"], f["O_ACC"]
+    factor = no_dropout
+    fence_s, wait_s = fence_for(S_ACC, S_ACC), wait_for(S_ACC, S_ACC)
+    fence_kv, wait_kv = fence_for(O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS), wait_for(O_ACC, O_ACC)
+
+    @inlined
+    def stage_columns(neg_lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
+        # the query tile's -lse (log2 units; past T, -inf: P = 0) and delta into slot `at`
+        if tid < COLS:
+            neg_lse_tiles[at + tid] = -lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else NEG_INF
+            delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
+
+    @cuda.jit(**bounds(2))
+    def attention_dkdv_wgmma_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
+                                    scale_log2, scale, seed, site, threshold, keep, accumulate):
+        # grid (B*H, T/ROWS), the first key rows (the most queries) first; dynamic shared
+        # memory shared_bytes(2, 2): K's and V's rows, then two stages of a Q tile and a dO tile
+        words = dynamic_shared_words()
+        first = atom_start(words)
+        neg_lse_tiles = cuda.shared.array(TWO_TILES_ROWS, float32)
+        delta_tiles = cuda.shared.array(TWO_TILES_ROWS, float32)
+        st_acc = cuda.local.array(S_ACC, float32)
+        dpt_acc = cuda.local.array(S_ACC, float32)
+        dk_acc = cuda.local.array(O_ACC, float32)
+        dv_acc = cuda.local.array(O_ACC, float32)
+        p_frag = cuda.local.array(FRAG_WORDS, uint32)       # (P G)^T in bf16
+        ds_frag = cuda.local.array(FRAG_WORDS, uint32)      # dS^T
+        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        H, T = dk.shape[1], dk.shape[2]
+        bh = cuda.blockIdx.x
+        b, h = bh // H, bh % H
+        row0 = cuda.blockIdx.y * ROWS
+        tid = cuda.threadIdx.x
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        wrow = row0 + 16 * warp                 # the warp's key rows
+        k_at, v_at, tiles_at = first, first + OWN_WORDS, first + 2 * OWN_WORDS
+        copy_own(words, k_at, k, bh, row0, T, tid)
+        copy_own(words, v_at, v, bh, row0, T, tid)
+        copy_tile(words, tiles_at, q, bh, row0, T, tid)       # (row0 is a multiple of COLS:
+        copy_tile(words, tiles_at + TILE_WORDS, dout, bh, row0, T, tid)   # the diagonal's tile)
+        commit_copies()
+        stage_columns(neg_lse_tiles, delta_tiles, 0, lse, delta, b, h, row0, T, tid)
+        zero(dk_acc, O_ACC)
+        zero(dv_acc, O_ACC)
+        tiles = (T - row0 + COLS - 1) // COLS
+        for i in range(tiles):
+            n0 = row0 + i * COLS
+            q_at = tiles_at + (i & 1) * 2 * TILE_WORDS
+            columns = (i & 1) * COLS
+            WAIT_ALL()
+            fence_proxy_async()
+            cuda.syncthreads()
+            if i + 1 < tiles:
+                next_at = tiles_at + ((i + 1) & 1) * 2 * TILE_WORDS
+                copy_tile(words, next_at, q, bh, n0 + COLS, T, tid)
+                copy_tile(words, next_at + TILE_WORDS, dout, bh, n0 + COLS, T, tid)
+                stage_columns(neg_lse_tiles, delta_tiles, ((i + 1) & 1) * COLS, lse, delta, b,
+                              h, n0 + COLS, T, tid)
+            commit_copies()
+            zero(st_acc, S_ACC)
+            zero(dpt_acc, S_ACC)
+            fence_s(st_acc, dpt_acc)
+            scores(st_acc, words, k_at, q_at)                       # S^T = K Q^T
+            scores(dpt_acc, words, v_at, q_at + TILE_WORDS)         # dP^T = V dO^T
+            wgmma_commit()
+            wait_s(st_acc, dpt_acc)
+            if n0 < wrow + 16:                  # (a query before a key of the warp's)
+                mask_past(st_acc, int32(wrow + g - n0 - 2 * t))
+            for j in range(NT):                 # P^T, then dS^T and (P G)^T: two loops,
+                for e in range(4):              # each short enough to be unrolled whole
+                    c = columns + 8 * j + 2 * t + (e & 1)       # (the query's slot)
+                    st_acc[4 * j + e] = exp2_fast(cuda.fma(st_acc[4 * j + e], scale_log2,
+                                                           neg_lse_tiles[c]))
+            for j in range(NT):
+                for e in range(4):
+                    c = 8 * j + 2 * t + (e & 1)                 # the query's column in the tile
+                    gf = factor(seed, site, threshold, keep, b, h, n0 + c, wrow + g + 8 * (e >> 1),
+                                H, T)
+                    p = st_acc[4 * j + e]
+                    dpt_acc[4 * j + e] = p * (gf * dpt_acc[4 * j + e] - delta_tiles[columns + c])
+                    st_acc[4 * j + e] = p * gf
+            fragments(p_frag, st_acc)
+            fragments(ds_frag, dpt_acc)
+            fence_kv(dv_acc, dk_acc, p_frag, ds_frag)
+            rows_product(dv_acc, p_frag, words, q_at + TILE_WORDS)  # dV += (P G)^T dO
+            rows_product(dk_acc, ds_frag, words, q_at)              # dK += dS^T Q
+            wgmma_commit()
+            wait_kv(dv_acc, dk_acc)
+        store_rows(dk, dk_acc, scale, scale, accumulate, b, h, wrow, T, lane)
+        store_rows(dv, dv_acc, float32(1.0), float32(1.0), accumulate, b, h, wrow, T, lane)
+
+    return attention_dkdv_wgmma_kernel
 
 
 def forward(out, lse, q, k, v):
-    attention_forward_bf16(out, lse, q, k, v, kernel="wgmma")
+    B, H, T, D = q.shape
+    words = [heads_bf16(x).words for x in (q, k, v)]
+    launch(forward_kernel(D), (B * H, blocks(T, ROWS)), THREADS, out, lse, *words,
+           np.float32(LOG2E / math.sqrt(D)), *attention.dropout_arguments(0.0, None, 0),
+           shared_bytes=shared_bytes(1, 2))
 
 
 _deltas = {}
@@ -30,5 +453,13 @@ def backward(dq, dk, dv, dout, q, k, v, out, lse):
     B, H, T, D = q.shape
     if (B, H, T) not in _deltas:      # (delta_i = dout_i . out_i, the backward's scratch)
         _deltas[B, H, T] = cuda.device_array((B, H, T), np.float32)
-    attention_backward_bf16(dq, dk, dv, _deltas[B, H, T], dout, q, k, v, out, lse,
-                            kernel="wgmma")
+    delta = _deltas[B, H, T]
+    attention.attention_delta(delta, dout, out)
+    words = [heads_bf16(x).words for x in (dout, q, k, v)]
+    scale = np.float32(1.0 / math.sqrt(D))
+    drop = attention.dropout_arguments(0.0, None, 0)
+    grid = (B * H, blocks(T, ROWS))
+    launch(dq_kernel(D), grid, THREADS, dq, *words, lse, delta, np.float32(LOG2E * scale),
+           scale, *drop, False, shared_bytes=shared_bytes(2, 2))
+    launch(dkdv_kernel(D), grid, THREADS, dk, dv, *words, lse, delta,
+           np.float32(LOG2E * scale), scale, *drop, False, shared_bytes=shared_bytes(2, 2))
