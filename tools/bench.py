@@ -473,6 +473,7 @@ def e2e_cases(args):
             step = TrainStep(model, optimizer, B, T, train=False, cuda_graph=graph,
                              second_stream=second_stream)
             return lambda: step([batch], [0], 1e-4)
+        ours.model = model                      # (the products section records its matmuls)
         tidx, ttargets = (torch.as_tensor(a, device="cuda").long() for a in (idx, targets))
         autocast = torch.autocast("cuda", dtype=torch.bfloat16,
                                   enabled=args.precision == "bf16")
@@ -578,6 +579,80 @@ def bench_profile(args):
             for name, (count, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:args.top]:
                 print(f"  {name:60s} {count // steps:4d}/step {ms / steps:8.3f} ms "
                       f"{1e3 * ms / count:9.1f} us each {100 * ms / total:5.1f}%")
+
+
+def bench_products(args):
+    """The matrix products of one training step as the step makes them (shapes, orientations,
+    epilogues, accumulation and split-K as the model's linear layers ask: an eager step's
+    backend.matmul calls, recorded), each timed on its own and summed, beside cuBLAS bf16 (torch)
+    on the same bf16 operands in the same orientation with bf16 out, what autocast runs (its
+    GELU, bias gradients and the like are kernels of their own there, not counted). The
+    isolated products of `--only matmul` are in the forward's orientation and plain; these
+    say where the step's product time goes."""
+    import torch
+    if args.precision != "bf16":
+        print("products: bf16 only (--precision bf16)")
+        return
+    for preset, B, T, config, ours, baselines in e2e_cases(args):
+        step = ours(False)
+        step()                                  # (compiled, warm)
+        calls = []
+
+        def recorded(out, a, b, bias=None, **flags):
+            calls.append((out, a, b, bias, flags))
+            backend_matmul(out, a, b, bias, **flags)
+        from nanoandrea.kernels import matmul_bf16
+        backend = ours.model.backend
+        backend_matmul = backend.matmul
+        backend.matmul = recorded
+        try:
+            step()
+        finally:
+            backend.matmul = backend_matmul
+        cuda.synchronize()
+        groups = {}                             # signature -> (count, first call)
+        for out, a, b, bias, flags in calls:
+            ta, tb = flags.get("transpose_a", False), flags.get("transpose_b", False)
+            epilogue = ("gelu" if flags.get("gelu_out") is not None else "gelu'" if
+                        flags.get("gelu_input") is not None else "")
+            key = (tuple(out.shape), tuple(a.shape), tuple(b.shape), ta, tb, bias is not None,
+                   bool(flags.get("accumulate")), epilogue)
+            count, first = groups.get(key, (0, None))
+            groups[key] = (count + 1, first or (out, a, b, bias, flags))
+
+        def as_torch(x):                         # a Bf16Matrix as a bf16 tensor [R, C]
+            t = torch.as_tensor(x.words, device="cuda").view(torch.bfloat16)
+            return t[:, :x.shape[1]]
+        print(f"products: {preset} B={B} T={T}, {len(calls)} a step in {len(groups)} kinds, "
+              f"each timed alone (ours: out float32; cuBLAS bf16: out bf16, same orientation)")
+        ours_total = theirs_total = 0.0
+        for key, (count, (out, a, b, bias, flags)) in sorted(
+                groups.items(), key=lambda kv: -kv[1][0] * np.prod(kv[0][0])):
+            ta, tb = key[3], key[4]
+            A, Bm = (x if isinstance(x, matmul_bf16.Bf16Matrix) else matmul_bf16.rounded(x)
+                     for x in (a, b))
+            ta_t, tb_t = as_torch(A), as_torch(Bm)
+            opa = ta_t.t() if ta else ta_t
+            opb = tb_t.t() if tb else tb_t
+            M, K = opa.shape
+            N = opb.shape[1]
+            bias_t = torch.as_tensor(bias, device="cuda").bfloat16() if bias is not None else None
+
+            def theirs(opa=opa, opb=opb, bias_t=bias_t):
+                return torch.addmm(bias_t, opa, opb) if bias_t is not None else opa @ opb
+
+            def mine(out=out, a=a, b=b, bias=bias, flags=flags):
+                backend_matmul(out, a, b, bias, **flags)
+            mine_ms, theirs_ms = kernel_ms(mine, args), kernel_ms(theirs, args)
+            ours_total += count * mine_ms
+            theirs_total += count * theirs_ms
+            name = (f"{count:3d} x {M}x{N}x{K} {'T' if ta else 'N'}{'T' if tb else 'N'}"
+                    f"{' +bias' if key[5] else ''}{' +=' if key[6] else ''}"
+                    f"{' ' + key[7] if key[7] else ''}")
+            row("products", f"{preset} {name}", mine_ms, 2.0 * M * N * K, "TFLOP/s", theirs_ms,
+                "cuBLAS bf16", f"(cuBLAS {2.0 * M * N * K / theirs_ms / 1e9:.0f} TFLOP/s)")
+        row("products", f"{preset} all {len(calls)} of a step, summed", ours_total, None, "",
+            theirs_total, "cuBLAS bf16")
 
 
 def mfu(flops, ms, precision="fp32"):
@@ -850,6 +925,7 @@ def replay_time_ms(model, prompt, replays, ops, no_grad, CachedDecoder):
 
 
 SECTIONS = {"matmul": bench_matmul, "attention": bench_attention, "small": bench_small,
+            "products": bench_products,
             "e2e": bench_e2e, "profile": bench_profile, "train": bench_train,
             "sample": bench_sample}
 

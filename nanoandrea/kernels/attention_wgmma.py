@@ -213,12 +213,15 @@ def forward_kernel(D, dropout):
     fence_o, wait_o = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
 
     @inlined
-    def tile_step(i, diagonal, tiles, words, q_desc, k_desc, v_desc, tiles_at, k, v, start, T,
-                  s_acc, o_acc, p_frag, m0, m1, l0, l1, wrow, g, t, scale_log2, seed, site,
-                  threshold, keep, b, h, H):
+    def tile_step(i, diagonal, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc, o_acc,
+                  p_frag, m0, m1, l0, l1, lane_rows, scale_log2, drop):
         # key tile i: S = Q K^T, the online softmax, O += P V (issued; waited for with the next
         # tile's S). diagonal (a constant): the tile crosses the diagonal, and its keys after a
-        # query are masked. Returns the rows' new running max and sum
+        # query are masked. Returns the rows' new running max and sum. (Arguments in tuples:
+        # a call of over 30 is made from a tuple, which Numba's inliner does not take)
+        q_desc, k_desc, v_desc = descriptors
+        b, h, H, wrow, g, t = lane_rows
+        seed, site, threshold, keep = drop
         n0 = i * COLS
         stage = i & 1
         WAIT_ALL()                              # tile i has landed, for every thread, and is
@@ -305,17 +308,17 @@ def forward_kernel(D, dropout):
         m0 = m1 = NEG_INF                       # each row's running max and sum (of this
         l0 = l1 = float32(0.0)                  # lane's columns: summed over the quad at the end)
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
+        descriptors = (q_desc, k_desc, v_desc)
+        lane_rows, drop = (b, h, H, wrow, g, t), (seed, site, threshold, keep)
         past = row0 // COLS                     # the tiles before the diagonal's, then those
         for i in range(past):                   # crossing it
-            m0, m1, l0, l1 = tile_step(i, False, tiles, words, q_desc, k_desc, v_desc,
-                                       tiles_at, k, v, start, T, s_acc, o_acc, p_frag, m0, m1,
-                                       l0, l1, wrow, g, t, scale_log2, seed, site, threshold,
-                                       keep, b, h, H)
+            m0, m1, l0, l1 = tile_step(i, False, tiles, words, descriptors, tiles_at, k, v,
+                                       start, T, s_acc, o_acc, p_frag, m0, m1, l0, l1,
+                                       lane_rows, scale_log2, drop)
         for i in range(past, tiles):
-            m0, m1, l0, l1 = tile_step(i, True, tiles, words, q_desc, k_desc, v_desc, tiles_at,
-                                       k, v, start, T, s_acc, o_acc, p_frag, m0, m1, l0, l1,
-                                       wrow, g, t, scale_log2, seed, site, threshold, keep, b,
-                                       h, H)
+            m0, m1, l0, l1 = tile_step(i, True, tiles, words, descriptors, tiles_at, k, v,
+                                       start, T, s_acc, o_acc, p_frag, m0, m1, l0, l1,
+                                       lane_rows, scale_log2, drop)
         wait_o(o_acc)
         l0, l1 = quad_sum(l0), quad_sum(l1)
         store_rows(out, o_acc, float32(1.0) / l0, float32(1.0) / l1, False, b, h, wrow, T, lane)
@@ -340,11 +343,14 @@ def dq_kernel(D, dropout):
     fence_q, wait_q = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
 
     @inlined
-    def tile_step(i, diagonal, tiles, words, q_desc, dout_desc, k_desc, v_desc, k_rows_desc,
-                  tiles_at, k, v, start, T, s_acc, dp_acc, dq_acc, ds_frag, neg_lse0, neg_lse1,
-                  delta0, delta1, wrow, g, t, scale_log2, seed, site, threshold, keep, b, h, H):
+    def tile_step(i, diagonal, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc,
+                  dp_acc, dq_acc, ds_frag, rows, lane_rows, scale_log2, drop):
         # key tile i: S = Q K^T, dP = dO V^T, dS, dQ += dS K (issued; waited for with the next
         # tile's S). diagonal (a constant): the tile crosses the diagonal
+        q_desc, dout_desc, k_desc, v_desc, k_rows_desc = descriptors
+        neg_lse0, neg_lse1, delta0, delta1 = rows
+        b, h, H, wrow, g, t = lane_rows
+        seed, site, threshold, keep = drop
         n0 = i * COLS
         stage = i & 1
         WAIT_ALL()
@@ -417,17 +423,16 @@ def dq_kernel(D, dropout):
         delta1 = delta[b, h, wrow + g + 8] if wrow + g + 8 < T else float32(0.0)
         zero(dq_acc, O_ACC)
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
+        descriptors = (q_desc, dout_desc, k_desc, v_desc, k_rows_desc)
+        rows = (neg_lse0, neg_lse1, delta0, delta1)
+        lane_rows, drop = (b, h, H, wrow, g, t), (seed, site, threshold, keep)
         past = row0 // COLS                     # the tiles before the diagonal's, then those
         for i in range(past):                   # crossing it
-            tile_step(i, False, tiles, words, q_desc, dout_desc, k_desc, v_desc, k_rows_desc,
-                      tiles_at, k, v, start, T, s_acc, dp_acc, dq_acc, ds_frag, neg_lse0,
-                      neg_lse1, delta0, delta1, wrow, g, t, scale_log2, seed, site, threshold,
-                      keep, b, h, H)
+            tile_step(i, False, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc,
+                      dp_acc, dq_acc, ds_frag, rows, lane_rows, scale_log2, drop)
         for i in range(past, tiles):
-            tile_step(i, True, tiles, words, q_desc, dout_desc, k_desc, v_desc, k_rows_desc,
-                      tiles_at, k, v, start, T, s_acc, dp_acc, dq_acc, ds_frag, neg_lse0,
-                      neg_lse1, delta0, delta1, wrow, g, t, scale_log2, seed, site, threshold,
-                      keep, b, h, H)
+            tile_step(i, True, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc,
+                      dp_acc, dq_acc, ds_frag, rows, lane_rows, scale_log2, drop)
         wait_q(dq_acc)
         store_rows(dq, dq_acc, scale, scale, accumulate, b, h, wrow, T, lane)
 
@@ -454,13 +459,17 @@ def dkdv_kernel(D, dropout):
             delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
 
     @inlined
-    def tile_step(i, diagonal, tiles, row0, words, k_desc, v_desc, q_desc, dout_desc,
-                  q_rows_desc, dout_rows_desc, tiles_at, q, dout, start, T, neg_lse_tiles,
-                  delta_tiles, lse, delta, st_acc, dpt_acc, dk_acc, dv_acc, p_frag, ds_frag,
-                  wrow, g, t, tid, scale_log2, seed, site, threshold, keep, b, h, H):
+    def tile_step(i, diagonal, tiles, row0, words, descriptors, tiles_at, q, dout, start, T,
+                  columns_at, lse, delta, accumulators, p_frag, ds_frag, lane_rows, tid,
+                  scale_log2, drop):
         # query tile i: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, dV += (P G)^T dO, dK += dS^T Q
         # (issued; waited for with the next tile's S^T). diagonal (a constant): the tile crosses
         # the diagonal, and its queries before a key are masked
+        k_desc, v_desc, q_desc, dout_desc, q_rows_desc, dout_rows_desc = descriptors
+        neg_lse_tiles, delta_tiles = columns_at
+        st_acc, dpt_acc, dk_acc, dv_acc = accumulators
+        b, h, H, wrow, g, t = lane_rows
+        seed, site, threshold, keep = drop
         n0 = row0 + i * COLS
         stage = i & 1
         columns = stage * COLS
@@ -543,17 +552,18 @@ def dkdv_kernel(D, dropout):
         zero(dk_acc, O_ACC)
         zero(dv_acc, O_ACC)
         tiles = (T - row0 + COLS - 1) // COLS
+        descriptors = (k_desc, v_desc, q_desc, dout_desc, q_rows_desc, dout_rows_desc)
+        columns_at, accumulators = (neg_lse_tiles, delta_tiles), (st_acc, dpt_acc, dk_acc, dv_acc)
+        lane_rows, drop = (b, h, H, wrow, g, t), (seed, site, threshold, keep)
         crossing = min(tiles, ROWS // COLS)     # the tiles crossing the diagonal, then the rest
         for i in range(crossing):
-            tile_step(i, True, tiles, row0, words, k_desc, v_desc, q_desc, dout_desc,
-                      q_rows_desc, dout_rows_desc, tiles_at, q, dout, start, T, neg_lse_tiles,
-                      delta_tiles, lse, delta, st_acc, dpt_acc, dk_acc, dv_acc, p_frag, ds_frag,
-                      wrow, g, t, tid, scale_log2, seed, site, threshold, keep, b, h, H)
+            tile_step(i, True, tiles, row0, words, descriptors, tiles_at, q, dout, start, T,
+                      columns_at, lse, delta, accumulators, p_frag, ds_frag, lane_rows, tid,
+                      scale_log2, drop)
         for i in range(crossing, tiles):
-            tile_step(i, False, tiles, row0, words, k_desc, v_desc, q_desc, dout_desc,
-                      q_rows_desc, dout_rows_desc, tiles_at, q, dout, start, T, neg_lse_tiles,
-                      delta_tiles, lse, delta, st_acc, dpt_acc, dk_acc, dv_acc, p_frag, ds_frag,
-                      wrow, g, t, tid, scale_log2, seed, site, threshold, keep, b, h, H)
+            tile_step(i, False, tiles, row0, words, descriptors, tiles_at, q, dout, start, T,
+                      columns_at, lse, delta, accumulators, p_frag, ds_frag, lane_rows, tid,
+                      scale_log2, drop)
         wait_kv(dv_acc, dk_acc)
         store_rows(dk, dk_acc, scale, scale, accumulate, b, h, wrow, T, lane)
         store_rows(dv, dv_acc, float32(1.0), float32(1.0), accumulate, b, h, wrow, T, lane)
