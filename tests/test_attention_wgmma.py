@@ -50,3 +50,24 @@ def test_attention_bf16_takes_wgmma_on_hopper(rng, monkeypatch):
         results.append([x.copy_to_host() for x in (out, lse, *grads)])
     for got, want in zip(*results):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(not GPU, reason="a property of the H200's tensor cores, not of the twins")
+@pytest.mark.parametrize("D", attention_wgmma.HEAD_SIZES)
+def test_attention_wgmma_equals_mma_sync_to_the_bit(rng, D):
+    """The wgmma kernels and attention_bf16's mma.sync ones do the same arithmetic in the same
+    order (k16 steps in turn, the same softmax), and on the H200 the two instructions round a
+    k16 step's sums alike: every output is the same to the bit. (The default recipe's losses
+    with either were the same at every logged step: docs/perf.md.)"""
+    B, H, T = 2, 3, 300
+    q, k, v, dout = (device(rng.standard_normal((B, H, T, D))) for _ in range(4))
+    results = []
+    for kernel in ("mma", "wgmma"):
+        out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
+        attention_bf16.attention_forward_bf16(out, lse, q, k, v, kernel=kernel)
+        grads = [poisoned((B, H, T, D)) for _ in range(3)]
+        attention_bf16.attention_backward_bf16(*grads, poisoned((B, H, T)), dout, q, k, v, out,
+                                               lse, kernel=kernel)
+        results.append([x.copy_to_host() for x in (out, lse, *grads)])
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got, want)
