@@ -263,26 +263,6 @@ if SIMULATOR:
         return multiply
 
     @functools.cache
-    def wgmma_m64nNk16(n, a_layout, b_layout):
-        """The twin of one wgmma of width n with operands in these layouts at tiles' words:
-        their shared addresses (word SIMULATED_START at address 0) made into descriptors."""
-        by_descriptors = wgmma_by_descriptors(n, a_layout, b_layout)
-        b_bits = descriptor_high(b_layout)
-        if a_layout.major == REGISTERS.major:
-            @cuda.jit(device=True)
-            def multiply_rs(acc, a0, a1, a2, a3, b_tiles, b_word):
-                by_descriptors(acc, a0, a1, a2, a3, b_tiles,
-                               shared_descriptor(b_tiles, b_word) | b_bits)
-            return multiply_rs
-        a_bits = descriptor_high(a_layout)
-
-        @cuda.jit(device=True)
-        def multiply(acc, a_tiles, a_word, b_tiles, b_word):
-            by_descriptors(acc, a_tiles, shared_descriptor(a_tiles, a_word) | a_bits,
-                           shared_descriptor(b_tiles, b_word) | b_bits)
-        return multiply
-
-    @functools.cache
     def _nothing(counts, pending=0):
         def nothing(*arrays):
             pass
@@ -502,43 +482,27 @@ else:
             return types.void(acc, tiles, a_desc, b_desc), codegen
         return multiply
 
-    @functools.cache
-    def wgmma_m64nNk16(n, a_layout, b_layout):
-        """The intrinsic multiply(acc, a_tiles, a_word, b_tiles, b_word) of one wgmma of width
-        n, its descriptors built here from the words' shared addresses and the layouts'
-        constants; with a_layout REGISTERS, multiply(acc, a0, a1, a2, a3, b_tiles, b_word)."""
-        emit, registers_a = _wgmma(n, a_layout, b_layout)
+@functools.cache
+def wgmma_m64nNk16(n, a_layout, b_layout):
+    """multiply(acc, a_tiles, a_word, b_tiles, b_word): one wgmma of width n with operands in
+    these layouts at the shared arrays' words, their descriptors made of the words' shared
+    addresses and the layouts' bits (wgmma_by_descriptors); with a_layout REGISTERS,
+    multiply(acc, a0, a1, a2, a3, b_tiles, b_word)."""
+    by_descriptors = wgmma_by_descriptors(n, a_layout, b_layout)
+    b_bits = descriptor_high(b_layout)
+    if a_layout.major == REGISTERS.major:
+        @inlined_by_numba
+        def multiply_rs(acc, a0, a1, a2, a3, b_tiles, b_word):
+            by_descriptors(acc, a0, a1, a2, a3, b_tiles,
+                           shared_descriptor(b_tiles, b_word) | b_bits)
+        return multiply_rs
+    a_bits = descriptor_high(a_layout)
 
-        def described(context, builder, kinds, args, layout):
-            field = _address_field(context, builder, kinds[0], args[0], kinds[1], args[1])
-            return builder.or_(field, ir.Constant(I64, descriptor_high(layout)))
-
-        if registers_a:
-            @intrinsic
-            def multiply_rs(typingctx, acc, a0, a1, a2, a3, b_tiles, b_word):
-                _check_registers(acc)
-
-                def codegen(context, builder, signature, args):
-                    kinds = signature.args
-                    emit(context, builder, kinds[0], args[0],
-                         _casts(context, builder, args[1:5], kinds[1:5], types.uint32)
-                         + [described(context, builder, kinds[5:7], args[5:7], b_layout)])
-
-                return types.void(acc, a0, a1, a2, a3, b_tiles, b_word), codegen
-            return multiply_rs
-
-        @intrinsic
-        def multiply(typingctx, acc, a_tiles, a_word, b_tiles, b_word):
-            _check_registers(acc)
-
-            def codegen(context, builder, signature, args):
-                kinds = signature.args
-                emit(context, builder, kinds[0], args[0],
-                     [described(context, builder, kinds[1:3], args[1:3], a_layout),
-                      described(context, builder, kinds[3:5], args[3:5], b_layout)])
-
-            return types.void(acc, a_tiles, a_word, b_tiles, b_word), codegen
-        return multiply
+    @inlined_by_numba
+    def multiply(acc, a_tiles, a_word, b_tiles, b_word):
+        by_descriptors(acc, a_tiles, shared_descriptor(a_tiles, a_word) | a_bits,
+                       shared_descriptor(b_tiles, b_word) | b_bits)
+    return multiply
 
 
 def wgmma_m64n128k16(a_layout, b_layout):
