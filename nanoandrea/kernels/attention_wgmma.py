@@ -63,30 +63,30 @@ ROWS = 64                           # a block's own rows: wgmma's M, one warpgro
 THREADS = 128
 COLS = 16 if SIMULATOR else 64      # a streamed tile's rows: the score products' N
 ROW_WORDS = 32                      # a staged row: 128 bytes, 8 chunks of 16 (D = 32: 4 used)
+OWN_WORDS = ROWS * ROW_WORDS        # one staged matrix of the block's own rows: 8 KB
 TILE_WORDS = COLS * ROW_WORDS       # one streamed tile
 NT = COLS // 8                      # n8 column groups of the scores
 S_ACC = COLS // 2                   # a thread's floats of the scores [64, COLS]
 STEPS = COLS // 16                  # k16 steps of a product over a streamed tile's rows
 FRAG_WORDS = 4 * STEPS              # a thread's A fragments of scores [64, COLS] in bf16
-ROW_FRAG_WORDS = 4 * 4              # ... of the block's own rows [64, D], D <= 64: the scores' A
 TWO_TILES_ROWS = 2 * COLS           # dk/dv's -lse and delta of two stages of query tiles
 LN2 = float32(math.log(2.0))
 WAIT_ALL = wait_copies(0)
 # Descriptors (kernels/wgmma.py): a start-address field in 16-byte units | a layout's bits. A
 # k16 step along a row is 32 bytes on (2 units), one down a tile's rows 16 rows of 128 bytes
 # (128 units); the two stages of streamed tiles are STAGE_UNITS apart
-MN_LAYOUT = MN_MAJOR(4 * TILE_WORDS)    # (one block of 64 columns: D <= 64; LBO unused)
+MN_LAYOUT = MN_MAJOR(OWN_WORDS * 4)     # (one block of 64 columns: D <= 64; LBO unused)
 K_BITS, MN_BITS = descriptor_high(K_MAJOR), descriptor_high(MN_LAYOUT)
 ALONG, DOWN = 2, 128
 TILE_UNITS, STAGE_UNITS = TILE_WORDS // 4, 2 * TILE_WORDS // 4
-multiply_scores = wgmma_by_descriptors(COLS, REGISTERS, K_MAJOR)
-first_scores = wgmma_by_descriptors(COLS, REGISTERS, K_MAJOR, scale_d=0)  # (D = A B)
+multiply_scores = wgmma_by_descriptors(COLS, K_MAJOR, K_MAJOR)
+first_scores = wgmma_by_descriptors(COLS, K_MAJOR, K_MAJOR, scale_d=0)    # (D = A B)
 
 
-def shared_bytes(streams):
-    """The dynamic shared memory of a kernel with `streams` streamed matrices two stages deep,
-    from the first 1024-byte boundary on (atom_start)."""
-    return 4 * 2 * streams * TILE_WORDS + ATOM_BYTES
+def shared_bytes(own, streams):
+    """The dynamic shared memory of a kernel with `own` matrices of its rows and `streams`
+    streamed matrices two stages deep, from the first 1024-byte boundary on (atom_start)."""
+    return 4 * (own * OWN_WORDS + 2 * streams * TILE_WORDS) + ATOM_BYTES
 
 
 def tile_functions(D):
@@ -133,25 +133,13 @@ def tile_functions(D):
             acc[e] = float32(0.0)
 
     @inlined
-    def load_rows(frag, x, bh, wrow, T, lane):
-        # frag = the A fragments of x[bh, wrow : wrow + 16] (the heads' bf16 words, flat; the
-        # warp's 16 rows of the block's 64), 4 words a k16 step along D; zeros past row T
-        g, t = lane >> 2, lane & 3
-        for s in range(KD):
-            for r in range(4):
-                row = wrow + g + 8 * (r & 1)
-                word = 8 * s + t + 4 * (r >> 1)
-                frag[4 * s + r] = x[(bh * T + row) * G_WORDS + word] if row < T else uint32(0)
-
-    @inlined
-    def scores(acc, frag, words, b_desc):
-        # acc = the rows frag holds [64, D] . those b_desc names [COLS, D]^T (a K-major
-        # descriptor): issued, not waited for. The first step overwrites acc: it is never
+    def scores(acc, words, a_desc, b_desc):
+        # acc = the rows a_desc names [64, D] . those b_desc names [COLS, D]^T (both K-major
+        # descriptors): issued, not waited for. The first step overwrites acc: it is never
         # zeroed by an instruction of its own (wgmma.py's wgmma_by_descriptors)
-        first_scores(acc, frag[0], frag[1], frag[2], frag[3], words, b_desc)
+        first_scores(acc, words, a_desc, b_desc)
         for kk in range(1, KD):
-            multiply_scores(acc, frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2],
-                            frag[4 * kk + 3], words, b_desc + ALONG * kk)
+            multiply_scores(acc, words, a_desc + ALONG * kk, b_desc + ALONG * kk)
 
     @inlined
     def fragments(frag, acc):
@@ -203,7 +191,7 @@ def tile_functions(D):
                         y1 += x1
                     store2(x, (b, h, row, col), y0, y1)
 
-    return dict(copy_start=copy_start, copy_tile=copier(COLS), load_rows=load_rows,
+    return dict(copy_start=copy_start, copy_own=copier(ROWS), copy_tile=copier(COLS),
                 zero=zero, scores=scores, fragments=fragments, rows_product=rows_product,
                 future=masker(True), past=masker(False), store_rows=store_rows,
                 O_ACC=O_ACC)
@@ -217,7 +205,7 @@ def bounds(blocks_per_sm):
 def forward_kernel(D, dropout):
     """The forward for heads of D; dropout: built with the dropout hash, else without."""
     f = tile_functions(D)
-    copy_start, copy_tile, load_rows = f["copy_start"], f["copy_tile"], f["load_rows"]
+    copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
     factor = dropout_factor if dropout else no_dropout
@@ -225,13 +213,13 @@ def forward_kernel(D, dropout):
     fence_o, wait_o = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
 
     @inlined
-    def tile_step(i, diagonal, tiles, words, q_frag, descriptors, tiles_at, k, v, start, T,
-                  s_acc, o_acc, p_frag, m0, m1, l0, l1, lane_rows, scale_log2, drop):
+    def tile_step(i, diagonal, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc, o_acc,
+                  p_frag, m0, m1, l0, l1, lane_rows, scale_log2, drop):
         # key tile i: S = Q K^T, the online softmax, O += P V (issued; waited for with the next
         # tile's S). diagonal (a constant): the tile crosses the diagonal, and its keys after a
         # query are masked. Returns the rows' new running max and sum. (Arguments in tuples:
         # a call of over 30 is made from a tuple, which Numba's inliner does not take)
-        k_desc, v_desc = descriptors
+        q_desc, k_desc, v_desc = descriptors
         b, h, H, wrow, g, t = lane_rows
         seed, site, threshold, keep = drop
         n0 = i * COLS
@@ -239,8 +227,8 @@ def forward_kernel(D, dropout):
         WAIT_ALL()                              # tile i has landed, for every thread, and is
         fence_proxy_async()                     # visible to wgmma
         cuda.syncthreads()
-        fence_s()
-        scores(s_acc, q_frag, words, k_desc + stage * STAGE_UNITS)          # S = Q K^T
+        fence_s()                               # (S = Q K^T reads no registers)
+        scores(s_acc, words, q_desc, k_desc + stage * STAGE_UNITS)          # S = Q K^T
         wgmma_commit()
         wait_s(s_acc, o_acc, p_frag)            # S, and the last tile's P V: every warp is
         cuda.syncthreads()                      # done with its stage, tile i + 1 goes there
@@ -291,13 +279,12 @@ def forward_kernel(D, dropout):
     def attention_forward_wgmma_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
                                        site, threshold, keep):
         # q, k, v: heads_bf16's words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
-        # keys) first; block THREADS; dynamic shared memory shared_bytes(2): two stages of a K
-        # tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
+        # keys) first; block THREADS; dynamic shared memory shared_bytes(1, 2): Q's rows, then
+        # two stages of a K tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
         words = dynamic_shared_words()
         first = atom_start(words)
         s_acc = cuda.local.array(S_ACC, float32)
         o_acc = cuda.local.array(O_ACC, float32)
-        q_frag = cuda.local.array(ROW_FRAG_WORDS, uint32)
         p_frag = cuda.local.array(FRAG_WORDS, uint32)
         q, k, v = flat(q_words), flat(k_words), flat(v_words)
         H, T = out.shape[1], out.shape[2]
@@ -309,27 +296,28 @@ def forward_kernel(D, dropout):
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp                 # the warp's rows; the lane's: wrow + g (+ 8)
         start = copy_start(bh, T, tid)
-        tiles_at = first                        # stage s: a K tile, then a V tile
+        tiles_at = first + OWN_WORDS            # stage s: a K tile, then a V tile
+        copy_own(words, first, q, start, row0, T)
         copy_tile(words, tiles_at, k, start, 0, T)
         copy_tile(words, tiles_at + TILE_WORDS, v, start, 0, T)
         commit_copies()
-        load_rows(q_frag, q, bh, wrow, T, lane)   # (the scores' A, in registers for the walk)
+        q_desc = shared_descriptor(words, first) | K_BITS
         field = shared_descriptor(words, tiles_at)
         k_desc, v_desc = field | K_BITS, (field + TILE_UNITS) | MN_BITS
         zero(o_acc, O_ACC)
         m0 = m1 = NEG_INF                       # each row's running max and sum (of this
         l0 = l1 = float32(0.0)                  # lane's columns: summed over the quad at the end)
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
-        descriptors = (k_desc, v_desc)
+        descriptors = (q_desc, k_desc, v_desc)
         lane_rows, drop = (b, h, H, wrow, g, t), (seed, site, threshold, keep)
         past = row0 // COLS                     # the tiles before the diagonal's, then those
         for i in range(past):                   # crossing it
-            m0, m1, l0, l1 = tile_step(i, False, tiles, words, q_frag, descriptors, tiles_at, k,
-                                       v, start, T, s_acc, o_acc, p_frag, m0, m1, l0, l1,
+            m0, m1, l0, l1 = tile_step(i, False, tiles, words, descriptors, tiles_at, k, v,
+                                       start, T, s_acc, o_acc, p_frag, m0, m1, l0, l1,
                                        lane_rows, scale_log2, drop)
         for i in range(past, tiles):
-            m0, m1, l0, l1 = tile_step(i, True, tiles, words, q_frag, descriptors, tiles_at, k,
-                                       v, start, T, s_acc, o_acc, p_frag, m0, m1, l0, l1,
+            m0, m1, l0, l1 = tile_step(i, True, tiles, words, descriptors, tiles_at, k, v,
+                                       start, T, s_acc, o_acc, p_frag, m0, m1, l0, l1,
                                        lane_rows, scale_log2, drop)
         wait_o(o_acc)
         l0, l1 = quad_sum(l0), quad_sum(l1)
@@ -347,7 +335,7 @@ def forward_kernel(D, dropout):
 def dq_kernel(D, dropout):
     """dq for heads of D: the forward's walk over the key tiles, P from lse."""
     f = tile_functions(D)
-    copy_start, copy_tile, load_rows = f["copy_start"], f["copy_tile"], f["load_rows"]
+    copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
     factor = dropout_factor if dropout else no_dropout
@@ -355,12 +343,11 @@ def dq_kernel(D, dropout):
     fence_q, wait_q = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
 
     @inlined
-    def tile_step(i, diagonal, tiles, words, own_frags, descriptors, tiles_at, k, v, start, T,
-                  s_acc, dp_acc, dq_acc, ds_frag, rows, lane_rows, scale_log2, drop):
+    def tile_step(i, diagonal, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc,
+                  dp_acc, dq_acc, ds_frag, rows, lane_rows, scale_log2, drop):
         # key tile i: S = Q K^T, dP = dO V^T, dS, dQ += dS K (issued; waited for with the next
         # tile's S). diagonal (a constant): the tile crosses the diagonal
-        q_frag, dout_frag = own_frags
-        k_desc, v_desc, k_rows_desc = descriptors
+        q_desc, dout_desc, k_desc, v_desc, k_rows_desc = descriptors
         neg_lse0, neg_lse1, delta0, delta1 = rows
         b, h, H, wrow, g, t = lane_rows
         seed, site, threshold, keep = drop
@@ -370,8 +357,8 @@ def dq_kernel(D, dropout):
         fence_proxy_async()
         cuda.syncthreads()
         fence_s()
-        scores(s_acc, q_frag, words, k_desc + stage * STAGE_UNITS)          # S = Q K^T
-        scores(dp_acc, dout_frag, words, v_desc + stage * STAGE_UNITS)      # dP = dO V^T
+        scores(s_acc, words, q_desc, k_desc + stage * STAGE_UNITS)          # S = Q K^T
+        scores(dp_acc, words, dout_desc, v_desc + stage * STAGE_UNITS)      # dP = dO V^T
         wgmma_commit()
         wait_s(s_acc, dp_acc, dq_acc, ds_frag)  # (and the last tile's dS K)
         cuda.syncthreads()
@@ -396,17 +383,16 @@ def dq_kernel(D, dropout):
         rows_product(dq_acc, ds_frag, words, k_rows_desc + stage * STAGE_UNITS)   # dQ += dS K
         wgmma_commit()
 
-    @cuda.jit(**bounds(2))
+    @cuda.jit(**bounds(3))
     def attention_dq_wgmma_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
                                   scale_log2, scale, seed, site, threshold, keep, accumulate):
-        # dynamic shared memory shared_bytes(2): two stages of a K tile and a V tile
+        # dynamic shared memory shared_bytes(2, 2): Q's and dO's rows, then two stages of a K
+        # tile and a V tile
         words = dynamic_shared_words()
         first = atom_start(words)
         s_acc = cuda.local.array(S_ACC, float32)
         dp_acc = cuda.local.array(S_ACC, float32)
         dq_acc = cuda.local.array(O_ACC, float32)
-        q_frag = cuda.local.array(ROW_FRAG_WORDS, uint32)
-        dout_frag = cuda.local.array(ROW_FRAG_WORDS, uint32)
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)
         dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
         H, T = dq.shape[1], dq.shape[2]
@@ -418,12 +404,14 @@ def dq_kernel(D, dropout):
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp
         start = copy_start(bh, T, tid)
-        tiles_at = first                        # stage s: a K tile, then a V tile
+        tiles_at = first + 2 * OWN_WORDS        # stage s: a K tile, then a V tile
+        copy_own(words, first, q, start, row0, T)
+        copy_own(words, first + OWN_WORDS, dout, start, row0, T)
         copy_tile(words, tiles_at, k, start, 0, T)
         copy_tile(words, tiles_at + TILE_WORDS, v, start, 0, T)
         commit_copies()
-        load_rows(q_frag, q, bh, wrow, T, lane)           # (the scores' A, in registers)
-        load_rows(dout_frag, dout, bh, wrow, T, lane)
+        q_desc = shared_descriptor(words, first) | K_BITS
+        dout_desc = shared_descriptor(words, first + OWN_WORDS) | K_BITS
         field = shared_descriptor(words, tiles_at)
         k_desc, k_rows_desc = field | K_BITS, field | MN_BITS   # (K's rows read both ways)
         v_desc = (field + TILE_UNITS) | K_BITS
@@ -435,16 +423,16 @@ def dq_kernel(D, dropout):
         delta1 = delta[b, h, wrow + g + 8] if wrow + g + 8 < T else float32(0.0)
         zero(dq_acc, O_ACC)
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
-        own_frags, descriptors = (q_frag, dout_frag), (k_desc, v_desc, k_rows_desc)
+        descriptors = (q_desc, dout_desc, k_desc, v_desc, k_rows_desc)
         rows = (neg_lse0, neg_lse1, delta0, delta1)
         lane_rows, drop = (b, h, H, wrow, g, t), (seed, site, threshold, keep)
         past = row0 // COLS                     # the tiles before the diagonal's, then those
         for i in range(past):                   # crossing it
-            tile_step(i, False, tiles, words, own_frags, descriptors, tiles_at, k, v, start, T,
-                      s_acc, dp_acc, dq_acc, ds_frag, rows, lane_rows, scale_log2, drop)
+            tile_step(i, False, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc,
+                      dp_acc, dq_acc, ds_frag, rows, lane_rows, scale_log2, drop)
         for i in range(past, tiles):
-            tile_step(i, True, tiles, words, own_frags, descriptors, tiles_at, k, v, start, T,
-                      s_acc, dp_acc, dq_acc, ds_frag, rows, lane_rows, scale_log2, drop)
+            tile_step(i, True, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc,
+                      dp_acc, dq_acc, ds_frag, rows, lane_rows, scale_log2, drop)
         wait_q(dq_acc)
         store_rows(dq, dq_acc, scale, scale, accumulate, b, h, wrow, T, lane)
 
@@ -455,7 +443,7 @@ def dq_kernel(D, dropout):
 def dkdv_kernel(D, dropout):
     """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
     f = tile_functions(D)
-    copy_start, copy_tile, load_rows = f["copy_start"], f["copy_tile"], f["load_rows"]
+    copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     past, store_rows, O_ACC = f["past"], f["store_rows"], f["O_ACC"]
     factor = dropout_factor if dropout else no_dropout
@@ -471,14 +459,13 @@ def dkdv_kernel(D, dropout):
             delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
 
     @inlined
-    def tile_step(i, diagonal, tiles, row0, words, own_frags, descriptors, tiles_at, q, dout,
-                  start, T, columns_at, lse, delta, accumulators, p_frag, ds_frag, lane_rows,
-                  tid, scale_log2, drop):
+    def tile_step(i, diagonal, tiles, row0, words, descriptors, tiles_at, q, dout, start, T,
+                  columns_at, lse, delta, accumulators, p_frag, ds_frag, lane_rows, tid,
+                  scale_log2, drop):
         # query tile i: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, dV += (P G)^T dO, dK += dS^T Q
         # (issued; waited for with the next tile's S^T). diagonal (a constant): the tile crosses
         # the diagonal, and its queries before a key are masked
-        k_frag, v_frag = own_frags
-        q_desc, dout_desc, q_rows_desc, dout_rows_desc = descriptors
+        k_desc, v_desc, q_desc, dout_desc, q_rows_desc, dout_rows_desc = descriptors
         neg_lse_tiles, delta_tiles = columns_at
         st_acc, dpt_acc, dk_acc, dv_acc = accumulators
         b, h, H, wrow, g, t = lane_rows
@@ -490,8 +477,8 @@ def dkdv_kernel(D, dropout):
         fence_proxy_async()
         cuda.syncthreads()
         fence_s()
-        scores(st_acc, k_frag, words, q_desc + stage * STAGE_UNITS)          # S^T = K Q^T
-        scores(dpt_acc, v_frag, words, dout_desc + stage * STAGE_UNITS)      # dP^T = V dO^T
+        scores(st_acc, words, k_desc, q_desc + stage * STAGE_UNITS)          # S^T = K Q^T
+        scores(dpt_acc, words, v_desc, dout_desc + stage * STAGE_UNITS)      # dP^T = V dO^T
         wgmma_commit()
         wait_s(st_acc, dpt_acc, dv_acc, dk_acc, p_frag, ds_frag)   # (and the last dV, dK)
         cuda.syncthreads()
@@ -529,7 +516,7 @@ def dkdv_kernel(D, dropout):
     def attention_dkdv_wgmma_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
                                     scale_log2, scale, seed, site, threshold, keep, accumulate):
         # grid (B*H, T/ROWS), the first key rows (the most queries) first; dynamic shared
-        # memory shared_bytes(2): two stages of a Q tile and a dO tile
+        # memory shared_bytes(2, 2): K's and V's rows, then two stages of a Q tile and a dO tile
         words = dynamic_shared_words()
         first = atom_start(words)
         neg_lse_tiles = cuda.shared.array(TWO_TILES_ROWS, float32)
@@ -538,8 +525,6 @@ def dkdv_kernel(D, dropout):
         dpt_acc = cuda.local.array(S_ACC, float32)
         dk_acc = cuda.local.array(O_ACC, float32)
         dv_acc = cuda.local.array(O_ACC, float32)
-        k_frag = cuda.local.array(ROW_FRAG_WORDS, uint32)   # the scores' A: the block's keys
-        v_frag = cuda.local.array(ROW_FRAG_WORDS, uint32)   # and values, in registers
         p_frag = cuda.local.array(FRAG_WORDS, uint32)       # (P G)^T in bf16
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)      # dS^T
         dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
@@ -552,32 +537,33 @@ def dkdv_kernel(D, dropout):
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp                 # the warp's key rows
         start = copy_start(bh, T, tid)
-        tiles_at = first                        # stage s: a Q tile, then a dO tile
+        tiles_at = first + 2 * OWN_WORDS        # stage s: a Q tile, then a dO tile
+        copy_own(words, first, k, start, row0, T)
+        copy_own(words, first + OWN_WORDS, v, start, row0, T)
         copy_tile(words, tiles_at, q, start, row0, T)       # (row0 is a multiple of COLS:
         copy_tile(words, tiles_at + TILE_WORDS, dout, start, row0, T)   # the diagonal's tile)
         commit_copies()
         stage_columns(neg_lse_tiles, delta_tiles, 0, lse, delta, b, h, row0, T, tid)
-        load_rows(k_frag, k, bh, wrow, T, lane)
-        load_rows(v_frag, v, bh, wrow, T, lane)
+        k_desc = shared_descriptor(words, first) | K_BITS
+        v_desc = shared_descriptor(words, first + OWN_WORDS) | K_BITS
         field = shared_descriptor(words, tiles_at)
         q_desc, q_rows_desc = field | K_BITS, field | MN_BITS   # (each tile read both ways)
         dout_desc, dout_rows_desc = (field + TILE_UNITS) | K_BITS, (field + TILE_UNITS) | MN_BITS
         zero(dk_acc, O_ACC)
         zero(dv_acc, O_ACC)
         tiles = (T - row0 + COLS - 1) // COLS
-        own_frags = (k_frag, v_frag)
-        descriptors = (q_desc, dout_desc, q_rows_desc, dout_rows_desc)
+        descriptors = (k_desc, v_desc, q_desc, dout_desc, q_rows_desc, dout_rows_desc)
         columns_at, accumulators = (neg_lse_tiles, delta_tiles), (st_acc, dpt_acc, dk_acc, dv_acc)
         lane_rows, drop = (b, h, H, wrow, g, t), (seed, site, threshold, keep)
         crossing = min(tiles, ROWS // COLS)     # the tiles crossing the diagonal, then the rest
         for i in range(crossing):
-            tile_step(i, True, tiles, row0, words, own_frags, descriptors, tiles_at, q, dout,
-                      start, T, columns_at, lse, delta, accumulators, p_frag, ds_frag,
-                      lane_rows, tid, scale_log2, drop)
+            tile_step(i, True, tiles, row0, words, descriptors, tiles_at, q, dout, start, T,
+                      columns_at, lse, delta, accumulators, p_frag, ds_frag, lane_rows, tid,
+                      scale_log2, drop)
         for i in range(crossing, tiles):
-            tile_step(i, False, tiles, row0, words, own_frags, descriptors, tiles_at, q, dout,
-                      start, T, columns_at, lse, delta, accumulators, p_frag, ds_frag,
-                      lane_rows, tid, scale_log2, drop)
+            tile_step(i, False, tiles, row0, words, descriptors, tiles_at, q, dout, start, T,
+                      columns_at, lse, delta, accumulators, p_frag, ds_frag, lane_rows, tid,
+                      scale_log2, drop)
         wait_kv(dv_acc, dk_acc)
         store_rows(dk, dk_acc, scale, scale, accumulate, b, h, wrow, T, lane)
         store_rows(dv, dv_acc, float32(1.0), float32(1.0), accumulate, b, h, wrow, T, lane)
@@ -599,7 +585,7 @@ def attention_forward_wgmma(out, lse, q_words, k_words, v_words, scale_log2, dro
     attention.dropout_arguments."""
     B, H, T, D = out.shape
     launch(forward_kernel(D, dropout), (B * H, blocks(T, ROWS)), THREADS, out, lse, q_words,
-           k_words, v_words, scale_log2, *drop, shared_bytes=shared_bytes(2))
+           k_words, v_words, scale_log2, *drop, shared_bytes=shared_bytes(1, 2))
 
 
 def attention_backward_wgmma(dq, dk, dv, words, lse, delta, scale_log2, scale, dropout, drop,
@@ -609,6 +595,6 @@ def attention_backward_wgmma(dq, dk, dv, words, lse, delta, scale_log2, scale, d
     B, H, T, D = dq.shape
     grid = (B * H, blocks(T, ROWS))
     launch(dq_kernel(D, dropout), grid, THREADS, dq, *words, lse, delta, scale_log2, scale,
-           *drop, accumulate, shared_bytes=shared_bytes(2))
+           *drop, accumulate, shared_bytes=shared_bytes(2, 2))
     launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, *words, lse, delta, scale_log2,
-           scale, *drop, accumulate, shared_bytes=shared_bytes(2))
+           scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))

@@ -15,13 +15,8 @@ What changed since v10, all in the package:
   descriptors    made once a kernel; a k16 step, a stage, the second way of reading a tile
                  are constants added to them (v10 built each wgmma's two from its addresses)
   copies         a thread's copy offsets made once (v10 recomputed them each tile)
-  A in registers the scores' A (Q and dO; K and V in dk/dv), the block's own rows, loaded into
-                 registers once (the RS form, as P's): each score wgmma reads only B from shared
-                 memory, 2 KB where it read 4 (an m64n64k16 reading both operands from shared
-                 memory asks 128 bytes a cycle of it at the tensor cores' rate, all there is)
 Offline (sm_90a, `python tools/kernel_report.py --sass --only "attention wgmma"`): instructions
-a tile off the diagonal at D = 64, forward 312 (v10: ~390), dq 294 (~380), dk/dv 428 (~530);
-registers 124, 175, 218 (launch bounds 4, 2 and 2 blocks a multiprocessor).
+a tile off the diagonal at D = 64, forward 324 (v10: ~390), dq 288 (~380), dk/dv 456 (~530).
 Here it runs as the ladder calls it: float32 q, k, v, dout, each call rounding them, no dropout.
 """
 import numpy as np
