@@ -590,6 +590,8 @@ def bench_products(args):
     isolated products of `--only matmul` are in the forward's orientation and plain; these
     say where the step's product time goes."""
     import torch
+
+    from nanoandrea.kernels import matmul_bf16
     if args.precision != "bf16":
         print("products: bf16 only (--precision bf16)")
         return
@@ -601,7 +603,6 @@ def bench_products(args):
         def recorded(out, a, b, bias=None, **flags):
             calls.append((out, a, b, bias, flags))
             backend_matmul(out, a, b, bias, **flags)
-        from nanoandrea.kernels import matmul_bf16
         backend = ours.model.backend
         backend_matmul = backend.matmul
         backend.matmul = recorded

@@ -52,8 +52,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .attention_tiles import (Tile, block_rows, fast_exp, labelled, launch_bounds, padded,
-                              tile_functions)
+from .attention_tiles import (NEG_INF, Tile, block_rows, fast_exp, labelled, launch_bounds,
+                              padded, tile_functions)
 from .dropout import dropout_constants, keep_scale, keep_scale_numpy
 from .launch import (SIMULATOR, STATIC_SHARED_BYTES, blocks, check, check_float32,
                      check_float32_rows, check_shape, elementwise_grid, inlined, kernel_factory,
@@ -62,7 +62,6 @@ from .reduce import WARP, warp_barrier, warp_sum
 from .sharedmem import dynamic_shared_floats, shared_tile
 from .vector import aligned16, load4, store4
 
-NEG_INF = float32(-np.inf)
 FAST_HEAD_SIZES = (16, 32, 64)
 
 

@@ -58,7 +58,7 @@ from numba import cuda, float32, int32, uint32
 from . import attention, attention_wgmma
 from .attention import NEG_INF, _check_attention, dropout_arguments, dropout_factor, no_dropout
 from .asynccopy import commit_copies, copy16_async, wait_copies
-from .attention_tiles import LOG2E, exp2_fast
+from .attention_tiles import LOG2E, column_stager, exp2_fast
 from .launch import (SIMULATOR, blocks, check, check_float32, check_float32_rows,
                      current_stream, inlined, kernel_factory, launch)
 from .matmul_bf16 import swizzle
@@ -389,12 +389,7 @@ def dkdv_kernel(D, dropout):
     (stage, load_rows, scores, mask_future, mask_past, accumulate_product, store_rows, KD, DN,
      TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout)
 
-    @inlined
-    def stage_rows(neg_lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
-        # the query tile's -lse (log2 units; past T, -inf: P = 0) and delta into slot `at`
-        if tid < COLS:
-            neg_lse_tiles[at + tid] = -lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else NEG_INF
-            delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
+    stage_rows = column_stager(COLS)
 
     @cuda.jit(**BOUNDS)
     def attention_dkdv_bf16_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,

@@ -21,6 +21,7 @@ from .reduce import WARP
 from .vector import load4, store4
 
 LOG2E = float32(1.0 / math.log(2.0))
+NEG_INF = float32(-math.inf)
 
 
 class Tile(NamedTuple):
@@ -68,6 +69,19 @@ else:
             return builder.call(function, [value])
 
         return types.float32(x), codegen
+
+
+def column_stager(COLS):
+    """stage_columns(neg_lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid): a dk/dv
+    kernel's query tile of COLS queries from n0 on, their -lse (log2 units; past T, -inf: P = 0)
+    and delta, into shared slots from `at` on (the tensor-core kernels, attention_bf16.py and
+    attention_wgmma.py, read a tile's P^T and dS^T by these columns)."""
+    @inlined
+    def stage_columns(neg_lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
+        if tid < COLS:
+            neg_lse_tiles[at + tid] = -lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else NEG_INF
+            delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
+    return stage_columns
 
 
 @inlined

@@ -36,9 +36,14 @@ every n8 column group j; the A operand in registers takes, for a k16 step s, the
 lanes. Rounded in pairs to bf16 (`fragments`), the scores are the next product's A.
 
 dq keeps a kernel of its own, as in attention_bf16: each gradient is one block's sum, in a fixed
-order, with no atomics: reproducible to the bit. Each product is one group of wgmma's, waited
-for before its result is read (the other blocks on the multiprocessor, 2 to 4, keep the tensor
-cores busy meanwhile).
+order, with no atomics: reproducible to the bit. Each product is one group of wgmma's. A tile's
+first product (the scores) is waited for before the softmax reads it; its second (P V, dS K,
+dV and dK) runs on into the next tile, issued behind it and waited for with its scores, and a
+second barrier after that wait frees the stage it read. So that ptxas keeps them in flight, no
+instruction writes a wgmma's accumulators while one is: a product's first step overwrites its
+scores (scale-d 0) instead of zeroing them, and the causal mask is read into the max and the
+probabilities, in a loop of its own for the tiles crossing the diagonal, never written into
+the scores (ptxas serializes every wgmma of a kernel that does, its warning C7515).
 
 Under the CUDA simulator a block is the GPU's own (128 threads: the twins of wgmma need a whole
 warpgroup) and a streamed tile 16 rows, so that T = 80 walks several tiles.
@@ -49,7 +54,7 @@ from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .attention import NEG_INF, dropout_factor, no_dropout
-from .attention_tiles import LOG2E, exp2_fast
+from .attention_tiles import LOG2E, column_stager, exp2_fast
 from .launch import SIMULATOR, blocks, inlined, kernel_factory, launch
 from .reduce import quad_max, quad_sum
 from .tensorcores import bf16_pair
@@ -451,12 +456,7 @@ def dkdv_kernel(D, dropout):
     wait_s = wait_for(S_ACC, S_ACC, O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS)
     fence_kv, wait_kv = fence_for(O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS), wait_for(O_ACC, O_ACC)
 
-    @inlined
-    def stage_columns(neg_lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
-        # the query tile's -lse (log2 units; past T, -inf: P = 0) and delta into slot `at`
-        if tid < COLS:
-            neg_lse_tiles[at + tid] = -lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else NEG_INF
-            delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
+    stage_columns = column_stager(COLS)
 
     @inlined
     def tile_step(i, diagonal, tiles, row0, words, descriptors, tiles_at, q, dout, start, T,

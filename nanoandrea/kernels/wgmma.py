@@ -142,11 +142,6 @@ def descriptor_high(layout):
             | SWIZZLE_128B << 62)
 
 
-def descriptor(address, layout):
-    """The matrix descriptor of an operand at shared byte address `address`."""
-    return ((address & 0x3FFFF) >> 4) | descriptor_high(layout)
-
-
 def logical_bytes(layout, rows, cols):
     """Byte offsets, from the start address and before the swizzle, of the elements of a
     canonical-layout operand as it lies, [rows, cols] with cols the contiguous axis: (m or n,
