@@ -16,6 +16,11 @@
 #               the matmul ladder (v12 on) checked and timed at andrea-120m's three shapes
 #     profile   each kernel's GPU time in one training step, ours beside PyTorch's, andrea-12m
 #               and andrea-120m (tools/bench.py --only profile; PRECISION, default bf16)
+#     products  each matrix product of one bf16 training step as the step makes it, timed beside
+#               cuBLAS bf16 in the same orientation (tools/bench.py --only products; MODELS)
+#     ncu       Nsight Compute's speed-of-light, occupancy, warp-state and scheduler sections of
+#               the wgmma kernels: attention at [16,12,1024,64], a linear layer's three products
+#               at 16384x3072x768 (tools/run_once.py, bf16)
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
 #               matmuls, attention and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train`
@@ -94,6 +99,18 @@ for step in "${steps[@]}"; do
       limit python3 tools/bench.py --only profile --precision ${PRECISION:-bf16} \
           > "$OUT/profile-${PRECISION:-bf16}.log" 2>&1
       grep -A8 "^profile:" "$OUT/profile-${PRECISION:-bf16}.log" ;;
+    products)
+      limit python3 tools/bench.py --only products --precision bf16 ${MODELS:+--models $MODELS} \
+          > "$OUT/products.log" 2>&1
+      grep -E "^products|all .* summed" "$OUT/products.log" ;;
+    ncu)
+      sections="--section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats"
+      for op in "attention --shape 16,12,1024,64" "matmul --shape 16384,3072,768"; do
+        limit ncu --clock-control none -k regex:wgmma --launch-skip 3 --launch-count 3 $sections \
+            python3 tools/run_once.py $op --rounds 2 --precision bf16 > "$OUT/ncu-${op%% *}.txt" 2>&1
+        grep -E "wgmma_.*kernel|Duration|Issued Ipc|No Eligible|Stall|Warp Cycles Per Issued" \
+            "$OUT/ncu-${op%% *}.txt" | head -40
+      done ;;
     bf16)
       limit python3 -m nanoandrea compile --preset andrea-12m --precision bf16
       limit python3 -m nanoandrea compile --preset andrea-120m --batch-size 16 --block-size 1024 \

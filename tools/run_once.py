@@ -7,7 +7,8 @@ shape, for a profiler to look at (Nsight Compute):
 
 attention: a causal forward and backward, ours then SDPA's (float32; with --precision bf16
 attention_bf16's kernels and SDPA in bf16). matmul: the forward and
-both backward products of a linear layer, ours then cuBLAS's (CuPy, TF32 off). Each side runs
+both backward products of a linear layer, ours then cuBLAS's (CuPy, TF32 off; with --precision
+bf16 matmul_bf16's on operands rounded once, and cuBLAS bf16 through torch). Each side runs
 `--rounds` times (the first compiles and warms up); nothing is timed here (tools/bench.py
 times, this only gives a profiler the same launches to see)."""
 import argparse
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from nanoandrea.kernels import attention, attention_bf16, matmul  # noqa: E402
+from nanoandrea.kernels import attention, attention_bf16, matmul, matmul_bf16  # noqa: E402
 
 
 def run_attention(shape, rounds, precision):
@@ -55,16 +56,25 @@ def run_matmul(shape, rounds, precision):
     x, w, dy = (rng.standard_normal(s, dtype=cupy.float32) for s in ((M, K), (K, N), (M, N)))
     X, W, DY = (cuda.as_cuda_array(a) for a in (x, w, dy))
     y, dx, dw = (cuda.device_array(s, np.float32) for s in ((M, N), (M, K), (K, N)))
+    product = matmul.matmul
+    if precision == "bf16":                     # (rounded once, outside the products)
+        X, W, DY = (matmul_bf16.rounded(a) for a in (X, W, DY))
+        product = matmul_bf16.matmul_bf16
     for _ in range(rounds):
-        matmul.matmul(y, X, W)
-        matmul.matmul(dx, DY, W, transpose_b=True)
-        matmul.matmul(dw, X, DY, transpose_a=True)
+        product(y, X, W)
+        product(dx, DY, W, transpose_b=True)
+        product(dw, X, DY, transpose_a=True)
     cuda.synchronize()
+    if precision == "bf16":                     # cuBLAS bf16, through torch
+        import torch
+        x, w, dy = (torch.as_tensor(a, device="cuda").bfloat16() for a in (x, w, dy))
     for _ in range(rounds):
         x @ w
         dy @ w.T
         x.T @ dy
     cupy.cuda.Device().synchronize()
+    if precision == "bf16":
+        torch.cuda.synchronize()
 
 
 def main():
@@ -74,7 +84,8 @@ def main():
                         help="attention: B,H,T,D (16,12,1024,64); matmul: M,N,K (16384,3072,768)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
-                        help="attention only: bf16 runs attention_bf16 and SDPA in bf16")
+                        help="bf16: attention_bf16 and SDPA in bf16; matmul_bf16 (wgmma on "
+                        "Hopper) and cuBLAS bf16")
     args = parser.parse_args()
     default = "16,12,1024,64" if args.op == "attention" else "16384,3072,768"
     shape = tuple(int(n) for n in (args.shape or default).split(","))
