@@ -92,8 +92,8 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     weight_t = schedule.transposed_weight(backend, w, rows.shape[0]) if needs_dx else None
 
     def backward():
-        dy = y.grad.reshape(-1, N)
-        dy_operand = backend.operand(dy)        # (before `beside`: both products read it)
+        # (before `beside`: both products read dY's operand)
+        dy, dy_operand = _rows_and_operand(y.grad, N, backend, bias is not None)
         with schedule.beside(weight, bias):     # nothing below needs dW and db
             if weight.requires_grad:
                 dw, accumulate = grad_slot(weight)
@@ -118,6 +118,20 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     inputs = [x, weight] + ([bias] if bias is not None else [])
     y = record(y, inputs, backward)
     return y if g is None else record(g, [y], _gelu_backward(g, y))
+
+
+def _rows_and_operand(grad, N, backend, rows_read):
+    """A gradient as float32 rows [R, N] and as the products read it (backend.operand). The
+    loss in bf16 hands the logits' gradient as the operand alone (cross_entropy): its float32
+    rows are then made only if read (rows_read: a bias's sum), else None."""
+    if not hasattr(grad, "words"):
+        rows = grad.reshape(-1, N)
+        return rows, backend.operand(rows)
+    rows = None
+    if rows_read:
+        rows = backend.empty(grad.shape)
+        backend.bf16_values(rows, grad)
+    return rows, grad
 
 
 def linears(x, *weights_and_biases, heads=None):
@@ -429,7 +443,10 @@ def cross_entropy(logits, targets, loss_grad=None, vocab=None):
     losses = backend.empty((N,))
     lse = backend.empty((N,))
     if loss_grad is not None and grad_enabled() and logits.requires_grad:
-        dlogits = backend.empty((N, V))
+        # in bf16 the gradient is written only as the LM head's products read it (a Bf16Matrix
+        # [N, Vp]: the same bits a rounding of the float32 one would give, half its bytes)
+        words = backend.precision == "bf16"
+        dlogits = backend.new_operand((N, V)) if words else backend.empty((N, V))
         backend.crossentropy_forward_backward(loss.data, losses, lse, dlogits, rows, targets,
                                               loss_grad, vocab)
 
@@ -437,9 +454,13 @@ def cross_entropy(logits, targets, loss_grad=None, vocab=None):
             if loss.grad is not loss_grad:
                 raise ValueError("cross_entropy: backward got another gradient than loss_grad")
             if logits.grad is None:
-                logits.grad = dlogits.reshape(logits.shape)
-            else:
-                backend.add_into(logits.grad, dlogits.reshape(logits.shape), accumulate=True)
+                logits.grad = dlogits if words else dlogits.reshape(logits.shape)
+                return
+            values = dlogits
+            if words:
+                values = backend.empty((N, V))
+                backend.bf16_values(values, dlogits)
+            backend.add_into(logits.grad, values.reshape(logits.shape), accumulate=True)
     else:
         backend.crossentropy_forward(loss.data, losses, lse, rows, targets, vocab)
 

@@ -19,6 +19,7 @@ from conftest import GPU, relative_error
 from nanoandrea.kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding,
                                 gelu, heads, layernorm, matmul, reduce)
 from nanoandrea.kernels.launch import current_stream, launch
+from nanoandrea.kernels.matmul_bf16 import Bf16Matrix, round_bf16_numpy
 from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
 from nanoandrea.kernels.vector import load4, store4
 
@@ -723,6 +724,23 @@ def test_crossentropy(rng, scale, columns):
                                                    kernel=kernel)
         for got, expected in zip(fused, want_fused):
             assert relative_error(got.copy_to_host(), expected) < TOLERANCE
+        # bf16 training's gradient, written as the LM head's products read it: the bits a
+        # rounding of the float32 gradient gives
+        words = Bf16Matrix.allocate((N, V), lambda shape, dtype: device(
+            np.full(shape, 0xFFFFFFFF), dtype))
+        loss_b = poisoned(1)
+        crossentropy.crossentropy_forward_backward(loss_b, poisoned(N), poisoned(N), words,
+                                                   device(logits), device(targets, np.int32),
+                                                   device(dloss), kernel=kernel)
+        rounded = Bf16Matrix.allocate((N, V), np.empty)
+        round_bf16_numpy(rounded, fused[3].copy_to_host())
+        assert np.array_equal(words.words.copy_to_host(), rounded.words)
+        assert loss_b.copy_to_host()[0] == fused[0].copy_to_host()[0]
+    twin = Bf16Matrix.allocate((N, V), np.empty)
+    crossentropy.crossentropy_forward_backward_numpy(np.empty(1), np.empty(N), np.empty(N), twin,
+                                                     logits, targets, dloss)
+    round_bf16_numpy(rounded, want_fused[3].astype(np.float32))
+    assert np.array_equal(twin.words, rounded.words)
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -16,6 +16,10 @@ Backward of the mean loss (dloss: [1], the upstream gradient, usually 1):
 The max is subtracted before exp, so logits of magnitude 100 (or 1e4) are fine in float32.
 Padding columns (v >= V) are outside the softmax: their gradient is written as 0 (the LM head's
 backward multiplies the whole padded row).
+In bf16 training the fused kernel writes dlogits as the LM head's backward products read it, a
+Bf16Matrix (crossentropy_fused_bf16_kernel): each gradient rounded as round_bf16 would round the
+float32 one, so the same bits, but 2 bytes a logit written where float32 wrote 4 and a rounding
+pass then read them (at andrea-120m's [16384, 50304]: 1.6 GB written instead of 3.3 + 3.3 + 1.6).
 """
 import math
 
@@ -23,7 +27,9 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import SIMULATOR, check, check_float32, check_shape, inlined, launch
+from .matmul_bf16 import Bf16Matrix, device_empty, round_bf16, round_bf16_numpy
 from .reduce import MAX_THREADS, block_max, block_sum
+from .tensorcores import bf16_pair, store4_u32
 from .vector import aligned16, load4, store4
 
 THREADS = 32 if SIMULATOR else 256
@@ -129,36 +135,69 @@ def gradient4(x, v, V, row_lse, target, scale):
     return grad * scale if v < V else float32(0.0)
 
 
-@cuda.jit
-def crossentropy_fused4_kernel(losses, lse, dlogits, logits, targets, dloss, V):
-    # crossentropy_fused_kernel for rows of 4k floats, 16-byte aligned: a thread reads 4
-    # columns at a time, two 16-byte loads in flight (8 logits folded into its running max and
-    # sum at once), and writes the gradient 16 bytes at a time; one block per row, of
-    # THREADS threads (more rows in flight beat larger blocks that keep a row in L2 for its
-    # second read: docs/perf.md).
-    scratch = cuda.shared.array(MAX_THREADS, float32)
-    n = cuda.blockIdx.x
-    Vp = logits.shape[1]
+@inlined
+def row_logsumexp4(logits, n, V, scratch):
+    # row_logsumexp for rows of 4k floats, 16-byte aligned: a thread reads 4 columns at a time,
+    # two 16-byte loads in flight (8 logits folded into its running max and sum at once)
     step = 4 * cuda.blockDim.x
     m, s = NEG_INF, float32(0.0)
-    for v in range(4 * cuda.threadIdx.x, Vp, 2 * step):
+    for v in range(4 * cuda.threadIdx.x, logits.shape[1], 2 * step):
         x0, x1, x2, x3 = load_classes4(logits, n, v, V)
         x4, x5, x6, x7 = load_classes4(logits, n, v + step, V)
         m, s = add_to_running_sum(m, s, x0, x1, x2, x3, x4, x5, x6, x7)
     row_max = block_max(m, scratch)
     s = s * math.exp(m - row_max) if m > NEG_INF else float32(0.0)
-    row_lse = row_max + math.log(block_sum(s, scratch))
-    target = targets[n]
+    return row_max + math.log(block_sum(s, scratch))
+
+
+@inlined
+def write_loss(losses, lse, logits, n, row_lse, target):
     if cuda.threadIdx.x == 0:
         lse[n] = row_lse
         losses[n] = row_lse - logits[n, target]
+
+
+@cuda.jit
+def crossentropy_fused4_kernel(losses, lse, dlogits, logits, targets, dloss, V):
+    # crossentropy_fused_kernel for rows of 4k floats, 16-byte aligned (row_logsumexp4), the
+    # gradient written 16 bytes at a time; one block per row, of THREADS threads (more rows in
+    # flight beat larger blocks that keep a row in L2 for its second read: docs/perf.md).
+    scratch = cuda.shared.array(MAX_THREADS, float32)
+    n = cuda.blockIdx.x
+    row_lse = row_logsumexp4(logits, n, V, scratch)
+    target = targets[n]
+    write_loss(losses, lse, logits, n, row_lse, target)
     scale = dloss[0] / logits.shape[0]
-    for v in range(4 * cuda.threadIdx.x, Vp, step):
+    for v in range(4 * cuda.threadIdx.x, logits.shape[1], 4 * cuda.blockDim.x):
         x0, x1, x2, x3 = load_classes4(logits, n, v, V)
         store4(dlogits, (n, v), gradient4(x0, v, V, row_lse, target, scale),
                gradient4(x1, v + 1, V, row_lse, target, scale),
                gradient4(x2, v + 2, V, row_lse, target, scale),
                gradient4(x3, v + 3, V, row_lse, target, scale))
+
+
+@cuda.jit
+def crossentropy_fused_bf16_kernel(losses, lse, dlogit_words, logits, targets, dloss, V):
+    # crossentropy_fused4_kernel with dlogits written as a Bf16Matrix's words [N, P/2] (P: Vp
+    # rounded up to 8, zeros past Vp): a thread 8 gradients at a time, one 16-byte store
+    scratch = cuda.shared.array(MAX_THREADS, float32)
+    n = cuda.blockIdx.x
+    row_lse = row_logsumexp4(logits, n, V, scratch)
+    target = targets[n]
+    write_loss(losses, lse, logits, n, row_lse, target)
+    scale = dloss[0] / logits.shape[0]
+    for v in range(8 * cuda.threadIdx.x, 2 * dlogit_words.shape[1], 8 * cuda.blockDim.x):
+        x0, x1, x2, x3 = load_classes4(logits, n, v, V)
+        x4, x5, x6, x7 = load_classes4(logits, n, v + 4, V)
+        store4_u32(dlogit_words, (n, v >> 1),
+                   bf16_pair(gradient4(x0, v, V, row_lse, target, scale),
+                             gradient4(x1, v + 1, V, row_lse, target, scale)),
+                   bf16_pair(gradient4(x2, v + 2, V, row_lse, target, scale),
+                             gradient4(x3, v + 3, V, row_lse, target, scale)),
+                   bf16_pair(gradient4(x4, v + 4, V, row_lse, target, scale),
+                             gradient4(x5, v + 5, V, row_lse, target, scale)),
+                   bf16_pair(gradient4(x6, v + 6, V, row_lse, target, scale),
+                             gradient4(x7, v + 7, V, row_lse, target, scale)))
 
 
 @cuda.jit
@@ -215,20 +254,35 @@ def crossentropy_forward(loss, losses, lse, logits, targets, vocab=None):
 def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, dloss,
                                   vocab=None, kernel="auto"):
     """crossentropy_forward and crossentropy_backward (=) in one pass over the logits, for a
-    loss whose gradient dloss[1] is known before backward. kernel: "fast" (16-byte loads and
-    stores, crossentropy_fused4_kernel: rows of 4k floats, aligned), "reference"
-    (crossentropy_fused_kernel, any rows) or "auto" (fast where the rows allow it)."""
-    check_float32(loss=loss, losses=losses, lse=lse, dlogits=dlogits, logits=logits, dloss=dloss)
+    loss whose gradient dloss[1] is known before backward. dlogits: float32 [N, Vp], or a
+    Bf16Matrix of that shape (bf16 training: the gradient as the LM head's products read it).
+    kernel: "fast" (16-byte loads and stores, crossentropy_fused4_kernel or, for a Bf16Matrix,
+    crossentropy_fused_bf16_kernel: rows of 4k floats, aligned), "reference"
+    (crossentropy_fused_kernel, any rows; a Bf16Matrix then rounded from its float32 output)
+    or "auto" (fast where the rows allow it)."""
+    words = isinstance(dlogits, Bf16Matrix)
+    check_float32(loss=loss, losses=losses, lse=lse, logits=logits, dloss=dloss,
+                  **({} if words else dict(dlogits=dlogits)))
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
-    V = _check(logits, targets, vocab, losses=losses, lse=lse, dlogits=dlogits)
+    V = _check(logits, targets, vocab, losses=losses, lse=lse)
+    check(tuple(dlogits.shape) == tuple(logits.shape),
+          f"cross-entropy dlogits: shape {tuple(dlogits.shape)}, logits {tuple(logits.shape)}")
     check(kernel in ("auto", "fast", "reference"), f"cross-entropy: unknown kernel {kernel!r}")
-    aligned = aligned16(logits) and aligned16(dlogits)
+    aligned = aligned16(logits) and (words or aligned16(dlogits))
     if kernel == "auto":
         kernel = "fast" if aligned else "reference"
     check(aligned or kernel == "reference",
           "cross-entropy: the fast kernel needs logits and dlogits in rows of 4k floats, aligned")
-    fused = crossentropy_fused4_kernel if kernel == "fast" else crossentropy_fused_kernel
-    launch(fused, logits.shape[0], THREADS, losses, lse, dlogits, logits, targets, dloss, V)
+    if kernel == "fast":
+        fused = crossentropy_fused_bf16_kernel if words else crossentropy_fused4_kernel
+        launch(fused, logits.shape[0], THREADS, losses, lse,
+               dlogits.words if words else dlogits, logits, targets, dloss, V)
+    else:
+        values = device_empty(logits.shape, np.float32) if words else dlogits
+        launch(crossentropy_fused_kernel, logits.shape[0], THREADS, losses, lse, values, logits,
+               targets, dloss, V)
+        if words:
+            round_bf16(dlogits, values)
     launch(mean_kernel, 1, THREADS, loss, losses)
 
 
@@ -264,4 +318,8 @@ def crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, accumulate
 def crossentropy_forward_backward_numpy(loss, losses, lse, dlogits, logits, targets, dloss,
                                         vocab=None, kernel="auto"):
     crossentropy_forward_numpy(loss, losses, lse, logits, targets, vocab)
-    crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, vocab=vocab)
+    words = isinstance(dlogits, Bf16Matrix)
+    values = np.empty(logits.shape, np.float32) if words else dlogits
+    crossentropy_backward_numpy(values, dloss, logits, lse, targets, vocab=vocab)
+    if words:
+        round_bf16_numpy(dlogits, values)
