@@ -163,15 +163,35 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
         return a_word, b_word
 
     @inlined
-    def finish_pair(out, hidden, accumulate, z, row, col, x0, x1, M):
-        # out[z, row, col:col + 2] (+)= the epilogue of two sums (the bias added)
+    def group_reads(out, hidden, bias, has_bias, accumulate, z, row, c, M, N):
+        # what the epilogue of the 8-column group at column c reads: bias[c:c + 2] and, for rows
+        # row and row + 8, gelu's input (gelu_grad) and what out holds (accumulate)
+        zero = float32(0.0)
+        b0 = b1 = h0 = h1 = h2 = h3 = o0 = o1 = o2 = o3 = zero
+        if c < N:                       # (N is even: the pair's second column is in too)
+            if has_bias:
+                b0, b1 = load2(bias, (c,))
+            if GELU_GRAD:
+                if row < M:
+                    h0, h1 = load2(hidden, (row, c))
+                if row + 8 < M:
+                    h2, h3 = load2(hidden, (row + 8, c))
+            if accumulate:
+                if row < M:
+                    o0, o1 = load2(out, (z, row, c))
+                if row + 8 < M:
+                    o2, o3 = load2(out, (z, row + 8, c))
+        return b0, b1, h0, h1, h2, h3, o0, o1, o2, o3
+
+    @inlined
+    def finish_pair(out, hidden, accumulate, z, row, col, x0, x1, h0, h1, o0, o1, M):
+        # out[z, row, col:col + 2] (+)= the epilogue of two sums (the bias added), given what
+        # it reads (group_reads)
         if row < M:
             if GELU_GRAD:
-                h0, h1 = load2(hidden, (row, col))
                 x0 *= gelu_derivative(h0)
                 x1 *= gelu_derivative(h1)
             if accumulate:
-                o0, o1 = load2(out, (z, row, col))
                 x0 += o0
                 x1 += o1
             store2(out, (z, row, col), x0, x1)
@@ -181,27 +201,34 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
                 store2(hidden, (row, col), gelu_value(x0), gelu_value(x1))
 
     @inlined
-    def store_group(out, hidden, acc, j, bias, has_bias, accumulate, z, row, col, M, N):
+    def store_group(out, hidden, acc, j, reads, accumulate, z, row, col, M, N):
         # the thread's sums of 8-column group j: out[z, row and row + 8, col + 8 j + (0, 1)]
         c = col + 8 * j
-        if c < N:                       # (N is even: the pair's second column is in too)
-            b0 = b1 = float32(0.0)
-            if has_bias:
-                b0, b1 = load2(bias, (c,))
+        if c < N:
+            b0, b1, h0, h1, h2, h3, o0, o1, o2, o3 = reads
             finish_pair(out, hidden, accumulate, z, row, c, acc[4 * j] + b0,
-                        acc[4 * j + 1] + b1, M)
+                        acc[4 * j + 1] + b1, h0, h1, o0, o1, M)
             finish_pair(out, hidden, accumulate, z, row + 8, c, acc[4 * j + 2] + b0,
-                        acc[4 * j + 3] + b1, M)
+                        acc[4 * j + 3] + b1, h2, h3, o2, o3, M)
 
     @inlined
     def store_groups(out, hidden, acc, j, bias, has_bias, accumulate, z, row, col, M, N):
-        # groups j .. j + 3, written out: a loop over the groups would index acc at run time
-        # wherever its body is too long for the compiler to unroll (GELU's), and acc would
-        # move from registers to local memory
-        store_group(out, hidden, acc, j, bias, has_bias, accumulate, z, row, col, M, N)
-        store_group(out, hidden, acc, j + 1, bias, has_bias, accumulate, z, row, col, M, N)
-        store_group(out, hidden, acc, j + 2, bias, has_bias, accumulate, z, row, col, M, N)
-        store_group(out, hidden, acc, j + 3, bias, has_bias, accumulate, z, row, col, M, N)
+        # groups j .. j + 3, their loads first: a load after a store to out might read what
+        # the store wrote (the compiler cannot tell out from hidden or bias), so it stays
+        # behind it, and each group would wait a memory latency of its own for its reads.
+        # Written out: a loop over the groups would index acc at run time wherever its body is
+        # too long for the compiler to unroll (GELU's), and acc would move to local memory
+        reads0 = group_reads(out, hidden, bias, has_bias, accumulate, z, row, col + 8 * j, M, N)
+        reads1 = group_reads(out, hidden, bias, has_bias, accumulate, z, row, col + 8 * j + 8,
+                             M, N)
+        reads2 = group_reads(out, hidden, bias, has_bias, accumulate, z, row, col + 8 * j + 16,
+                             M, N)
+        reads3 = group_reads(out, hidden, bias, has_bias, accumulate, z, row, col + 8 * j + 24,
+                             M, N)
+        store_group(out, hidden, acc, j, reads0, accumulate, z, row, col, M, N)
+        store_group(out, hidden, acc, j + 1, reads1, accumulate, z, row, col, M, N)
+        store_group(out, hidden, acc, j + 2, reads2, accumulate, z, row, col, M, N)
+        store_group(out, hidden, acc, j + 3, reads3, accumulate, z, row, col, M, N)
 
     @inlined
     def store_tile(out, hidden, acc, bias, has_bias, accumulate, z, row0, col0, thread, M, N):
