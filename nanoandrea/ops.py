@@ -67,7 +67,7 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     K = x.shape[-1]
     N = weight.shape[0] if transpose_weight else weight.shape[1]
     w = weight_operand(weight)
-    y = _new(x, x.shape[:-1] + (N,))                               # x . W + b
+    y = _new(x, x.shape[:-1] + (N,)) if activation is None else None        # x . W + b
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: unknown activation {activation!r}")
     if x_operand is None and isinstance(x, GeluOutput):
@@ -75,17 +75,19 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     matvec = x_operand is None and takes_matvec(x, weight, transpose_weight)
     g = None                                                       # gelu(y), the same kernel
     if activation == "gelu":
+        # in bf16 the pre-activation and GELU's output are written only as the products read
+        # them (OperandTensor's): half float32's bytes, and no rounding pass after
         words = backend.precision == "bf16" and not matvec
-        g = GeluOutput(y, backend.new_operand((y.data.size // N, N)) if words else None)
+        y = OperandTensor(backend, x.shape[:-1] + (N,), words)
+        g = GeluOutput(y, words)
     if matvec:
         backend.matvec(y.data.reshape(-1, N), x.data.reshape(-1, K), w,
                        None if bias is None else bias.data, transpose_b=transpose_weight,
                        gelu_out=None if g is None else g.data.reshape(-1, N))
         return y if g is None else g            # (no gradients: nothing to record)
     rows = x_operand if x_operand is not None else backend.operand(x.data.reshape(-1, K))
-    backend.matmul(y.data.reshape(-1, N), rows, w, None if bias is None else bias.data,
-                   transpose_b=transpose_weight, gelu_out=None if g is None else (
-                       g.operand if g.operand is not None else g.data.reshape(-1, N)))
+    backend.matmul(_written(y, N), rows, w, None if bias is None else bias.data,
+                   transpose_b=transpose_weight, gelu_out=None if g is None else _written(g, N))
     # dX = dY . W^T reads W^T: where the product would copy it, the copy is made now, beside
     # the forward (schedule.transposed_weight), so that backward starts dX's product at once
     needs_dx = grad_enabled() and x.requires_grad and not transpose_weight
@@ -93,7 +95,7 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
 
     def backward():
         # (before `beside`: both products read dY's operand)
-        dy, dy_operand = _rows_and_operand(y.grad, N, backend, bias is not None)
+        dy, dy_operand = _rows_and_operand(y.grad, N, backend)
         with schedule.beside(weight, bias):     # nothing below needs dW and db
             if weight.requires_grad:
                 dw, accumulate = grad_slot(weight)
@@ -105,33 +107,45 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
                                    accumulate=accumulate)
             if bias is not None and bias.requires_grad:             # db = sum of dY's rows
                 db, accumulate = grad_slot(bias)
-                backend.sum_rows(db, dy, accumulate=accumulate)
-        if x.requires_grad:                                         # dX = dY . W^T
-            if isinstance(x, GeluOutput):                           # x = gelu(pre): d(pre) =
-                dx, accumulate = grad_slot(x.pre)                   # (dY . W^T) * gelu'(pre),
-                pre = x.pre.data.reshape(-1, K)                     # GELU's backward fused
-            else:
-                (dx, accumulate), pre = grad_slot(x), None
-            backend.matmul(dx.reshape(-1, K), dy_operand, w, transpose_b=not transpose_weight,
-                           accumulate=accumulate, gelu_input=pre, b_transposed=weight_t)
+                backend.sum_rows(db, dy if dy is not None else dy_operand, accumulate=accumulate)
+        if not x.requires_grad:
+            return
+        product = dict(transpose_b=not transpose_weight, b_transposed=weight_t)
+        if not isinstance(x, GeluOutput):                           # dX = dY . W^T
+            dx, accumulate = grad_slot(x)
+            backend.matmul(dx.reshape(-1, K), dy_operand, w, accumulate=accumulate, **product)
+            return
+        # x = gelu(pre): d(pre) = (dY . W^T) * gelu'(pre), GELU's backward in the epilogue
+        pre = x.pre
+        if pre.operand is not None and pre.grad is None:
+            # bf16: d(pre) written as the MLP's first products read it, half float32's bytes
+            pre.grad = backend.new_operand(pre.operand.shape)
+            backend.matmul(pre.grad, dy_operand, w, gelu_input=pre.operand, **product)
+            return
+        dx, accumulate = grad_slot(pre)
+        backend.matmul(dx.reshape(-1, K), dy_operand, w, accumulate=accumulate,
+                       gelu_input=pre.data.reshape(-1, K), **product)
 
     inputs = [x, weight] + ([bias] if bias is not None else [])
     y = record(y, inputs, backward)
     return y if g is None else record(g, [y], _gelu_backward(g, y))
 
 
-def _rows_and_operand(grad, N, backend, rows_read):
-    """A gradient as float32 rows [R, N] and as the products read it (backend.operand). The
-    loss in bf16 hands the logits' gradient as the operand alone (cross_entropy): its float32
-    rows are then made only if read (rows_read: a bias's sum), else None."""
-    if not hasattr(grad, "words"):
-        rows = grad.reshape(-1, N)
-        return rows, backend.operand(rows)
-    rows = None
-    if rows_read:
-        rows = backend.empty(grad.shape)
-        backend.bf16_values(rows, grad)
-    return rows, grad
+def _written(t, N):
+    """Where a product writes tensor t [..., N]: its operand (an OperandTensor in bf16), else
+    its float32 rows."""
+    operand = getattr(t, "operand", None)
+    return operand if operand is not None else t.data.reshape(-1, N)
+
+
+def _rows_and_operand(grad, N, backend):
+    """A gradient as float32 rows [R, N] and as the products read it (backend.operand). A
+    gradient that arrives as the operand alone (bf16: the loss's of the logits, the MLP's of
+    its pre-activation) has no float32 rows: None (sum_rows reads the operand)."""
+    if hasattr(grad, "words"):
+        return None, grad
+    rows = grad.reshape(-1, N)
+    return rows, backend.operand(rows)
 
 
 def linears(x, *weights_and_biases, heads=None):
@@ -156,25 +170,21 @@ def linears(x, *weights_and_biases, heads=None):
     return [first, *others]
 
 
-class GeluOutput(Tensor):
-    """gelu(pre) from linear(activation="gelu"), which keeps `pre`, the Tensor of the
-    pre-activation: the linear layer that takes this tensor as its input (the MLP's W_proj)
-    writes pre's gradient itself, GELU's backward in its dX product's epilogue, and no
-    gradient of this tensor is made. GELU's own backward then runs only if one reaches it from
-    another use (gradients add, and gelu' is linear in them, so either order is exact).
-    `operand`: in bf16, the product writes GELU's output only as the next product reads it
-    (a Bf16Matrix: half float32's bytes, and no rounding pass); its float32 values are made
-    if something reads `data` (backend.bf16_values)."""
-    __slots__ = ("pre", "operand", "_values")
+class OperandTensor(Tensor):
+    """A tensor [..., N] that a product writes as the next products read it: `operand`, in
+    bf16 a Bf16Matrix [R, N] (half float32's bytes, and no rounding pass after); or, words
+    False, float32 `data` as any tensor. Its float32 values are made if something reads
+    `data` after all (backend.bf16_values)."""
+    __slots__ = ("operand", "_shape", "_values")
 
-    def __init__(self, pre, operand=None):
-        self.pre, self.operand, self._values = pre, operand, None
-        super().__init__(None if operand is not None else pre.backend.empty(pre.shape),
-                         pre.backend)
+    def __init__(self, backend, shape, words):
+        self._shape = tuple(shape)
+        super().__init__(None if words else backend.empty(shape), backend)
+        self.operand = backend.new_operand((int(np.prod(shape[:-1])), shape[-1])) if words else None
 
     @property
     def shape(self):
-        return self.pre.shape
+        return self._shape
 
     @property
     def data(self):
@@ -186,6 +196,20 @@ class GeluOutput(Tensor):
     @data.setter
     def data(self, value):
         self._values = value
+
+
+class GeluOutput(OperandTensor):
+    """gelu(pre) from linear(activation="gelu"), which keeps `pre`, the Tensor of the
+    pre-activation (an OperandTensor too): the linear layer that takes this tensor as its input
+    (the MLP's W_proj) writes pre's gradient itself, GELU's backward in its dX product's
+    epilogue (in bf16 as the MLP's first products read it), and no gradient of this tensor is
+    made. GELU's own backward then runs only if one reaches it from another use (gradients
+    add, and gelu' is linear in them, so either order is exact)."""
+    __slots__ = ("pre",)
+
+    def __init__(self, pre, words):
+        self.pre = pre
+        super().__init__(pre.backend, pre.shape, words)
 
 
 class SplitHeads(Tensor):
@@ -349,6 +373,10 @@ def gelu(x):
 
 def _gelu_backward(out, x):
     def backward():
+        if hasattr(x.grad, "words"):            # (pre's gradient in bf16, from W_proj: as
+            values = x.backend.empty(x.shape)   # float32, to add this one to)
+            x.backend.bf16_values(values.reshape(x.grad.shape), x.grad)
+            x.grad = values
         dx, accumulate = grad_slot(x)
         x.backend.gelu_backward(dx, out.grad, x.data, accumulate=accumulate)
 

@@ -238,6 +238,21 @@ def test_sum_rows(rng, accumulate):
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
 
 
+def test_sum_rows_of_bf16(rng):
+    """sum_rows of a Bf16Matrix (a gradient written in bf16): its values summed in float32,
+    the odd columns' (a word's high half) and the even ones' alike."""
+    from nanoandrea.kernels.matmul_bf16 import Bf16Matrix, bf16_matrix_values, round_bf16_numpy
+    x = rng.standard_normal((200, 48) if not GPU else (16384, 3072))
+    words = Bf16Matrix.allocate(x.shape, np.empty)
+    round_bf16_numpy(words, x.astype(np.float32))
+    out = poisoned(x.shape[1])
+    reduce.sum_rows(out, Bf16Matrix(device(words.words, np.uint32), x.shape[1]))
+    want = np.empty(x.shape[1])
+    reduce.sum_rows_numpy(want, words)
+    assert np.array_equal(want, bf16_matrix_values(words).sum(axis=0))
+    assert relative_error(out.copy_to_host(), want) < TOLERANCE
+
+
 # --- split / merge heads ---------------------------------------------------------------------------
 
 def device_at(array, offset):

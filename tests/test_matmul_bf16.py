@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import GPU, relative_error
-from nanoandrea.kernels import matmul, matmul_bf16, matmul_tf32, matmul_wgmma
+from nanoandrea.kernels import gelu, matmul, matmul_bf16, matmul_tf32, matmul_wgmma
 from nanoandrea.kernels.launch import kernel_factory
 from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values, pack_bf16, unpack_bf16
 from test_kernels import ORIENTATIONS, device, output_and_prior, poisoned
@@ -147,6 +147,57 @@ def check_gelu_in_bf16(rng, product, M, N, K):
     np.testing.assert_array_equal(values.copy_to_host(), matmul_bf16.bf16_matrix_values(want))
 
 
+def check_products_in_bf16(rng, product, M, N, K):
+    """product(out, a, b, bias, ...) with out a Bf16Matrix (the bf16 epilogue: the MLP's
+    pre-activation, GELU's output and the pre-activation's gradient written as the next
+    products read them), and the NumPy twin likewise: out is the float32 product rounded, to
+    the bit; GELU's output is GELU of out as rounded (to bf16's rounding: numpy's exp is not
+    the GPU's); GELU's backward reads a Bf16Matrix input as its values, and its result is the
+    float32 one rounded, to the bit. The kernel and the twin agree to float32 sums' order."""
+    Bf16Matrix = matmul_bf16.Bf16Matrix
+    a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (N, K), (N,)))
+    pre = Bf16Matrix.allocate((M, N), np.empty)              # GELU's input, in bf16
+    matmul_bf16.round_bf16_numpy(pre, 3 * rng.standard_normal((M, N)).astype(np.float32))
+    pre_values = matmul_bf16.bf16_matrix_values(pre)
+    sides = {"kernel": (product, device, lambda: Bf16Matrix.allocate((M, N),
+                                                                       matmul_bf16.device_empty),
+                        lambda x: x.copy_to_host()),
+             "twin": (matmul_bf16.matmul_bf16_numpy, np.array,
+                      lambda: Bf16Matrix.allocate((M, N), np.empty), np.asarray)}
+    got = {}
+    for side, (run, put, new, host) in sides.items():
+        x, w, c = put(a), put(b), put(bias)         # (w: W^T, as dX = dY . W^T reads it)
+        gelu_input = Bf16Matrix(put(pre.words) if side == "twin" else device(pre.words, np.uint32),
+                                N)
+        out, activated, activated_pre, dpre = new(), new(), new(), new()
+        run(out, x, w, c, transpose_b=True)
+        run(activated_pre, x, w, c, transpose_b=True, gelu_out=activated)
+        run(dpre, x, w, None, transpose_b=True, gelu_input=gelu_input)
+        words = [host(m.words) for m in (out, activated_pre, activated, dpre)]
+        floats = [put(np.full((M, N), np.nan, np.float32)) for _ in range(2)]
+        run(floats[0], x, w, c, transpose_b=True)
+        run(floats[1], x, w, None, transpose_b=True, gelu_input=put(pre_values))
+        for value, want in zip((words[0], words[3]), floats):        # the float32 ones rounded
+            rounded = Bf16Matrix.allocate((M, N), np.empty)
+            matmul_bf16.round_bf16_numpy(rounded, host(want))
+            np.testing.assert_array_equal(value, rounded.words)
+        np.testing.assert_array_equal(words[1], words[0])            # gelu's pre-activation
+        gelu_of_out = np.empty((M, N), np.float32)
+        gelu.gelu_forward_numpy(gelu_of_out, unpack_bf16(words[0])[:, :N])
+        np.testing.assert_allclose(unpack_bf16(words[2])[:, :N], gelu_of_out, rtol=2 ** -7,
+                                   atol=1e-6)
+        got[side] = words
+    for kernel, twin in zip(got["kernel"], got["twin"]):
+        assert relative_error(unpack_bf16(kernel), unpack_bf16(twin)) < BF16_TOLERANCE / 10
+
+
+def test_matmul_bf16_products_in_bf16(rng):
+    """matmul_bf16 with out a Bf16Matrix: on Hopper wgmma's bf16 epilogue, elsewhere (and in
+    the simulator) the float32 product rounded after (through_float32)."""
+    M, N, K = (40, 24, 40) if not GPU else (1000, 1544, 392)
+    check_products_in_bf16(rng, matmul_bf16.matmul_bf16, M, N, K)
+
+
 def test_matmul_bf16_writes_gelu_in_bf16(rng):
     """matmul_bf16 with a Bf16Matrix gelu_out (the MLP up in bf16 training): on Hopper wgmma's
     epilogue writes it, elsewhere (and in the simulator) a float32 GELU rounded; the twin
@@ -164,9 +215,9 @@ def test_matmul_bf16_writes_gelu_in_bf16(rng):
 
 
 def test_bf16_mlp_keeps_gelu_as_the_next_products_operand(rng):
-    """ops.linear(activation="gelu") in bf16: GELU's output is written only as the MLP's second
-    product reads it (GeluOutput.operand), no float32 copy is made in the forward or the
-    backward, and the output and gradients are the NumPy backend's (its twin rounds the same
+    """ops.linear(activation="gelu") in bf16: the pre-activation, GELU's output and the
+    pre-activation's gradient are written only as the MLP's products read them (the
+    OperandTensor's operand), no float32 copy is made in the forward or the backward, and the output and gradients are the NumPy backend's (its twin rounds the same
     way). Reading `data` afterwards gives GELU's values in bf16."""
     from nanoandrea import ops
     from nanoandrea.autograd import Tensor
@@ -185,6 +236,8 @@ def test_bf16_mlp_keeps_gelu_as_the_next_products_operand(rng):
         y.backward(backend.to_device(dy, np.float32))
         if name == "cuda":
             assert h.operand is not None and h._values is None
+            assert h.pre.operand is not None and h.pre._values is None   # (pre-activation)
+            assert hasattr(h.pre.grad, "words")                          # (and its gradient)
         results[name] = [backend.to_host(t) for t in (y.data, *(v.grad for v in leaves))]
         results[name + " gelu"] = backend.to_host(h.data)
     for got, want in zip(results["cuda"], results["numpy"]):

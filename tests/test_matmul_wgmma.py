@@ -12,7 +12,7 @@ from numba import cuda
 
 from conftest import GPU
 from nanoandrea.kernels import matmul_bf16, matmul_wgmma
-from test_matmul_bf16 import check, check_gelu_in_bf16
+from test_matmul_bf16 import check, check_products_in_bf16
 from test_kernels import device
 
 if GPU and cuda.get_current_device().compute_capability != (9, 0):
@@ -67,9 +67,9 @@ def test_matmul_bf16_takes_wgmma_on_hopper():
     assert not matmul_wgmma.takes(device(np.zeros((16, 65))))
 
 
-def test_matmul_wgmma_writes_gelu_in_bf16(rng):
-    """The epilogue gelu_bf16: GELU's output as the next product's Bf16Matrix, the float32
-    GELU rounded, to the bit."""
+def test_matmul_wgmma_products_in_bf16(rng):
+    """The bf16 epilogue (words): out, GELU's output and GELU's backward's input as Bf16Matrix
+    words, the rounded float32 results to the bit."""
     M, N, K = (72, 136, 72) if not GPU else (1000, 1544, 392)
-    check_gelu_in_bf16(rng, lambda out, a, b, bias, **gelu: matmul_wgmma.matmul_wgmma(
-        out, matmul_bf16.rounded(a), matmul_bf16.rounded(b), bias, **gelu), M, N, K)
+    check_products_in_bf16(rng, lambda out, a, b, bias, **rest: matmul_wgmma.matmul_wgmma(
+        out, matmul_bf16.rounded(a), matmul_bf16.rounded(b), bias, **rest), M, N, K)

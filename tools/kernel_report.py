@@ -51,15 +51,21 @@ def kernels():
             yield (f"matmul {'T' if ta else 'N'}{'T' if tb else 'N'}"
                    f"{f', {epilogue} epilogue' if epilogue else ''}",
                    matmul.matmul_kernel(ta, tb, epilogue), MATMUL_ARGS)
+    U3 = types.uint32[:, :, ::1]                # a product written in bf16 (words epilogue)
     for ta, tb in ((False, False), (False, True), (True, False)):       # (sm_90a: wgmma)
-        for epilogue in (None, "gelu", "gelu_bf16", "gelu_grad"):
-            if ta and epilogue or (tb and epilogue in ("gelu", "gelu_bf16")):
+        for epilogue in (None, "gelu", "gelu_grad"):
+            if ta and epilogue or (tb and epilogue == "gelu"):
                 continue
-            # (None: unread, the launcher passes a; gelu_bf16: a Bf16Matrix's words)
-            hidden = (U2,) if epilogue in (None, "gelu_bf16") else (A2,)
-            yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
-                   f"{f', {epilogue} epilogue' if epilogue else ''}",
-                   matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue), WGMMA_ARGS[:-1] + hidden)
+            for words in (False, True):
+                if words and (ta or epilogue is None):
+                    continue            # (bf16 out: the MLP's pre-activation and its gradient)
+                # (None: unread, the launcher passes a)
+                hidden = (U2,) if epilogue is None or words else (A2,)
+                out = (U3,) if words else (A3,)
+                yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
+                       f"{f', {epilogue} epilogue' if epilogue else ''}{', bf16 out' if words else ''}",
+                       matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue, words),
+                       out + WGMMA_ARGS[1:-1] + hidden)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits (16-byte)", matmul.sum_splits_kernel, (A1, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:

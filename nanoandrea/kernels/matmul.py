@@ -487,35 +487,38 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
 def bias_argument(out, bias):
     """(the bias array a kernel is given, has_bias): kernels take arrays, not None, so
     without a bias a placeholder that is never read."""
-    if bias is None:
-        return out.reshape(out.size)[:1], False
+    if bias is None:            # (out's first float; of a Bf16Matrix's words, their bits)
+        first = out.reshape(out.size)[:1]
+        return (first if first.dtype == np.float32 else first.view(np.float32)), False
     return bias, True
 
 
 def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, transpose_a,
                    transpose_b, accumulate, gelu_out, gelu_input, blocks_at_once=None,
-                   shared_bytes=0, gelu_words=False):
+                   shared_bytes=0, words=False):
     """The product on `grid` (N tiles, M tiles, slices of K) by the kernel
     make_kernel(transpose_a, transpose_b, epilogue) makes (this module's, matmul_bf16's or
     matmul_wgmma's: the same arguments): one pass whose epilogue does the rest, or, split-K
     (grid z > 1), the partial products of each slice of K, their sum in a fixed order (+ bias),
     then GELU. blocks_at_once: a persistent kernel's, whose blocks each take several tiles:
     launched on that many blocks, or on one a tile where there are fewer. bias: None, or
-    the bias [N]. gelu_words: gelu_out is a Bf16Matrix's words, which the epilogue "gelu_bf16"
-    writes (matmul_wgmma's; K not split)."""
+    the bias [N]. words: out and GELU's array are Bf16Matrix words [M, N/2], which
+    matmul_wgmma's bf16 epilogue writes and reads (make_kernel(..., words=True); K unsplit)."""
     M, N = out.shape
     bias, has_bias = bias_argument(out, bias)
     hidden = gelu_out if gelu_out is not None else gelu_input
     launch_grid = grid if blocks_at_once is None else min(grid[0] * grid[1] * grid[2],
                                                           blocks_at_once)
     if grid[2] == 1:
-        epilogue = ("gelu_bf16" if gelu_words else "gelu") if gelu_out is not None else (
+        epilogue = "gelu" if gelu_out is not None else (
             "gelu_grad" if gelu_input is not None else None)
-        launch(make_kernel(bool(transpose_a), bool(transpose_b), epilogue), launch_grid, threads,
-               out.reshape(1, M, N), a, b, bias, has_bias, accumulate, k_per_split,
-               a if hidden is None else hidden, shared_bytes=shared_bytes)
+        kernel = (make_kernel(bool(transpose_a), bool(transpose_b), epilogue, True) if words
+                  else make_kernel(bool(transpose_a), bool(transpose_b), epilogue))
+        launch(kernel, launch_grid, threads, out.reshape(1, M, N), a, b, bias, has_bias,
+               accumulate, k_per_split, a if hidden is None else hidden,
+               shared_bytes=shared_bytes)
         return
-    check(not gelu_words, "launch_product: GELU's bf16 output is the epilogue's: K unsplit")
+    check(not words, "launch_product: a product in bf16 is the epilogue's: K unsplit")
     partials = cuda.device_array((grid[2], M, N), dtype=np.float32, stream=current_stream())
     launch(make_kernel(bool(transpose_a), bool(transpose_b)), launch_grid, threads, partials, a,
            b, bias, False, False, k_per_split, a, shared_bytes=shared_bytes)

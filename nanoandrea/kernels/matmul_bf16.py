@@ -58,7 +58,7 @@ from numba import cuda, float32, int32, uint32
 
 from . import matmul_wgmma
 from .asynccopy import commit_copies, copy16_async, wait_copies
-from .gelu import gelu_derivative, gelu_value
+from .gelu import gelu_derivative, gelu_forward, gelu_forward_numpy, gelu_value
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
                      inlined, kernel_factory, launch)
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul_numpy, split_count
@@ -170,8 +170,24 @@ def launch_rounding(kernel, out, copy, x):
 def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False,
                       accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None):
     """matmul_numpy of a and b rounded to bf16 (Bf16Matrix operands, or float32 ones rounded
-    here), the sums in out's precision. gelu_out may be a Bf16Matrix: GELU's output rounded to
-    bf16, as the next product reads it."""
+    here), the sums in out's precision. out may be a Bf16Matrix: the product (the sums in
+    float32) rounded to bf16, as the next products read it; then not accumulated, and gelu_out,
+    if given, is one too. gelu_out may be a Bf16Matrix: GELU of out as written, rounded to
+    bf16. gelu_input may be a Bf16Matrix: its values are GELU's input."""
+    if isinstance(gelu_input, Bf16Matrix):
+        gelu_input = bf16_matrix_values(gelu_input)
+    if isinstance(out, Bf16Matrix):
+        check(not accumulate, "matmul_bf16: a product in bf16 is not added to")
+        check(gelu_out is None or isinstance(gelu_out, Bf16Matrix),
+              "matmul_bf16: with out a Bf16Matrix, gelu_out is one too")
+        values = np.empty(out.shape, np.float32)
+        product_of_values(bf16_matrix_values, values, a, b, bias, transpose_a, transpose_b,
+                          False, None, gelu_input)
+        round_bf16_numpy(out, values)
+        if gelu_out is not None:
+            gelu_forward_numpy(values, bf16_matrix_values(out))
+            round_bf16_numpy(gelu_out, values)
+        return
     hidden = np.empty(out.shape, out.dtype) if isinstance(gelu_out, Bf16Matrix) else gelu_out
     product_of_values(bf16_matrix_values, out, a, b, bias, transpose_a, transpose_b, accumulate,
                       hidden, gelu_input)
@@ -559,23 +575,49 @@ def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
     array is rounded first): matmul.matmul's arguments and epilogues, on the tensor cores: by
     wgmma on a GPU of compute capability 9.0 (matmul_wgmma.py), else by this module's mma.sync
     kernel (b_transposed is not needed: both read a transposed operand as it lies).
-    gelu_out may be a Bf16Matrix: GELU's output in bf16, as the next product reads it (wgmma's
-    epilogue writes it so; elsewhere a float32 one is rounded)."""
+    out, gelu_out and gelu_input may be Bf16Matrix's, as the twin says (the MLP in bf16: its
+    pre-activation, GELU's output and the pre-activation's gradient written as the next
+    products read them): wgmma's bf16 epilogue writes and reads them so when all of them are;
+    elsewhere they go through float32 (through_float32)."""
     a, b = (x if isinstance(x, Bf16Matrix) else rounded(x) for x in (a, b))
     hidden = gelu_out if gelu_out is not None else gelu_input
-    words = isinstance(hidden, Bf16Matrix)
-    on_wgmma = matmul_wgmma.takes(out, bias, hidden.words if words else hidden)
-    if words and not on_wgmma:
-        hidden = device_empty(out.shape, np.float32)
-        matmul_bf16(out, a, b, bias, transpose_a, transpose_b, accumulate, hidden)
-        round_bf16(gelu_out, hidden)
-        return
-    if on_wgmma:
+    words = isinstance(out, Bf16Matrix)
+    alike = hidden is None or isinstance(hidden, Bf16Matrix) == words
+    if alike and matmul_wgmma.takes(out, bias, hidden):
         matmul_wgmma.matmul_wgmma(out, a, b, bias, transpose_a, transpose_b, accumulate,
                                   gelu_out, gelu_input)      # (Hopper: wgmma, faster)
+    elif words or isinstance(hidden, Bf16Matrix):
+        through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
+                        gelu_input)
+    else:
+        mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
+                   "bf16")
+
+
+def through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
+                    gelu_input):
+    """matmul_bf16 where out or GELU's array is a Bf16Matrix and no kernel's epilogue takes it:
+    the product in float32, then rounded (extra passes, on GPUs without wgmma)."""
+    if isinstance(gelu_input, Bf16Matrix):
+        values = device_empty(gelu_input.shape, np.float32)
+        bf16_values(values, gelu_input)
+        gelu_input = values
+    if not isinstance(out, Bf16Matrix):
+        hidden = device_empty(out.shape, np.float32) if gelu_out is not None else None
+        matmul_bf16(out, a, b, bias, transpose_a, transpose_b, accumulate, hidden, gelu_input)
+        if hidden is not None:
+            round_bf16(gelu_out, hidden)
         return
-    mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
-               "bf16")
+    check(not accumulate, "matmul_bf16: a product in bf16 is not added to")
+    check(gelu_out is None or isinstance(gelu_out, Bf16Matrix),
+          "matmul_bf16: with out a Bf16Matrix, gelu_out is one too")
+    values = device_empty(out.shape, np.float32)
+    matmul_bf16(values, a, b, bias, transpose_a, transpose_b, False, None, gelu_input)
+    round_bf16(out, values)
+    if gelu_out is not None:                            # GELU of out as rounded
+        bf16_values(values, out)
+        gelu_forward(values, values)
+        round_bf16(gelu_out, values)
 
 
 def mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,

@@ -35,7 +35,10 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue):
                slices are on their way. (A block a tile would wait for them at every tile's
                start: at K = 768 a tile is only 12 slices)
   epilogue     bias, GELU or its backward, and what out holds (accumulate), as matmul.py's;
-               pairs of floats, 8-byte loads and stores
+               pairs of floats, 8-byte loads and stores. Or, `words`, the bf16 epilogue: out
+               is written as the next products read it (a Bf16Matrix's words, a pair a 4-byte
+               store: half float32's bytes, and no rounding pass after), GELU's output too,
+               and GELU's backward reads its input so (the MLP's pre-activation in bf16)
   split-K      as matmul.py: the tiles of every slice of K are the blocks' work; their partial
                sums are added in a fixed order (matmul.sum_splits)
 Operands and offsets are 32-bit: the launcher checks that an operand has fewer than 2^31 words.
@@ -46,7 +49,7 @@ from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_derivative, gelu_value
 from .launch import MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined, kernel_factory
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split_count
-from .tensorcores import bf16_pair
+from .tensorcores import bf16_pair, bf16_unpair
 from .vector import aligned16, flat, load2, store2
 from .wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
                     dynamic_shared_words, fence_proxy_async, hopper, wgmma_commit, wgmma_fence,
@@ -138,16 +141,17 @@ def copy_operand(tiles, at, words, pitch, start, along_k, first, size, k0, k_end
 
 
 @kernel_factory
-def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
+def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
     """The kernel (see the module's doc) for one (transpose_a, transpose_b) and epilogue: None,
-    "gelu" (gelu(out) also written to `hidden`), "gelu_bf16" (the same, `hidden` the words of a
-    Bf16Matrix: GELU's output as the next product reads it) or "gelu_grad" (the product, plus
-    bias, times gelu'(hidden))."""
-    check(epilogue in EPILOGUES + ("gelu_bf16",), f"matmul_wgmma: unknown epilogue {epilogue!r}")
+    "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product, plus bias, times
+    gelu'(hidden)). words: out and hidden are the words of Bf16Matrix's, [S=1, M, N/2] and
+    [M, N/2]: out rounded to bf16, GELU of out as rounded (what the next products and the
+    backward read), rounded too; nothing accumulated."""
+    check(epilogue in EPILOGUES, f"matmul_wgmma: unknown epilogue {epilogue!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
     B_ALONG_K = transpose_b             # b[N,K]: likewise
-    GELU, GELU_GRAD = epilogue in ("gelu", "gelu_bf16"), epilogue == "gelu_grad"
-    GELU_WORDS = epilogue == "gelu_bf16"
+    GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
+    WORDS = words
     multiply = wgmma_m64n128k16(K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
                                 K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
 
@@ -165,18 +169,26 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
     @inlined
     def group_reads(out, hidden, bias, has_bias, accumulate, z, row, c, M, N):
         # what the epilogue of the 8-column group at column c reads: bias[c:c + 2] and, for rows
-        # row and row + 8, gelu's input (gelu_grad) and what out holds (accumulate)
+        # row and row + 8, gelu's input (gelu_grad; words: a word each, h1 and h3 unused, its
+        # pair unpacked where it is used) and what out holds (accumulate)
         zero = float32(0.0)
-        b0 = b1 = h0 = h1 = h2 = h3 = o0 = o1 = o2 = o3 = zero
+        b0 = b1 = o0 = o1 = o2 = o3 = zero
+        h0 = h1 = h2 = h3 = uint32(0) if WORDS else zero
         if c < N:                       # (N is even: the pair's second column is in too)
             if has_bias:
                 b0, b1 = load2(bias, (c,))
             if GELU_GRAD:
-                if row < M:
-                    h0, h1 = load2(hidden, (row, c))
-                if row + 8 < M:
-                    h2, h3 = load2(hidden, (row + 8, c))
-            if accumulate:
+                if WORDS:
+                    if row < M:
+                        h0 = hidden[row, c >> 1]
+                    if row + 8 < M:
+                        h2 = hidden[row + 8, c >> 1]
+                else:
+                    if row < M:
+                        h0, h1 = load2(hidden, (row, c))
+                    if row + 8 < M:
+                        h2, h3 = load2(hidden, (row + 8, c))
+            if accumulate and not WORDS:
                 if row < M:
                     o0, o1 = load2(out, (z, row, c))
                 if row + 8 < M:
@@ -189,16 +201,23 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
         # it reads (group_reads)
         if row < M:
             if GELU_GRAD:
+                if WORDS:
+                    h0, h1 = bf16_unpair(h0)
                 x0 *= gelu_derivative(h0)
                 x1 *= gelu_derivative(h1)
-            if accumulate:
-                x0 += o0
-                x1 += o1
-            store2(out, (z, row, col), x0, x1)
-            if GELU_WORDS:              # (a pair: one 4-byte word, half float32's bytes)
-                hidden[row, col >> 1] = bf16_pair(gelu_value(x0), gelu_value(x1))
-            elif GELU:
-                store2(hidden, (row, col), gelu_value(x0), gelu_value(x1))
+            if WORDS:                   # (a pair: one 4-byte word, half float32's bytes)
+                pair = bf16_pair(x0, x1)
+                out[z, row, col >> 1] = pair
+                if GELU:                # (of the values as rounded: what backward reads)
+                    r0, r1 = bf16_unpair(pair)
+                    hidden[row, col >> 1] = bf16_pair(gelu_value(r0), gelu_value(r1))
+            else:
+                if accumulate:
+                    x0 += o0
+                    x1 += o1
+                store2(out, (z, row, col), x0, x1)
+                if GELU:
+                    store2(hidden, (row, col), gelu_value(x0), gelu_value(x1))
 
     @inlined
     def store_group(out, hidden, acc, j, reads, accumulate, z, row, col, M, N):
@@ -256,13 +275,13 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
         # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
         # Bf16Matrix operands. hidden[M,N] (S = 1): GELU's output (gelu) or its input
-        # (gelu_grad); else not read.
+        # (gelu_grad); else not read. (words: out [1, M, N/2] and hidden [M, N/2] in pairs)
         # grid: up to RESIDENT_BLOCKS blocks, each taking tiles blockIdx.x, + grid, ...; block
         # THREADS; dynamic shared memory SHARED_BYTES: STAGES stages from word `first` on
         tiles = dynamic_shared_words()
         first = atom_start(tiles)
         acc = cuda.local.array(ACCUMULATORS, float32)
-        S, M, N = out.shape[0], out.shape[1], out.shape[2]
+        S, M, N = out.shape[0], out.shape[1], out.shape[2] * (2 if WORDS else 1)
         # K: the rows of a k-major operand; with both along k, their padded width (its zeros
         # add nothing)
         K = int32(a.shape[0] if transpose_a else b.shape[0] if not transpose_b else 2 * a.shape[1])
@@ -322,33 +341,39 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None):
 
 def takes(out, bias=None, hidden=None):
     """Whether matmul_bf16 sends this product here: on a GPU of compute capability 9.0, when
-    out's rows are a multiple of 8 floats and out, bias and hidden 16-byte aligned (the
-    epilogue's pairs, the split-K sum's fours). Any M and K."""
-    return (hopper() and out.shape[1] % 8 == 0
-            and all(aligned16(x) for x in (out, bias, hidden) if x is not None))
+    out's rows are a multiple of 8 values (the epilogue's pairs, the split-K sum's fours; a
+    Bf16Matrix then has no padding to keep zero) and out, bias and hidden 16-byte aligned.
+    Any M and K. out and hidden are float32 arrays or Bf16Matrix's."""
+    arrays = [getattr(x, "words", x) for x in (out, bias, hidden) if x is not None]
+    return hopper() and out.shape[1] % 8 == 0 and all(aligned16(x) for x in arrays)
 
 
 def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
                  gelu_out=None, gelu_input=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias), matmul_bf16's arguments and epilogues; a, b
-    Bf16Matrix operands (already rounded); gelu_out a float32 array or a Bf16Matrix."""
-    gelu_words = hasattr(gelu_out, "words")             # (a Bf16Matrix: matmul_bf16 imports us)
-    check_float32(out=out, bias=bias, gelu_input=gelu_input,
-                  **({} if gelu_words else dict(gelu_out=gelu_out)))
+    Bf16Matrix operands (already rounded). out, gelu_out and gelu_input all float32 arrays, or
+    all Bf16Matrix's (the bf16 epilogue: nothing accumulated)."""
+    hidden = gelu_out if gelu_out is not None else gelu_input
+    words = hasattr(out, "words")                       # (a Bf16Matrix: matmul_bf16 imports us)
+    check(hidden is None or hasattr(hidden, "words") == words,
+          "matmul_wgmma: out and GELU's array must both be float32 or both Bf16Matrix's")
+    check(not (words and accumulate), "matmul_wgmma: a product in bf16 is not added to")
+    if not words:
+        check_float32(out=out, gelu_out=gelu_out, gelu_input=gelu_input)
+    check_float32(bias=bias)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     check(N % 2 == 0, f"matmul_wgmma: out's rows of {N}, an odd width (pairs are stored)")
     check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
           f"matmul_wgmma: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
-    hidden = gelu_out if gelu_out is not None else gelu_input
-    # (split-K's sum reads 4 floats at a time: rows of other widths are not split; GELU's
-    # output in bf16 comes from the epilogue only: not split either)
-    can_split = not gelu_words and all(aligned16(x) for x in (out, bias, hidden)
-                                       if x is not None)
+    # (split-K's sum reads 4 floats at a time: rows of other widths are not split; a product
+    # in bf16 comes from the epilogue only: not split either)
+    can_split = not words and all(aligned16(x) for x in (out, bias, hidden) if x is not None)
     splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK) if can_split else 1
     k_per_split = k_per_slice(K, splits, step=BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
-    launch_product(wgmma_matmul_kernel, THREADS, grid, k_per_split, out, a.words, b.words, bias,
-                   transpose_a, transpose_b, accumulate,
-                   gelu_out.words if gelu_words else gelu_out, gelu_input,
-                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES,
-                   gelu_words=gelu_words)
+    words_of = (lambda x: x.words) if words else (lambda x: x)
+    launch_product(wgmma_matmul_kernel, THREADS, grid, k_per_split, words_of(out), a.words,
+                   b.words, bias, transpose_a, transpose_b, accumulate,
+                   None if gelu_out is None else words_of(gelu_out),
+                   None if gelu_input is None else words_of(gelu_input),
+                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES, words=words)

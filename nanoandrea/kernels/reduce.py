@@ -11,7 +11,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     current_stream, elementwise_grid, inlined, launch)
+                     current_stream, elementwise_grid, inlined, kernel_factory, launch)
 
 MAX_THREADS = 1024
 
@@ -196,36 +196,57 @@ def column_partials_sum(total, partial):
 
 # --- sum over rows: the bias gradient (and the position-embedding gradient) ----------------
 
-@cuda.jit
-def sum_rows_kernel(partials, x):
-    # partials[R, N]: partials[r] = sum of the r-th chunk of x[M, N]'s rows; grid (N/32, R),
-    # block (32, ROW_GROUPS). Stage 1 of two (above); no atomics, so the sum is reproducible.
-    partial = cuda.shared.array((ROW_GROUPS, COLUMNS), float32)
-    M, N = x.shape
-    first, end = chunk_rows(M)
-    col = cuda.blockIdx.x * COLUMNS + cuda.threadIdx.x
-    total = float32(0.0)
-    if col < N:
-        for row in range(first + cuda.threadIdx.y, end, ROW_GROUPS):
-            total += x[row, col]
-    total = column_partials_sum(total, partial)
-    if cuda.threadIdx.y == 0 and col < N:
-        partials[cuda.blockIdx.y, col] = total
+@kernel_factory
+def sum_rows_kernel(words=False):
+    """The kernel of sum_rows; words: x is a Bf16Matrix's words [M, P/2] (column c the low half
+    of word c/2 for an even c, the high half for an odd one)."""
+    from .tensorcores import bf16_unpair       # (here: tensorcores' simulator twin imports us)
+
+    @inlined
+    def value(x, row, col):
+        if words:
+            low, high = bf16_unpair(x[row, col >> 1])
+            return high if col & 1 else low
+        return x[row, col]
+
+    @cuda.jit
+    def sum_rows_kernel(partials, x):
+        # partials[R, N]: partials[r] = sum of the r-th chunk of x[M, N]'s rows; grid (N/32, R),
+        # block (32, ROW_GROUPS). Stage 1 of two (above); no atomics, so the sum is
+        # reproducible.
+        partial = cuda.shared.array((ROW_GROUPS, COLUMNS), float32)
+        M, N = x.shape[0], partials.shape[1]
+        first, end = chunk_rows(M)
+        col = cuda.blockIdx.x * COLUMNS + cuda.threadIdx.x
+        total = float32(0.0)
+        if col < N:
+            for row in range(first + cuda.threadIdx.y, end, ROW_GROUPS):
+                total += value(x, row, col)
+        total = column_partials_sum(total, partial)
+        if cuda.threadIdx.y == 0 and col < N:
+            partials[cuda.blockIdx.y, col] = total
+
+    return sum_rows_kernel
 
 
 def sum_rows(out, x, accumulate=False):
-    """out[N] (+)= x[M,N] summed over its M rows."""
-    check_float32(out=out, x=x)
+    """out[N] (+)= x[M,N] summed over its M rows. x: float32, or a Bf16Matrix (a gradient the
+    products wrote in bf16: the MLP's pre-activation's), its values summed in float32."""
+    words = hasattr(x, "words")
+    check_float32(out=out, **({} if words else dict(x=x)))
     check(len(x.shape) == 2, f"sum_rows: x must be 2-D, got {x.shape}")
     check_shape("sum_rows out", out, (x.shape[1],))
     M, N = x.shape
     partials = cuda.device_array((row_chunks(M, N), N), np.float32, stream=current_stream())
-    launch(sum_rows_kernel, (blocks(N, COLUMNS), partials.shape[0]), (COLUMNS, ROW_GROUPS),
-           partials, x)
+    launch(sum_rows_kernel(words), (blocks(N, COLUMNS), partials.shape[0]),
+           (COLUMNS, ROW_GROUPS), partials, x.words if words else x)
     launch(finish_column_sums_kernel, *elementwise_grid(N), out, partials, accumulate)
 
 
 def sum_rows_numpy(out, x, accumulate=False):
+    if hasattr(x, "words"):
+        from .matmul_bf16 import bf16_matrix_values
+        x = bf16_matrix_values(x)
     check_shape("sum_rows out", out, (x.shape[1],))
     if accumulate:
         out += x.sum(axis=0)
