@@ -51,8 +51,9 @@ def takes_matvec(x, weight, transpose_weight=False):
     """Whether x[..., K] . weight is a product of few rows without gradients (a sampled
     token's linear layers): then kernels/matvec.py reads each weight once, where the tile
     kernels would spend a 128-row tile on a few rows."""
-    rows = x.data.reshape(-1, x.shape[-1])
-    return not grad_enabled() and x.backend.takes_matvec(rows, weight.data, transpose_weight)
+    if grad_enabled():          # (first: x.data of an OperandTensor would be made)
+        return False
+    return x.backend.takes_matvec(x.data.reshape(-1, x.shape[-1]), weight.data, transpose_weight)
 
 
 def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_operand=None):
@@ -70,8 +71,8 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     y = _new(x, x.shape[:-1] + (N,)) if activation is None else None        # x . W + b
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: unknown activation {activation!r}")
-    if x_operand is None and isinstance(x, GeluOutput):
-        x_operand = x.operand           # (in bf16 the product before wrote it: GeluOutput)
+    if x_operand is None:
+        x_operand = getattr(x, "operand", None)     # (bf16: written so: an OperandTensor)
     matvec = x_operand is None and takes_matvec(x, weight, transpose_weight)
     g = None                                                       # gelu(y), the same kernel
     if activation == "gelu":
@@ -155,8 +156,9 @@ def linears(x, *weights_and_biases, heads=None):
     returns (schedule.py): the grids' last waves overlap, and their splits (memory-bound
     copies) the first product (compute-bound). (Recorded last to first.) Products of few
     rows (takes_matvec) make no operand of x: matvec reads x itself."""
-    few_rows = takes_matvec(x, weights_and_biases[0][0])
-    rows = None if few_rows else x.backend.operand(x.data.reshape(-1, x.shape[-1]))
+    rows = getattr(x, "operand", None)              # (bf16: written so: an OperandTensor)
+    if rows is None and not takes_matvec(x, weights_and_biases[0][0]):
+        rows = x.backend.operand(x.data.reshape(-1, x.shape[-1]))
 
     def product(w, b):
         y = linear(x, w, b, x_operand=rows)
@@ -335,13 +337,20 @@ def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
     return record(out, [q, k, v], backward)
 
 
+def _normalized(x):
+    """The output of a layer norm of x: an OperandTensor, which in bf16 training is written
+    only as the products after it read it (layer norm's backward reads x, not its output)."""
+    words = x.backend.precision == "bf16" and grad_enabled()
+    return OperandTensor(x.backend, x.shape, words)
+
+
 def layernorm(x, weight, bias):
     """Layer norm over the last axis of x[..., C]."""
     backend = x.backend
     C = x.shape[-1]
-    out = _new(x, x.shape)
+    out = _normalized(x)
     mean, rstd = _row_stats(x)
-    backend.layernorm_forward(out.data.reshape(-1, C), mean, rstd, x.data.reshape(-1, C),
+    backend.layernorm_forward(_written(out, C), mean, rstd, x.data.reshape(-1, C),
                               weight.data, bias.data)
     return record(out, [x, weight, bias], _layernorm_backward(out, x, weight, bias, mean, rstd))
 
@@ -411,9 +420,9 @@ def add_layernorm(a, b, weight, bias):
     """(x, h) = (a + b, layernorm(a + b)): the residual add and the layer norm after it, one
     fused kernel forward. Recorded as add then layernorm, so backward is exactly theirs."""
     C = a.shape[-1]
-    x, h = _new(a, a.shape), _new(a, a.shape)
+    x, h = _new(a, a.shape), _normalized(a)
     mean, rstd = _row_stats(x)
-    a.backend.residual_layernorm_forward(x.data.reshape(-1, C), h.data.reshape(-1, C), mean, rstd,
+    a.backend.residual_layernorm_forward(x.data.reshape(-1, C), _written(h, C), mean, rstd,
                                          a.data.reshape(-1, C), b.data.reshape(-1, C),
                                          weight.data, bias.data)
     x = record(x, [a, b], _add_backward(x, a, b))

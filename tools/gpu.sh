@@ -6,7 +6,7 @@
 #               (tools/startup.py); it fills the kernel cache that the later steps use
 #     tests     the test suite at GPU sizes, in parallel workers
 #     e2e       training tokens/s against PyTorch, andrea-12m and andrea-120m (tools/bench.py;
-#               PRECISION, default fp32; MODELS, default both)
+#               PRECISION, default fp32; MODELS, default both; COMPILE=1: torch.compile too)
 #     attention the tensor-core attention: its tests (wgmma alone, the wgmma and the mma.sync
 #               kernels), the ladder's v9 (mma.sync), v10-v12 (wgmma) at both presets' shapes,
 #               then tools/bench.py's attention in bf16 beside SDPA
@@ -23,7 +23,8 @@
 #               at 16384x3072x768 (tools/run_once.py, bf16)
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
 #               matmuls, attention and the training step in bf16 against PyTorch's (tools/bench.py)
-#     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train`
+#     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train` (STOP_AT,
+#               default 1500; 0: the whole schedule), then `nanoandrea sample` from its best
 #     sample    issue 27's sampling: the decode kernels' tests at GPU sizes (matvec, the
 #               key/value cache, cached = uncached tokens), then tools/bench.py's sample section
 #     ddp       data-parallel with a world of one: NCCL's step against the plain one
@@ -64,7 +65,7 @@ for step in "${steps[@]}"; do
       grep -E "FAILED|ERROR|[0-9]+ (passed|failed)|^[0-9.]+s call" "$OUT/pytest.log" | tail -30 ;;
     e2e)
       limit python3 tools/bench.py --only e2e --precision ${PRECISION:-fp32} ${MODELS:+--models $MODELS} \
-          --json "$OUT/e2e-${PRECISION:-fp32}.json" > "$OUT/e2e-${PRECISION:-fp32}.log" 2>&1
+          ${COMPILE:+--compile} --json "$OUT/e2e-${PRECISION:-fp32}.json" > "$OUT/e2e-${PRECISION:-fp32}.log" 2>&1
       grep -A10 "^summary" "$OUT/e2e-${PRECISION:-fp32}.log" ;;
     attention)
       NANOANDREA_INLINER=nvvm limit python3 -m pytest -v -rf -n ${TEST_WORKERS:-8} tests/test_wgmma.py \
@@ -126,11 +127,16 @@ for step in "${steps[@]}"; do
           > "$OUT/bench-sample.log" 2>&1
       grep -A20 "^summary" "$OUT/bench-sample.log" ;;
     train)
-      limit python3 -m nanoandrea.train --out /tmp/shakespeare --stop-at ${STOP_AT:-1500} \
+      stop=${STOP_AT:-1500}; [ "$stop" = 0 ] && stop=
+      limit python3 -m nanoandrea.train --out /tmp/shakespeare ${stop:+--stop-at $stop} \
           > "$OUT/train.log" 2>&1
       tail -25 "$OUT/train.log"
       cp /tmp/shakespeare/metrics.jsonl /tmp/shakespeare/loss.png /tmp/shakespeare/samples.txt \
-          "$OUT/" 2>/dev/null ;;
+          "$OUT/" 2>/dev/null
+      # then the trained model as its user samples it, from the best checkpoint
+      limit python3 -m nanoandrea sample --checkpoint /tmp/shakespeare/best --prompt "ROMEO:" \
+          --max-new-tokens 300 > "$OUT/sample-cli.log" 2>&1
+      cat "$OUT/sample-cli.log" ;;
     ddp)
       python3 -c 'from cupy.cuda import nccl; print("NCCL", nccl.get_version())'
       limit python3 -m pytest -v -rf tests/test_distributed.py > "$OUT/ddp-tests.log" 2>&1

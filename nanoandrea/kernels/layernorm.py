@@ -21,6 +21,7 @@ Two families of kernels compute this:
     are the readable reference, and the fallback.
 """
 import math
+from contextlib import contextmanager
 
 import numpy as np
 from numba import cuda, float32
@@ -30,6 +31,7 @@ from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check_float32, check_sh
 from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, WARP, block_sum, chunk_rows,
                      column_partials_sum, finish_column_sums_kernel, row_chunks, sum_rows,
                      warp_sum)
+from .tensorcores import bf16_pair
 from .vector import aligned16, load4, store4
 
 EPS = 1e-5
@@ -49,10 +51,12 @@ def backward_blocks_per_sm(V):
 # --- warp kernels ---------------------------------------------------------------------------
 
 @kernel_factory
-def warp_kernel(V, which):
+def warp_kernel(V, which, words=False):
     """The warp kernel `which` ("forward", "residual_forward" or "backward") for rows of
     C <= 128 V columns (C % 4 == 0). V fixes the size of each lane's register arrays (4 V
-    floats), which must be known when the kernel is compiled."""
+    floats), which must be known when the kernel is compiled. words (the forwards, C % 8 ==
+    0): out is a Bf16Matrix's words [N, C/2], the normalized rows as the next products read
+    them (bf16 training: half float32's bytes, and no rounding pass after)."""
     SIZE = 4 * V       # floats per lane: values[4 k + i] is column 4 (lane + 32 k) + i
     MAX_C = WARP * SIZE
     # (the simulator's cuda.jit takes no launch_bounds)
@@ -73,7 +77,7 @@ def warp_kernel(V, which):
     def normalize_warp_row(out, mean, rstd, values, weight, bias, eps, row):
         # The forward after a row is loaded into values (this lane's columns of row `row`):
         # writes out[row, :], mean[row], rstd[row]. Every lane of the warp calls it.
-        C = out.shape[1]
+        C = out.shape[1] * (2 if words else 1)
         lane = cuda.threadIdx.x
         total = float32(0.0)
         for k in range(V):
@@ -93,10 +97,15 @@ def warp_kernel(V, which):
             if col < C:
                 w0, w1, w2, w3 = load4(weight, (col,))
                 b0, b1, b2, b3 = load4(bias, (col,))
-                store4(out, (row, col), (values[4 * k] - row_mean) * row_rstd * w0 + b0,
-                       (values[4 * k + 1] - row_mean) * row_rstd * w1 + b1,
-                       (values[4 * k + 2] - row_mean) * row_rstd * w2 + b2,
-                       (values[4 * k + 3] - row_mean) * row_rstd * w3 + b3)
+                y0 = (values[4 * k] - row_mean) * row_rstd * w0 + b0
+                y1 = (values[4 * k + 1] - row_mean) * row_rstd * w1 + b1
+                y2 = (values[4 * k + 2] - row_mean) * row_rstd * w2 + b2
+                y3 = (values[4 * k + 3] - row_mean) * row_rstd * w3 + b3
+                if words:               # (columns col .. col + 3: words col/2 and col/2 + 1)
+                    out[row, col >> 1] = bf16_pair(y0, y1)
+                    out[row, (col >> 1) + 1] = bf16_pair(y2, y3)
+                else:
+                    store4(out, (row, col), y0, y1, y2, y3)
         if lane == 0:
             mean[row] = row_mean
             rstd[row] = row_rstd
@@ -332,14 +341,20 @@ def _check(x, weight, **rows):
 
 
 def layernorm_forward(out, mean, rstd, x, weight, bias):
-    """out = layernorm(x) * weight + bias, row by row; mean and rstd saved for backward."""
-    check_float32(out=out, mean=mean, rstd=rstd, x=x, weight=weight, bias=bias)
+    """out = layernorm(x) * weight + bias, row by row; mean and rstd saved for backward. out
+    may be a Bf16Matrix (bf16 training: the rows as the products read them)."""
+    check_float32(mean=mean, rstd=rstd, x=x, weight=weight, bias=bias)
     _check(x, weight, out=out, mean=mean, rstd=rstd)
     N, C = x.shape
-    V = warp_vectors(C, out, x, weight, bias)
+    words = _words_kernel(out, C, x, weight, bias)
+    if words is None:
+        with _through_float32(out) as values:
+            layernorm_forward(values, mean, rstd, x, weight, bias)
+        return
+    V = warp_vectors(C, *([] if words else [out]), x, weight, bias)
     if V:
-        launch(warp_kernel(V, "forward"), blocks(N, WARPS), (WARP, WARPS), out, mean, rstd, x,
-               weight, bias, np.float32(EPS))
+        launch(warp_kernel(V, "forward", words), blocks(N, WARPS), (WARP, WARPS),
+               out.words if words else out, mean, rstd, x, weight, bias, np.float32(EPS))
     else:
         launch(layernorm_forward_kernel, N, THREADS, out, mean, rstd, x, weight, bias,
                np.float32(EPS))
@@ -347,17 +362,43 @@ def layernorm_forward(out, mean, rstd, x, weight, bias):
 
 def residual_layernorm_forward(resid, out, mean, rstd, a, b, weight, bias):
     """resid = a + b, then out = layernorm(resid) * weight + bias: the residual add and the
-    layernorm that follows it in one kernel; mean and rstd saved for backward."""
-    check_float32(resid=resid, out=out, mean=mean, rstd=rstd, a=a, b=b, weight=weight, bias=bias)
+    layernorm that follows it in one kernel; mean and rstd saved for backward. out may be a
+    Bf16Matrix, as layernorm_forward's."""
+    check_float32(resid=resid, mean=mean, rstd=rstd, a=a, b=b, weight=weight, bias=bias)
     _check(a, weight, b=b, resid=resid, out=out, mean=mean, rstd=rstd)
     N, C = a.shape
-    V = warp_vectors(C, resid, out, a, b, weight, bias)
+    words = _words_kernel(out, C, resid, a, b, weight, bias)
+    if words is None:
+        with _through_float32(out) as values:
+            residual_layernorm_forward(resid, values, mean, rstd, a, b, weight, bias)
+        return
+    V = warp_vectors(C, resid, *([] if words else [out]), a, b, weight, bias)
     if V:
-        launch(warp_kernel(V, "residual_forward"), blocks(N, WARPS), (WARP, WARPS), resid, out,
-               mean, rstd, a, b, weight, bias, np.float32(EPS))
+        launch(warp_kernel(V, "residual_forward", words), blocks(N, WARPS), (WARP, WARPS),
+               resid, out.words if words else out, mean, rstd, a, b, weight, bias,
+               np.float32(EPS))
     else:
         launch(residual_layernorm_forward_kernel, N, THREADS, resid, out, mean, rstd, a, b,
                weight, bias, np.float32(EPS))
+
+
+def _words_kernel(out, C, *arrays):
+    """For a forward's out: False (float32, any kernel), True (a Bf16Matrix the warp kernel
+    writes: C % 8 == 0, the rows whole words and no pad to keep zero) or None (a Bf16Matrix
+    no kernel writes: _through_float32)."""
+    if not hasattr(out, "words"):
+        check_float32(out=out)
+        return False
+    return True if C % 8 == 0 and warp_vectors(C, out.words, *arrays) else None
+
+
+@contextmanager
+def _through_float32(out):
+    """A float32 array for a forward to write, rounded into the Bf16Matrix out after."""
+    from .matmul_bf16 import round_bf16
+    values = cuda.device_array(out.shape, np.float32, stream=current_stream())
+    yield values
+    round_bf16(out, values)
 
 
 def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False,
@@ -389,6 +430,12 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
 
 def layernorm_forward_numpy(out, mean, rstd, x, weight, bias):
     _check(x, weight, out=out, mean=mean, rstd=rstd)
+    if hasattr(out, "words"):                   # (a Bf16Matrix: the float32 rows rounded)
+        from .matmul_bf16 import round_bf16_numpy
+        values = np.empty(out.shape, np.float32)
+        layernorm_forward_numpy(values, mean, rstd, x, weight, bias)
+        round_bf16_numpy(out, values)
+        return
     mean[...] = x.mean(axis=1)
     rstd[...] = 1.0 / np.sqrt(((x - mean[:, None]) ** 2).mean(axis=1) + EPS)
     out[...] = (x - mean[:, None]) * rstd[:, None] * weight + bias
