@@ -31,7 +31,7 @@ from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check_float32, check_sh
 from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, WARP, block_sum, chunk_rows,
                      column_partials_sum, finish_column_sums_kernel, row_chunks, sum_rows,
                      warp_sum)
-from .tensorcores import bf16_pair
+from .tensorcores import bf16_pair, store2_u32
 from .vector import aligned16, load4, store4
 
 EPS = 1e-5
@@ -102,8 +102,7 @@ def warp_kernel(V, which, words=False):
                 y2 = (values[4 * k + 2] - row_mean) * row_rstd * w2 + b2
                 y3 = (values[4 * k + 3] - row_mean) * row_rstd * w3 + b3
                 if words:               # (columns col .. col + 3: words col/2 and col/2 + 1)
-                    out[row, col >> 1] = bf16_pair(y0, y1)
-                    out[row, (col >> 1) + 1] = bf16_pair(y2, y3)
+                    store2_u32(out, (row, col >> 1), bf16_pair(y0, y1), bf16_pair(y2, y3))
                 else:
                     store4(out, (row, col), y0, y1, y2, y3)
         if lane == 0:

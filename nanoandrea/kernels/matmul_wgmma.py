@@ -49,7 +49,8 @@ from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_derivative, gelu_value
 from .launch import MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined, kernel_factory
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split_count
-from .tensorcores import bf16_pair, bf16_unpair
+from .reduce import pair_exchange
+from .tensorcores import bf16_pair, bf16_unpair, store2_u32
 from .vector import aligned16, flat, load2, store2
 from .wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
                     dynamic_shared_words, fence_proxy_async, hopper, wgmma_commit, wgmma_fence,
@@ -201,23 +202,14 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         # it reads (group_reads)
         if row < M:
             if GELU_GRAD:
-                if WORDS:
-                    h0, h1 = bf16_unpair(h0)
                 x0 *= gelu_derivative(h0)
                 x1 *= gelu_derivative(h1)
-            if WORDS:                   # (a pair: one 4-byte word, half float32's bytes)
-                pair = bf16_pair(x0, x1)
-                out[z, row, col >> 1] = pair
-                if GELU:                # (of the values as rounded: what backward reads)
-                    r0, r1 = bf16_unpair(pair)
-                    hidden[row, col >> 1] = bf16_pair(gelu_value(r0), gelu_value(r1))
-            else:
-                if accumulate:
-                    x0 += o0
-                    x1 += o1
-                store2(out, (z, row, col), x0, x1)
-                if GELU:
-                    store2(hidden, (row, col), gelu_value(x0), gelu_value(x1))
+            if accumulate:
+                x0 += o0
+                x1 += o1
+            store2(out, (z, row, col), x0, x1)
+            if GELU:
+                store2(hidden, (row, col), gelu_value(x0), gelu_value(x1))
 
     @inlined
     def store_group(out, hidden, acc, j, reads, accumulate, z, row, col, M, N):
@@ -229,6 +221,56 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                         acc[4 * j + 1] + b1, h0, h1, o0, o1, M)
             finish_pair(out, hidden, accumulate, z, row + 8, c, acc[4 * j + 2] + b0,
                         acc[4 * j + 3] + b1, h2, h3, o2, o3, M)
+
+    @inlined
+    def words_of_group(acc, j, reads, e):
+        # words: group j's sums e, e + 1 (e = 0: the thread's first row, 2: its row + 8), the
+        # epilogue applied, as bf16 pairs: (out's word, GELU's word)
+        b0, b1, h0, h1, h2, h3, o0, o1, o2, o3 = reads
+        x0, x1 = acc[4 * j + e] + b0, acc[4 * j + e + 1] + b1
+        if GELU_GRAD:
+            g0, g1 = bf16_unpair(h0 if e == 0 else h2)
+            x0 *= gelu_derivative(g0)
+            x1 *= gelu_derivative(g1)
+        pair = bf16_pair(x0, x1)
+        activated = uint32(0)
+        if GELU:                        # (of the values as rounded: what backward reads)
+            r0, r1 = bf16_unpair(pair)
+            activated = bf16_pair(gelu_value(r0), gelu_value(r1))
+        return pair, activated
+
+    @inlined
+    def store_exchanged(x, row, c, odd, word_j, word_k, M, N):
+        # words: one row's words of groups j and k = j + 1 (this thread's at column c of group
+        # j, c + 8 of group k), two a lane pair: each lane gives the other the word it does not
+        # store, so that the even lane stores group j's 4 columns from c on and the odd one
+        # group k's from c + 6 on, 8 bytes each: a row's 32 bytes in one store instruction
+        # (a 4-byte store a pair would write half a 32-byte sector at a time)
+        other = pair_exchange(word_j if odd else word_k)
+        if row < M:
+            if odd:
+                if c + 8 < N:
+                    store2_u32(x, (row, (c + 6) >> 1), other, word_k)
+            elif c < N:
+                store2_u32(x, (row, c >> 1), word_j, other)
+
+    @inlined
+    def store_words(out, hidden, acc, j, reads_j, reads_k, z, row, col, M, N):
+        # words: groups j and j + 1, both rows of the thread, by store_exchanged (every lane
+        # calls it: the exchange is a shuffle)
+        c = col + 8 * j
+        odd = (col >> 1) & 1
+        out_rows = out[z]               # (written out twice, as store_groups says why)
+        pair_j, activated_j = words_of_group(acc, j, reads_j, 0)
+        pair_k, activated_k = words_of_group(acc, j + 1, reads_k, 0)
+        store_exchanged(out_rows, row, c, odd, pair_j, pair_k, M, N)
+        if GELU:
+            store_exchanged(hidden, row, c, odd, activated_j, activated_k, M, N)
+        pair_j, activated_j = words_of_group(acc, j, reads_j, 2)
+        pair_k, activated_k = words_of_group(acc, j + 1, reads_k, 2)
+        store_exchanged(out_rows, row + 8, c, odd, pair_j, pair_k, M, N)
+        if GELU:
+            store_exchanged(hidden, row + 8, c, odd, activated_j, activated_k, M, N)
 
     @inlined
     def store_groups(out, hidden, acc, j, bias, has_bias, accumulate, z, row, col, M, N):
@@ -244,10 +286,14 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                              M, N)
         reads3 = group_reads(out, hidden, bias, has_bias, accumulate, z, row, col + 8 * j + 24,
                              M, N)
-        store_group(out, hidden, acc, j, reads0, accumulate, z, row, col, M, N)
-        store_group(out, hidden, acc, j + 1, reads1, accumulate, z, row, col, M, N)
-        store_group(out, hidden, acc, j + 2, reads2, accumulate, z, row, col, M, N)
-        store_group(out, hidden, acc, j + 3, reads3, accumulate, z, row, col, M, N)
+        if WORDS:
+            store_words(out, hidden, acc, j, reads0, reads1, z, row, col, M, N)
+            store_words(out, hidden, acc, j + 2, reads2, reads3, z, row, col, M, N)
+        else:
+            store_group(out, hidden, acc, j, reads0, accumulate, z, row, col, M, N)
+            store_group(out, hidden, acc, j + 1, reads1, accumulate, z, row, col, M, N)
+            store_group(out, hidden, acc, j + 2, reads2, accumulate, z, row, col, M, N)
+            store_group(out, hidden, acc, j + 3, reads3, accumulate, z, row, col, M, N)
 
     @inlined
     def store_tile(out, hidden, acc, bias, has_bias, accumulate, z, row0, col0, thread, M, N):

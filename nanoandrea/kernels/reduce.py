@@ -8,7 +8,7 @@ bit-for-bit reproducible: no atomics anywhere in nanoandrea's training step.
 import threading
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int32, uint32
 
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
                      current_stream, elementwise_grid, inlined, kernel_factory, launch)
@@ -99,6 +99,11 @@ if SIMULATOR:
         return _quad(value, lambda x, y: x + y)
 
     @cuda.jit(device=True)
+    def pair_exchange(value):
+        values, lane = warp_values(value)
+        return values[lane ^ 1]
+
+    @cuda.jit(device=True)
     def warp_barrier():
         # no syncwarp in the simulator: the block's barrier, which is stronger (callers reach
         # warp_barrier with all the block's threads, as syncthreads asks)
@@ -128,6 +133,11 @@ else:
         # tensorcores.py's layout), to each of them
         value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
         return max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 2))
+
+    @inlined
+    def pair_exchange(value):
+        # the value of the lane next to this one (lane ^ 1), a 32-bit word (all 32 lanes call it)
+        return uint32(cuda.shfl_xor_sync(0xFFFFFFFF, int32(value), 1))
 
     @inlined
     def quad_sum(value):
@@ -244,9 +254,9 @@ def sum_rows(out, x, accumulate=False):
 
 
 def sum_rows_numpy(out, x, accumulate=False):
-    if hasattr(x, "words"):
-        from .matmul_bf16 import bf16_matrix_values
-        x = bf16_matrix_values(x)
+    if hasattr(x, "words"):                     # (a Bf16Matrix's values)
+        from .tensorcores import unpack_bf16
+        x = unpack_bf16(np.asarray(x.words))[:, :x.shape[1]]
     check_shape("sum_rows out", out, (x.shape[1],))
     if accumulate:
         out += x.sum(axis=0)

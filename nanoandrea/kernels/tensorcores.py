@@ -183,6 +183,11 @@ if SIMULATOR:
         for e, w in enumerate((w0, w1, w2, w3)):
             array[tuple(outer) + (j + e,)] = w
 
+    def store2_u32(array, index, w0, w1):
+        *outer, j = index
+        for e, w in enumerate((w0, w1)):
+            array[tuple(outer) + (j + e,)] = w
+
 else:
     from llvmlite import ir
     from numba import types
@@ -340,3 +345,20 @@ else:
             builder.store(vector, pointer, align=16)
 
         return types.void(array, index, w0, w1, w2, w3), codegen
+
+    @intrinsic
+    def store2_u32(typingctx, array, index, w0, w1):
+        # two words in one 8-byte store (the index even, the row 8-byte aligned)
+        _check(array, index)
+        word2 = ir.VectorType(I32, 2)
+
+        def codegen(context, builder, signature, args):
+            pointer = builder.bitcast(_pointer(context, builder, signature.args[0], args[0],
+                                               signature.args[1], args[1]),
+                                      ir.PointerType(word2))
+            vector = ir.Constant(word2, ir.Undefined)
+            for i, word in enumerate(_words(context, builder, signature.args[2:], args[2:])):
+                vector = builder.insert_element(vector, word, ir.Constant(I32, i))
+            builder.store(vector, pointer, align=8)
+
+        return types.void(array, index, w0, w1), codegen
