@@ -212,6 +212,17 @@ else:
         return [context.cast(builder, value, kind, types.uint32)
                 for value, kind in zip(values, kinds)]
 
+    def _store_words(context, builder, signature, args, width):
+        # array[index:index + width] = the words args[2:], one aligned store of 4 width bytes
+        vector_type = ir.VectorType(I32, width)
+        pointer = builder.bitcast(_pointer(context, builder, signature.args[0], args[0],
+                                           signature.args[1], args[1]),
+                                  ir.PointerType(vector_type))
+        vector = ir.Constant(vector_type, ir.Undefined)
+        for i, word in enumerate(_words(context, builder, signature.args[2:], args[2:])):
+            vector = builder.insert_element(vector, word, ir.Constant(I32, i))
+        builder.store(vector, pointer, align=4 * width)
+
     def _mma(shape, element):
         """The intrinsic mma_<element>: one mma.sync of `shape`, A and B in uint32 words (4 and
         2 registers for both shapes), C and D float32."""
@@ -336,13 +347,7 @@ else:
         _check(array, index)
 
         def codegen(context, builder, signature, args):
-            pointer = builder.bitcast(_pointer(context, builder, signature.args[0], args[0],
-                                               signature.args[1], args[1]),
-                                      ir.PointerType(WORD4))
-            vector = ir.Constant(WORD4, ir.Undefined)
-            for i, word in enumerate(_words(context, builder, signature.args[2:], args[2:])):
-                vector = builder.insert_element(vector, word, ir.Constant(I32, i))
-            builder.store(vector, pointer, align=16)
+            _store_words(context, builder, signature, args, 4)
 
         return types.void(array, index, w0, w1, w2, w3), codegen
 
@@ -350,15 +355,8 @@ else:
     def store2_u32(typingctx, array, index, w0, w1):
         # two words in one 8-byte store (the index even, the row 8-byte aligned)
         _check(array, index)
-        word2 = ir.VectorType(I32, 2)
 
         def codegen(context, builder, signature, args):
-            pointer = builder.bitcast(_pointer(context, builder, signature.args[0], args[0],
-                                               signature.args[1], args[1]),
-                                      ir.PointerType(word2))
-            vector = ir.Constant(word2, ir.Undefined)
-            for i, word in enumerate(_words(context, builder, signature.args[2:], args[2:])):
-                vector = builder.insert_element(vector, word, ir.Constant(I32, i))
-            builder.store(vector, pointer, align=8)
+            _store_words(context, builder, signature, args, 2)
 
         return types.void(array, index, w0, w1), codegen
