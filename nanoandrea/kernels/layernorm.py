@@ -19,6 +19,9 @@ Two families of kernels compute this:
     and dout over its rows in registers, so dweight and dbias need no second pass over the rows.
   - block kernels (below them), for every other C: one block per row, shared-memory sums. They
     are the readable reference, and the fallback.
+In bf16 training out is a Bf16Matrix, the rows as the products after the layer norm read them
+(the backward reads x, not out): the warp kernels write its words, 8 bytes a lane (C % 8 == 0);
+other widths go through float32 and a rounding pass.
 """
 import math
 from contextlib import contextmanager

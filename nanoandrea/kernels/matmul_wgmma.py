@@ -36,9 +36,11 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue):
                start: at K = 768 a tile is only 12 slices)
   epilogue     bias, GELU or its backward, and what out holds (accumulate), as matmul.py's;
                pairs of floats, 8-byte loads and stores. Or, `words`, the bf16 epilogue: out
-               is written as the next products read it (a Bf16Matrix's words, a pair a 4-byte
-               store: half float32's bytes, and no rounding pass after), GELU's output too,
-               and GELU's backward reads its input so (the MLP's pre-activation in bf16)
+               is written as the next products read it (a Bf16Matrix's words: half float32's
+               bytes, and no rounding pass after), GELU's output too, and GELU's backward reads
+               its input so (the MLP's pre-activation in bf16). A lane's pair is one 4-byte
+               word; lane pairs swap one so that each stores 8 bytes (store_exchanged), a
+               row's 32-byte sector in one instruction
   split-K      as matmul.py: the tiles of every slice of K are the blocks' work; their partial
                sums are added in a fixed order (matmul.sum_splits)
 Operands and offsets are 32-bit: the launcher checks that an operand has fewer than 2^31 words.
