@@ -142,6 +142,16 @@ def _train(given, resume, world=None):
     if world is None or world.main:
         _echo(f"done: {result['step']} steps, best val loss {result['best_val']:.4f} at step "
               f"{result['best_step']}; checkpoints in {options.out}/ckpt and {options.out}/best")
+        _echo(spent_line(result["spent"]))
+
+
+def spent_line(spent):
+    """Where a run's time went (Trainer.spent): its steps, as their log lines time them, and
+    its evaluations, part by part."""
+    evaluations = spent["losses"] + spent["samples"] + spent["saves"]
+    return (f"time: {spent['training']:.1f} s of training steps, {evaluations:.1f} s of "
+            f"evaluations (the losses {spent['losses']:.1f} s, samples {spent['samples']:.1f} s, "
+            f"checkpoints and plots {spent['saves']:.1f} s)")
 
 
 def _gpu_available():

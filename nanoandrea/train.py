@@ -247,6 +247,8 @@ class Trainer:
                                     shard=(self.rank, self.ranks))
         self.step = 0
         self.best_val = math.inf
+        # wall time this process spent on each part of the run, said when it ends (spent_line)
+        self.spent = dict(training=0.0, losses=0.0, samples=0.0, saves=0.0)
         self.best_step = None
         self.window = self.backend.zeros((o.log_interval,))    # each step's loss, on the device
         self.stepper = TrainStep(self.model, self.optimizer, self.rank_batch,
@@ -376,6 +378,7 @@ class Trainer:
                 losses = self.window_losses(steps_since)  # waits for the GPU to finish the
                 elapsed = time.perf_counter() - clock - paused    # steps: their real time
                 self.log(lr, losses, elapsed / steps_since, steps_since)
+                self.spent["training"] += elapsed
                 clock, steps_since, paused = time.perf_counter(), 0, 0.0
             if self.step % o.eval_interval == 0 or self.step == last_stop:
                 started = time.perf_counter()
@@ -383,7 +386,8 @@ class Trainer:
                 paused += time.perf_counter() - started
         if self.main:
             self.plot()
-        return {"step": self.step, "best_val": self.best_val, "best_step": self.best_step}
+        return {"step": self.step, "best_val": self.best_val, "best_step": self.best_step,
+                "spent": dict(self.spent)}
 
     def _compile(self):
         """Compile the kernels the run launches (with an optimizer like the run's)."""
@@ -456,7 +460,9 @@ class Trainer:
             if save and isinstance(self.optimizer, ShardedAdamW):
                 self.optimizer.moments_to_host()
             return
+        started = time.perf_counter()
         train_loss, val_loss = self.estimate_loss("train"), self.estimate_loss("val")
+        self.spent["losses"] += time.perf_counter() - started
         if not (math.isfinite(val_loss) and math.isfinite(train_loss)):
             raise TrainingError(f"the loss is {val_loss} at step {self.step}: stopped; the last "
                                 f"good checkpoint is in {self.out / 'ckpt'} (try a lower --lr)")
@@ -476,8 +482,11 @@ class Trainer:
             plot_gradient_shares(self.history["head_steps"], self.history["head_shares"],
                                  self.out / "heads_grad.png")
         self._metrics(record)
+        started = time.perf_counter()
         if self.step > 0:               # (the untrained model's text says nothing)
             self.write_sample()
+        self.spent["samples"] += time.perf_counter() - started
+        started = time.perf_counter()
         if save:
             state = dict(step=self.step, best_val=self.best_val, best_step=self.best_step,
                          batches=self.batches.state(), history=self.history,
@@ -486,6 +495,7 @@ class Trainer:
             save_checkpoint(self.out, links, self.model, self.optimizer, self.dataset.tokenizer,
                             dataclasses.asdict(o), state)
         self.plot()
+        self.spent["saves"] += time.perf_counter() - started
 
     def write_sample(self):
         from .sample import generate

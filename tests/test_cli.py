@@ -75,6 +75,12 @@ def test_train_writes_logs_plot_samples_and_checkpoints(corpus, tmp_path):
     result = train(corpus, out, "--max-steps", "12", "--eval-interval", "6", "--no-cuda-graph")
     assert result.exit_code == 0, result.output
     assert "ms/step" in result.output and "tok/s" in result.output and "grad norm" in result.output
+    done, last = result.output.strip().splitlines()[-2:]    # the best, where the time went
+    assert done.startswith("done: 12 steps, best val loss "), done
+    assert last.startswith("time: ") and "s of training steps" in last, last
+    spent = [float(x) for x in re.findall(r"([0-9.]+) s\b", last)]
+    assert len(spent) == 5 and spent[1] > 0, last      # (12 tiny steps may round to 0.0 s)
+    assert abs(spent[1] - sum(spent[2:])) <= 0.15, last         # (each rounded to 0.1 s)
     assert read_checkpoint(out / "ckpt")["train"]["cuda_graph"] is False   # the option is kept
     records = metrics(out)
     logged = [r for r in records if "loss" in r]
