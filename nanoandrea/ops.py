@@ -172,6 +172,13 @@ def linears(x, *weights_and_biases, heads=None):
     return [first, *others]
 
 
+def _values_of(backend, operand, shape):
+    """A new float32 array of `shape` holding a Bf16Matrix operand's values."""
+    values = backend.empty(shape)
+    backend.bf16_values(values.reshape(operand.shape), operand)
+    return values
+
+
 class OperandTensor(Tensor):
     """A tensor [..., N] that a product writes as the next products read it: `operand`, in
     bf16 a Bf16Matrix [R, N] (half float32's bytes, and no rounding pass after); or, words
@@ -182,7 +189,8 @@ class OperandTensor(Tensor):
     def __init__(self, backend, shape, words):
         self._shape = tuple(shape)
         super().__init__(None if words else backend.empty(shape), backend)
-        self.operand = backend.new_operand((int(np.prod(shape[:-1])), shape[-1])) if words else None
+        rows = int(np.prod(shape[:-1]))
+        self.operand = backend.new_operand((rows, shape[-1])) if words else None
 
     @property
     def shape(self):
@@ -191,8 +199,7 @@ class OperandTensor(Tensor):
     @property
     def data(self):
         if self._values is None:
-            self._values = self.backend.empty(self.shape)
-            self.backend.bf16_values(self._values.reshape(self.operand.shape), self.operand)
+            self._values = _values_of(self.backend, self.operand, self.shape)
         return self._values
 
     @data.setter
@@ -383,9 +390,7 @@ def gelu(x):
 def _gelu_backward(out, x):
     def backward():
         if hasattr(x.grad, "words"):            # (pre's gradient in bf16, from W_proj: as
-            values = x.backend.empty(x.shape)   # float32, to add this one to)
-            x.backend.bf16_values(values.reshape(x.grad.shape), x.grad)
-            x.grad = values
+            x.grad = _values_of(x.backend, x.grad, x.shape)     # float32, to add this one to)
         dx, accumulate = grad_slot(x)
         x.backend.gelu_backward(dx, out.grad, x.data, accumulate=accumulate)
 
@@ -493,10 +498,7 @@ def cross_entropy(logits, targets, loss_grad=None, vocab=None):
             if logits.grad is None:
                 logits.grad = dlogits if words else dlogits.reshape(logits.shape)
                 return
-            values = dlogits
-            if words:
-                values = backend.empty((N, V))
-                backend.bf16_values(values, dlogits)
+            values = _values_of(backend, dlogits, (N, V)) if words else dlogits
             backend.add_into(logits.grad, values.reshape(logits.shape), accumulate=True)
     else:
         backend.crossentropy_forward(loss.data, losses, lse, rows, targets, vocab)

@@ -151,10 +151,16 @@ def row_logsumexp4(logits, n, V, scratch):
 
 
 @inlined
-def write_loss(losses, lse, logits, n, row_lse, target):
+def fused_row_start(losses, lse, logits, targets, dloss, V, scratch):
+    # the fused 16-byte kernels' first half for row blockIdx.x: its logsumexp (row_logsumexp4),
+    # lse and loss written; returns (row, its logsumexp, its target, the gradient's scale)
+    n = cuda.blockIdx.x
+    row_lse = row_logsumexp4(logits, n, V, scratch)
+    target = targets[n]
     if cuda.threadIdx.x == 0:
         lse[n] = row_lse
         losses[n] = row_lse - logits[n, target]
+    return n, row_lse, target, dloss[0] / logits.shape[0]
 
 
 @cuda.jit
@@ -163,11 +169,7 @@ def crossentropy_fused4_kernel(losses, lse, dlogits, logits, targets, dloss, V):
     # gradient written 16 bytes at a time; one block per row, of THREADS threads (more rows in
     # flight beat larger blocks that keep a row in L2 for its second read: docs/perf.md).
     scratch = cuda.shared.array(MAX_THREADS, float32)
-    n = cuda.blockIdx.x
-    row_lse = row_logsumexp4(logits, n, V, scratch)
-    target = targets[n]
-    write_loss(losses, lse, logits, n, row_lse, target)
-    scale = dloss[0] / logits.shape[0]
+    n, row_lse, target, scale = fused_row_start(losses, lse, logits, targets, dloss, V, scratch)
     for v in range(4 * cuda.threadIdx.x, logits.shape[1], 4 * cuda.blockDim.x):
         x0, x1, x2, x3 = load_classes4(logits, n, v, V)
         store4(dlogits, (n, v), gradient4(x0, v, V, row_lse, target, scale),
@@ -181,11 +183,7 @@ def crossentropy_fused_bf16_kernel(losses, lse, dlogit_words, logits, targets, d
     # crossentropy_fused4_kernel with dlogits written as a Bf16Matrix's words [N, P/2] (P: Vp
     # rounded up to 8, zeros past Vp): a thread 8 gradients at a time, one 16-byte store
     scratch = cuda.shared.array(MAX_THREADS, float32)
-    n = cuda.blockIdx.x
-    row_lse = row_logsumexp4(logits, n, V, scratch)
-    target = targets[n]
-    write_loss(losses, lse, logits, n, row_lse, target)
-    scale = dloss[0] / logits.shape[0]
+    n, row_lse, target, scale = fused_row_start(losses, lse, logits, targets, dloss, V, scratch)
     for v in range(8 * cuda.threadIdx.x, 2 * dlogit_words.shape[1], 8 * cuda.blockDim.x):
         x0, x1, x2, x3 = load_classes4(logits, n, v, V)
         x4, x5, x6, x7 = load_classes4(logits, n, v + 4, V)
