@@ -177,9 +177,7 @@ def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False
     if isinstance(gelu_input, Bf16Matrix):
         gelu_input = bf16_matrix_values(gelu_input)
     if isinstance(out, Bf16Matrix):
-        check(not accumulate, "matmul_bf16: a product in bf16 is not added to")
-        check(gelu_out is None or isinstance(gelu_out, Bf16Matrix),
-              "matmul_bf16: with out a Bf16Matrix, gelu_out is one too")
+        check_bf16_out(accumulate, gelu_out)
         values = np.empty(out.shape, np.float32)
         product_of_values(bf16_matrix_values, values, a, b, bias, transpose_a, transpose_b,
                           False, None, gelu_input)
@@ -193,6 +191,13 @@ def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False
                       hidden, gelu_input)
     if hidden is not gelu_out:
         round_bf16_numpy(gelu_out, hidden)
+
+
+def check_bf16_out(accumulate, gelu_out):
+    """What a product written as a Bf16Matrix allows: nothing to add to, GELU's output in bf16."""
+    check(not accumulate, "matmul_bf16: a product in bf16 is not added to")
+    check(gelu_out is None or isinstance(gelu_out, Bf16Matrix),
+          "matmul_bf16: with out a Bf16Matrix, gelu_out is one too")
 
 
 def product_of_values(values, out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
@@ -608,9 +613,7 @@ def through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_
         if hidden is not None:
             round_bf16(gelu_out, hidden)
         return
-    check(not accumulate, "matmul_bf16: a product in bf16 is not added to")
-    check(gelu_out is None or isinstance(gelu_out, Bf16Matrix),
-          "matmul_bf16: with out a Bf16Matrix, gelu_out is one too")
+    check_bf16_out(accumulate, gelu_out)
     values = device_empty(out.shape, np.float32)
     matmul_bf16(values, a, b, bias, transpose_a, transpose_b, False, None, gelu_input)
     round_bf16(out, values)
