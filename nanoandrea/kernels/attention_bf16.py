@@ -58,11 +58,12 @@ from numba import cuda, float32, int32, uint32
 from . import attention, attention_wgmma
 from .attention import NEG_INF, _check_attention, dropout_arguments, dropout_factor, no_dropout
 from .asynccopy import commit_copies, copy16_async, wait_copies
-from .attention_tiles import LOG2E, column_stager, exp2_fast
+from .attention_tiles import LOG2E, column_stager
 from .launch import (SIMULATOR, blocks, check, check_float32, check_float32_rows,
                      current_stream, inlined, kernel_factory, launch)
 from .matmul_bf16 import swizzle
 from .reduce import quad_max, quad_sum
+from .sfu import exp2_fast
 from .tensorcores import bf16_pair, bf16_values, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store4_u32
 from .vector import aligned16, flat, load4
 

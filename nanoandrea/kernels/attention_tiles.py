@@ -45,32 +45,6 @@ def fast_exp(x):
     return math.exp2(x * LOG2E)
 
 
-# 2^x on the special-function unit: the tensor-core attention's softmax (attention_bf16.py,
-# attention_wgmma.py), whose scores are kept in log2 units
-if SIMULATOR:
-    def exp2_fast(x):
-        return float32(math.exp2(x))
-else:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def exp2_fast(typingctx, x):
-        # ex2.approx.ftz.f32: one MUFU.EX2 (relative error ~2^-22, far inside bf16's 2^-9).
-        # math.exp2 compiles to libdevice's exp2f, which adds a test and two multiplies a value
-        # to keep results below 2^-126 (denormals); a probability that small adds nothing to a
-        # row's sum, so zero is as good, and the softmax loops are issue-bound (docs/perf.md)
-        def codegen(context, builder, signature, args):
-            value = context.cast(builder, args[0], signature.args[0], types.float32)
-            f32 = ir.FloatType()
-            function = ir.InlineAsm(ir.FunctionType(f32, [f32]), "ex2.approx.ftz.f32 $0, $1;",
-                                    "=f,f", side_effect=False)
-            return builder.call(function, [value])
-
-        return types.float32(x), codegen
-
-
 def column_stager(COLS):
     """stage_columns(neg_lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid): a dk/dv
     kernel's query tile of COLS queries from n0 on, their -lse (log2 units; past T, -inf: P = 0)

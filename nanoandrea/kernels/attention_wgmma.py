@@ -54,9 +54,10 @@ from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .attention import NEG_INF, dropout_factor, no_dropout
-from .attention_tiles import LOG2E, column_stager, exp2_fast
+from .attention_tiles import LOG2E, column_stager
 from .launch import SIMULATOR, blocks, inlined, kernel_factory, launch
 from .reduce import quad_max, quad_sum
+from .sfu import exp2_fast
 from .tensorcores import bf16_pair
 from .vector import flat, load2, store2
 from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start, descriptor_high,

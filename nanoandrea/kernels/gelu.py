@@ -10,7 +10,9 @@ sigmoid of 2u (so 1 - tanh(u)^2 = 4 s (1 - s)):
 One exp and one division instead of tanh, and more accurate: 1 + tanh(u) cancels where gelu(x)
 is tiny (x << 0) and 1 - tanh(u)^2 where tanh(u) is close to 1, while 1 + exp(-2u) does not and
 1 - s = e s with e = exp(-2u). The NumPy twin uses the same form; tests/test_kernels.py checks
-both element by element against float64.
+both element by element against float64. gelu_value_sfu and gelu_derivative_sfu are the same
+formulas with exp and the division on the special-function unit (kernels/sfu.py): the bf16
+products' epilogues, where a result is rounded to 8 bits of mantissa.
 
 The work is four bytes read and four written per element, so the kernels are bound by memory
 bandwidth: when every array is 16-byte aligned and the size a multiple of 4 (always so for
@@ -24,6 +26,7 @@ from numba import cuda, float32
 
 from .elementwise import flat, pick
 from .launch import check_float32, inlined, launch
+from .sfu import exp2_fast, reciprocal_fast
 from .vector import load4, store4
 
 SQRT_2_OVER_PI = float32(math.sqrt(2.0 / math.pi))
@@ -32,6 +35,8 @@ CUBIC = float32(0.044715)
 # so the clamp costs no accuracy and keeps e finite: e s is never inf * 0 (and the simulator runs
 # Python's math.exp, which raises where the GPU's would give inf).
 EXP_LIMIT = float32(88.0)
+MINUS_2_LOG2E = float32(-2.0 / math.log(2.0))     # e^(-2u) = 2^(-2u log2 e)
+EXP2_LIMIT = float32(88.0 / math.log(2.0))
 
 
 @inlined
@@ -43,6 +48,23 @@ def sigmoid_parts(x):
 
 
 @inlined
+def sigmoid_parts_sfu(x):
+    # sigmoid_parts on the special-function unit (kernels/sfu.py): e = 2^(-2u log2 e), one
+    # MUFU.EX2 where math.exp is ten instructions, and s by one MUFU.RCP where a division is a
+    # dozen. Each errs by ~2^-22, 1/30,000 of bf16's rounding; past the clamp s flushes to 0
+    u = SQRT_2_OVER_PI * (x + CUBIC * x * x * x)
+    e = exp2_fast(min(MINUS_2_LOG2E * u, EXP2_LIMIT))
+    return reciprocal_fast(float32(1.0) + e), e
+
+
+@inlined
+def derivative_of_parts(x, s, e):
+    # s + 2 x s (1 - s) du, with 1 - s = e s (no cancellation where s is close to 1)
+    du = SQRT_2_OVER_PI * (float32(1.0) + float32(3.0) * CUBIC * x * x)
+    return s + float32(2.0) * x * du * s * (e * s)
+
+
+@inlined
 def gelu_value(x):
     s, _ = sigmoid_parts(x)
     return x * s
@@ -50,10 +72,23 @@ def gelu_value(x):
 
 @inlined
 def gelu_derivative(x):
-    # s + 2 x s (1 - s) du, with 1 - s = e s (no cancellation where s is close to 1)
     s, e = sigmoid_parts(x)
-    du = SQRT_2_OVER_PI * (float32(1.0) + float32(3.0) * CUBIC * x * x)
-    return s + float32(2.0) * x * du * s * (e * s)
+    return derivative_of_parts(x, s, e)
+
+
+@inlined
+def gelu_value_sfu(x):
+    # gelu(x) to ~2^-21: the tensor-core products' epilogues, whose results are rounded to bf16
+    # or feed bf16 operands (matmul_bf16.py, matmul_wgmma.py); there the exact form's
+    # instructions are a third of a tile's work
+    s, _ = sigmoid_parts_sfu(x)
+    return x * s
+
+
+@inlined
+def gelu_derivative_sfu(x):
+    s, e = sigmoid_parts_sfu(x)
+    return derivative_of_parts(x, s, e)
 
 
 @cuda.jit

@@ -58,7 +58,7 @@ from numba import cuda, float32, int32, uint32
 
 from . import matmul_wgmma
 from .asynccopy import commit_copies, copy16_async, wait_copies
-from .gelu import gelu_derivative, gelu_forward, gelu_forward_numpy, gelu_value
+from .gelu import gelu_derivative_sfu, gelu_forward, gelu_forward_numpy, gelu_value_sfu
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
                      inlined, kernel_factory, launch)
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul_numpy, split_count
@@ -433,12 +433,12 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         # out[z, row, col] (+)= the epilogue of one sum (the bias added)
         if col < N:
             if GELU_GRAD:
-                value *= gelu_derivative(hidden[row, col])
+                value *= gelu_derivative_sfu(hidden[row, col])
             if accumulate:
                 value += out[z, row, col]
             out[z, row, col] = value
             if GELU:
-                hidden[row, col] = gelu_value(value)
+                hidden[row, col] = gelu_value_sfu(value)
 
     @inlined
     def store_tile(out, hidden, acc, i, j, bias, has_bias, accumulate, z, row0, col0, lane, M,

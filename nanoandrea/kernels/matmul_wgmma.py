@@ -34,8 +34,10 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue):
                it multiplies a tile's last slices and stores the tile, the next tile's first
                slices are on their way. (A block a tile would wait for them at every tile's
                start: at K = 768 a tile is only 12 slices)
-  epilogue     bias, GELU or its backward, and what out holds (accumulate), as matmul.py's;
-               pairs of floats, 8-byte loads and stores. Or, `words`, the bf16 epilogue: out
+  epilogue     bias, GELU or its backward, and what out holds (accumulate), as matmul.py's,
+               GELU's exp and division on the special-function unit (gelu_value_sfu: exact
+               ones would be a third of a tile's instructions); pairs of floats, 8-byte loads
+               and stores. Or, `words`, the bf16 epilogue: out
                is written as the next products read it (a Bf16Matrix's words: half float32's
                bytes, and no rounding pass after), GELU's output too, and GELU's backward reads
                its input so (the MLP's pre-activation in bf16). A lane's pair is one 4-byte
@@ -48,7 +50,7 @@ Operands and offsets are 32-bit: the launcher checks that an operand has fewer t
 from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
-from .gelu import gelu_derivative, gelu_value
+from .gelu import gelu_derivative_sfu, gelu_value_sfu
 from .launch import MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined, kernel_factory
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split_count
 from .reduce import pair_exchange
@@ -204,14 +206,14 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         # it reads (group_reads)
         if row < M:
             if GELU_GRAD:
-                x0 *= gelu_derivative(h0)
-                x1 *= gelu_derivative(h1)
+                x0 *= gelu_derivative_sfu(h0)
+                x1 *= gelu_derivative_sfu(h1)
             if accumulate:
                 x0 += o0
                 x1 += o1
             store2(out, (z, row, col), x0, x1)
             if GELU:
-                store2(hidden, (row, col), gelu_value(x0), gelu_value(x1))
+                store2(hidden, (row, col), gelu_value_sfu(x0), gelu_value_sfu(x1))
 
     @inlined
     def store_group(out, hidden, acc, j, reads, accumulate, z, row, col, M, N):
@@ -232,13 +234,13 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         x0, x1 = acc[4 * j + e] + b0, acc[4 * j + e + 1] + b1
         if GELU_GRAD:
             g0, g1 = bf16_unpair(h0 if e == 0 else h2)
-            x0 *= gelu_derivative(g0)
-            x1 *= gelu_derivative(g1)
+            x0 *= gelu_derivative_sfu(g0)
+            x1 *= gelu_derivative_sfu(g1)
         pair = bf16_pair(x0, x1)
         activated = uint32(0)
         if GELU:                        # (of the values as rounded: what backward reads)
             r0, r1 = bf16_unpair(pair)
-            activated = bf16_pair(gelu_value(r0), gelu_value(r1))
+            activated = bf16_pair(gelu_value_sfu(r0), gelu_value_sfu(r1))
         return pair, activated
 
     @inlined

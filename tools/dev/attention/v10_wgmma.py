@@ -23,7 +23,8 @@ from nanoandrea.kernels import attention
 from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
 from nanoandrea.kernels.attention import NEG_INF, no_dropout
 from nanoandrea.kernels.attention_bf16 import heads_bf16
-from nanoandrea.kernels.attention_tiles import LOG2E, exp2_fast
+from nanoandrea.kernels.attention_tiles import LOG2E
+from nanoandrea.kernels.sfu import exp2_fast
 from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
 from nanoandrea.kernels.reduce import quad_max, quad_sum
 from nanoandrea.kernels.tensorcores import bf16_pair
