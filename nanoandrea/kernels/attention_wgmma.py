@@ -204,6 +204,12 @@ def tile_functions(D):
 
 
 def bounds(blocks_per_sm):
+    """Launch bounds: `blocks_per_sm` blocks of a warpgroup share a multiprocessor, so ptxas
+    keeps a thread within 65536 / (128 blocks_per_sm) registers. These kernels are
+    latency-bound (a block waits on its wgmma's, its copies and its barrier in turn), and the
+    other blocks of the multiprocessor are what hides it: the backward's kernels take as many
+    as fit without spills (dq 4 at 124-128 registers, dk/dv 3 at 168; their dropout
+    variants, with the hash's registers, one fewer)."""
     return {} if SIMULATOR else dict(launch_bounds=(THREADS, blocks_per_sm))
 
 
@@ -389,7 +395,7 @@ def dq_kernel(D, dropout):
         rows_product(dq_acc, ds_frag, words, k_rows_desc + stage * STAGE_UNITS)   # dQ += dS K
         wgmma_commit()
 
-    @cuda.jit(**bounds(3))
+    @cuda.jit(**bounds(3 if dropout else 4))
     def attention_dq_wgmma_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
                                   scale_log2, scale, seed, site, threshold, keep, accumulate):
         # dynamic shared memory shared_bytes(2, 2): Q's and dO's rows, then two stages of a K
@@ -513,7 +519,7 @@ def dkdv_kernel(D, dropout):
         rows_product(dk_acc, ds_frag, words, q_rows_desc + stage * STAGE_UNITS)    # dK += dS^T Q
         wgmma_commit()
 
-    @cuda.jit(**bounds(2))
+    @cuda.jit(**bounds(2 if dropout else 3))
     def attention_dkdv_wgmma_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
                                     scale_log2, scale, seed, site, threshold, keep, accumulate):
         # grid (B*H, T/ROWS), the first key rows (the most queries) first; dynamic shared
