@@ -27,7 +27,7 @@ def split_k(monkeypatch, splits):
     """Every product split `splits` ways; returns the list of the products that asked."""
     asked = []
 
-    def split_count(M, N, K, slots, step):
+    def split_count(M, N, K, slots, step, value_bytes):
         asked.append((M, N, K))
         return splits
     monkeypatch.setattr(matmul_wgmma, "split_count", split_count)

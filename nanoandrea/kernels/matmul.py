@@ -377,12 +377,13 @@ def k_per_slice(K, splits, step=BK):
     return blocks(blocks(K, splits), step) * step
 
 
-def split_count(M, N, K, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES, step=BK):
+def split_count(M, N, K, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES, step=BK, value_bytes=4):
     """How many slices of K to compute in parallel (split-K). Only when the M x N grid alone
     leaves multiprocessors idle (the weight gradients: M x N = C x C or C x 4C, K = B*T), and
     never slices thinner than 256. A grid runs in waves of `slots` blocks, so 288 blocks take
     as long as 528: the count chosen is the smallest whose last wave is at least 90% full and
-    whose slice of both operands' rows, k_per_slice x (M + N) floats, fits in half the L2
+    whose slice of both operands' rows, k_per_slice x (M + N) values of `value_bytes` each
+    (float32 here, bf16 for the tensor-core kernels), fits in half the L2
     (else the smallest well-filled one; else the one that fills its waves best). Slices whose
     rows overflow the L2 leave it before all the blocks that read them have (docs/perf.md
     gives the measurements behind both rules)."""
@@ -395,7 +396,7 @@ def split_count(M, N, K, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES, step=BK):
         return total / (blocks(total, slots) * slots)
 
     def fits(splits):                   # the slice's rows of both operands in half the L2
-        return 4 * k_per_slice(K, splits, step) * (M + N) <= l2_bytes // 2
+        return value_bytes * k_per_slice(K, splits, step) * (M + N) <= l2_bytes // 2
 
     candidates = range(1, max(1, min(K // 256, 8 * slots // output_blocks)) + 1)
     good = [s for s in candidates if fill(s) >= 0.9]

@@ -418,7 +418,8 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     # (split-K's sum reads 4 floats at a time: rows of other widths are not split; a product
     # in bf16 comes from the epilogue only: not split either)
     can_split = not words and all(aligned16(x) for x in (out, bias, hidden) if x is not None)
-    splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK) if can_split else 1
+    splits = (split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK, value_bytes=2) if can_split
+              else 1)
     k_per_split = k_per_slice(K, splits, step=BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
     words_of = (lambda x: x.words) if words else (lambda x: x)
