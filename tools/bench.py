@@ -617,7 +617,7 @@ def bench_products(args):
             epilogue = ("gelu" if flags.get("gelu_out") is not None else "gelu'" if
                         flags.get("gelu_input") is not None else "")
             key = (tuple(out.shape), tuple(a.shape), tuple(b.shape), ta, tb, bias is not None,
-                   bool(flags.get("accumulate")), epilogue)
+                   bool(flags.get("accumulate")), epilogue, hasattr(out, "words"))
             count, first = groups.get(key, (0, None))
             groups[key] = (count + 1, first or (out, a, b, bias, flags))
 
@@ -625,7 +625,8 @@ def bench_products(args):
             t = torch.as_tensor(x.words, device="cuda").view(torch.bfloat16)
             return t[:, :x.shape[1]]
         print(f"products: {preset} B={B} T={T}, {len(calls)} a step in {len(groups)} kinds, "
-              f"each timed alone (ours: out float32; cuBLAS bf16: out bf16, same orientation)")
+              f"each timed alone (ours: out as the step writes it, float32 or bf16; cuBLAS "
+              f"bf16: out bf16, same orientation)")
         ours_total = theirs_total = 0.0
         for key, (count, (out, a, b, bias, flags)) in sorted(
                 groups.items(), key=lambda kv: -kv[1][0] * np.prod(kv[0][0])):
@@ -649,7 +650,7 @@ def bench_products(args):
             theirs_total += count * theirs_ms
             name = (f"{count:3d} x {M}x{N}x{K} {'T' if ta else 'N'}{'T' if tb else 'N'}"
                     f"{' +bias' if key[5] else ''}{' +=' if key[6] else ''}"
-                    f"{' ' + key[7] if key[7] else ''}")
+                    f"{' ' + key[7] if key[7] else ''}{' bf16 out' if key[8] else ''}")
             row("products", f"{preset} {name}", mine_ms, 2.0 * M * N * K, "TFLOP/s", theirs_ms,
                 "cuBLAS bf16", f"(cuBLAS {2.0 * M * N * K / theirs_ms / 1e9:.0f} TFLOP/s)")
         row("products", f"{preset} all {len(calls)} of a step, summed", ours_total, None, "",

@@ -8,8 +8,9 @@
 #     e2e       training tokens/s against PyTorch, andrea-12m and andrea-120m (tools/bench.py;
 #               PRECISION, default fp32; MODELS, default both; COMPILE=1: torch.compile too)
 #     attention the tensor-core attention: its tests (wgmma alone, the wgmma and the mma.sync
-#               kernels), the ladder's v9 (mma.sync), v10-v12 (wgmma) at both presets' shapes,
-#               then tools/bench.py's attention in bf16 beside SDPA
+#               kernels), the ladder's v9 (mma.sync), v10-v12 (wgmma) at both presets' shapes
+#               (LADDER: the versions; none: no ladder), then tools/bench.py's attention in bf16
+#               beside SDPA
 #     bench     the kernels against cuBLAS, SDPA and PyTorch's ops (tools/bench.py)
 #     dev       the optimisation ladders, each version checked and timed (tools/dev/run.py)
 #     wgmma     one wgmma in each operand layout (tests/test_wgmma.py), then the wgmma rungs of
@@ -71,7 +72,7 @@ for step in "${steps[@]}"; do
       NANOANDREA_INLINER=nvvm limit python3 -m pytest -v -rf -n ${TEST_WORKERS:-8} tests/test_wgmma.py \
           tests/test_attention_wgmma.py tests/test_attention_bf16.py > "$OUT/pytest-attention.log" 2>&1
       grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" "$OUT/pytest-attention.log" | tail -20
-      for shape in 16,12,1024,64 64,12,256,32; do
+      for shape in $([ "${LADDER:-}" = none ] || echo 16,12,1024,64 64,12,256,32); do
         limit python3 tools/dev/run.py attention --only ${LADDER:-v9,v10,v11,v12} --shape $shape \
             --json "$OUT/dev-attention-$shape.json" > "$OUT/dev-attention-$shape.log" 2>&1
         tail -6 "$OUT/dev-attention-$shape.log"
