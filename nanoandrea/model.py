@@ -13,9 +13,7 @@
     mlp:        gelu(x.W_fc + b) . W_proj + b        width 4C
 The LM head is tied to the token embedding: logits = x . wte^T. wte is stored with Vp rows, the
 vocabulary padded to a multiple of 64 (config.padded_vocab_size; the extra rows are zero), so
-the logits are [B,T,Vp]; the loss and sampling use the first V columns only. In bf16 the LM
-head writes them in bf16 (autocast's logits: half the bytes of the step's largest activation),
-and the loss reads them so, its softmax in float32.
+the logits are [B,T,Vp]; the loss and sampling use the first V columns only.
 Dropout (training only, probability config.dropout) as GPT-2: after the embedding, on the
 attention probabilities, and on each residual branch before it is added.
 Sampling passes a key/value cache (sample.KVCache): each layer's K and V are kept, and the
@@ -79,8 +77,7 @@ class GPT:
         if cache is not None:
             cache.length += T
             normed = self.last_position(normed)     # (sampling reads the last logits only)
-        logits = ops.linear(normed, self["wte"], transpose_weight=True,       # [B,T,Vp]
-                            bf16_out=True)
+        logits = ops.linear(normed, self["wte"], transpose_weight=True)       # [B,T,Vp]
         loss = (None if batch.targets is None else
                 ops.cross_entropy(logits, batch.targets, loss_grad, self.config.vocab_size))
         return logits, loss

@@ -56,13 +56,10 @@ def takes_matvec(x, weight, transpose_weight=False):
     return x.backend.takes_matvec(x.data.reshape(-1, x.shape[-1]), weight.data, transpose_weight)
 
 
-def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_operand=None,
-           bf16_out=False):
+def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_operand=None):
     """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight).
     activation="gelu": gelu of that (the MLP's first layer), computed in the matmul's epilogue
     and recorded as two ops, the linear layer then GELU: returns a GeluOutput.
-    bf16_out: in bf16, the output written in bf16, an OperandTensor whose operand its readers
-    take (the LM head's logits, which the loss reads as autocast's bf16 logits).
     The products read their operands as the backend's matmul takes them (`backend.operand`:
     in bf16 rounded once, here, and the same copies in backward); x_operand: x's rows so made
     already (linears). A product of few rows without gradients runs as matvec (takes_matvec),
@@ -71,22 +68,19 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     K = x.shape[-1]
     N = weight.shape[0] if transpose_weight else weight.shape[1]
     w = weight_operand(weight)
+    y = _new(x, x.shape[:-1] + (N,)) if activation is None else None        # x . W + b
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: unknown activation {activation!r}")
     if x_operand is None:
         x_operand = getattr(x, "operand", None)     # (bf16: written so: an OperandTensor)
     matvec = x_operand is None and takes_matvec(x, weight, transpose_weight)
-    # in bf16 the pre-activation and GELU's output (and y where bf16_out) are written only as
-    # the next ops read them (OperandTensor's): half float32's bytes, no rounding pass after
-    words = backend.precision == "bf16" and not matvec
     g = None                                                       # gelu(y), the same kernel
     if activation == "gelu":
+        # in bf16 the pre-activation and GELU's output are written only as the products read
+        # them (OperandTensor's): half float32's bytes, and no rounding pass after
+        words = backend.precision == "bf16" and not matvec
         y = OperandTensor(backend, x.shape[:-1] + (N,), words)
         g = GeluOutput(y, words)
-    elif bf16_out:
-        y = OperandTensor(backend, x.shape[:-1] + (N,), words)
-    else:
-        y = _new(x, x.shape[:-1] + (N,))                            # x . W + b
     if matvec:
         backend.matvec(y.data.reshape(-1, N), x.data.reshape(-1, K), w,
                        None if bias is None else bias.data, transpose_b=transpose_weight,
@@ -483,10 +477,7 @@ def cross_entropy(logits, targets, loss_grad=None, vocab=None):
     the same pass."""
     backend = logits.backend
     V = logits.shape[-1]
-    # [N, Vp]: in bf16 the logits as the LM head writes them (an OperandTensor's Bf16Matrix)
-    rows = getattr(logits, "operand", None)
-    if rows is None:
-        rows = logits.data.reshape(-1, V)
+    rows = logits.data.reshape(-1, V)                                 # [N, Vp]
     N = rows.shape[0]
     if isinstance(targets, np.ndarray):
         targets = backend.to_device(targets.reshape(N), np.int32)

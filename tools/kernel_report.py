@@ -117,8 +117,6 @@ def kernels():
     yield "gelu backward, 16-byte", gelu.gelu_backward4_kernel, (A1, A1, A1, BOOL)
     yield "cross-entropy fused, 16-byte", crossentropy.crossentropy_fused4_kernel, \
         (A1, A1, A2, A2, int32[::1], A1, int64)
-    yield "cross-entropy fused, bf16", crossentropy.crossentropy_fused_words_kernel, \
-        (A1, A1, U2, U2, int32[::1], A1, int64)
 
 
 def cuda_tool(name):

@@ -16,13 +16,10 @@ Backward of the mean loss (dloss: [1], the upstream gradient, usually 1):
 The max is subtracted before exp, so logits of magnitude 100 (or 1e4) are fine in float32.
 Padding columns (v >= V) are outside the softmax: their gradient is written as 0 (the LM head's
 backward multiplies the whole padded row).
-In bf16 training the logits come as the LM head's product writes them, a Bf16Matrix (autocast's
-bf16 logits), and the fused kernel writes dlogits as the LM head's backward products read it,
-a Bf16Matrix too (crossentropy_fused_words_kernel): each gradient rounded as round_bf16 would
-round the float32 one. At andrea-120m's [16384, 50304] that is 1.6 GB of logits written and
-read where float32 wrote and read 3.3, and 1.6 GB of gradient written where float32 wrote 3.3,
-a rounding pass read them and wrote 1.6. The log-sum-exp, the loss and the gradient are
-computed in float32 from the bf16 values, as autocast computes its loss in float32.
+In bf16 training the fused kernel writes dlogits as the LM head's backward products read it, a
+Bf16Matrix (crossentropy_fused_bf16_kernel): each gradient rounded as round_bf16 would round the
+float32 one, so the same bits, but 2 bytes a logit written where float32 wrote 4 and a rounding
+pass then read them (at andrea-120m's [16384, 50304]: 1.6 GB written instead of 3.3 + 3.3 + 1.6).
 """
 import math
 
@@ -30,10 +27,9 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import SIMULATOR, check, check_float32, check_shape, inlined, launch
-from .matmul_bf16 import (Bf16Matrix, bf16_matrix_values, bf16_values, device_empty, round_bf16,
-                          round_bf16_numpy)
+from .matmul_bf16 import Bf16Matrix, device_empty, round_bf16, round_bf16_numpy
 from .reduce import MAX_THREADS, block_max, block_sum
-from .tensorcores import bf16_pair, bf16_unpair, load4_u32, store4_u32
+from .tensorcores import bf16_pair, store4_u32
 from .vector import aligned16, load4, store4
 
 THREADS = 32 if SIMULATOR else 256
@@ -54,13 +50,6 @@ def row_logsumexp(logits, n, V, scratch):
             m = x
         else:
             s += math.exp(x - m)
-    return block_logsumexp(m, s, scratch)
-
-
-@inlined
-def block_logsumexp(m, s, scratch):
-    # a row's log-sum-exp from its threads' running maxima m and sums s of exp(x - m): M = max
-    # of the m's, S = sum of s * exp(m - M), log S + M
     row_max = block_max(m, scratch)
     s = s * math.exp(m - row_max) if m > NEG_INF else float32(0.0)
     return row_max + math.log(block_sum(s, scratch))
@@ -156,7 +145,22 @@ def row_logsumexp4(logits, n, V, scratch):
         x0, x1, x2, x3 = load_classes4(logits, n, v, V)
         x4, x5, x6, x7 = load_classes4(logits, n, v + step, V)
         m, s = add_to_running_sum(m, s, x0, x1, x2, x3, x4, x5, x6, x7)
-    return block_logsumexp(m, s, scratch)
+    row_max = block_max(m, scratch)
+    s = s * math.exp(m - row_max) if m > NEG_INF else float32(0.0)
+    return row_max + math.log(block_sum(s, scratch))
+
+
+@inlined
+def fused_row_start(losses, lse, logits, targets, dloss, V, scratch):
+    # the fused 16-byte kernels' first half for row blockIdx.x: its logsumexp (row_logsumexp4),
+    # lse and loss written; returns (row, its logsumexp, its target, the gradient's scale)
+    n = cuda.blockIdx.x
+    row_lse = row_logsumexp4(logits, n, V, scratch)
+    target = targets[n]
+    if cuda.threadIdx.x == 0:
+        lse[n] = row_lse
+        losses[n] = row_lse - logits[n, target]
+    return n, row_lse, target, dloss[0] / logits.shape[0]
 
 
 @cuda.jit
@@ -165,13 +169,7 @@ def crossentropy_fused4_kernel(losses, lse, dlogits, logits, targets, dloss, V):
     # gradient written 16 bytes at a time; one block per row, of THREADS threads (more rows in
     # flight beat larger blocks that keep a row in L2 for its second read: docs/perf.md).
     scratch = cuda.shared.array(MAX_THREADS, float32)
-    n = cuda.blockIdx.x
-    row_lse = row_logsumexp4(logits, n, V, scratch)
-    target = targets[n]
-    if cuda.threadIdx.x == 0:
-        lse[n] = row_lse
-        losses[n] = row_lse - logits[n, target]
-    scale = dloss[0] / logits.shape[0]
+    n, row_lse, target, scale = fused_row_start(losses, lse, logits, targets, dloss, V, scratch)
     for v in range(4 * cuda.threadIdx.x, logits.shape[1], 4 * cuda.blockDim.x):
         x0, x1, x2, x3 = load_classes4(logits, n, v, V)
         store4(dlogits, (n, v), gradient4(x0, v, V, row_lse, target, scale),
@@ -180,57 +178,15 @@ def crossentropy_fused4_kernel(losses, lse, dlogits, logits, targets, dloss, V):
                gradient4(x3, v + 3, V, row_lse, target, scale))
 
 
-@inlined
-def load_class_words8(logit_words, n, v, V):
-    # logits[n, v:v+8] of a Bf16Matrix's words [N, P/2] (v % 8 == 0, v < P) by one 16-byte
-    # load, -inf past the classes (the words' zeros from Vp to P among them)
-    w0, w1, w2, w3 = load4_u32(logit_words, (n, v >> 1))
-    x0, x1 = bf16_unpair(w0)
-    x2, x3 = bf16_unpair(w1)
-    x4, x5 = bf16_unpair(w2)
-    x6, x7 = bf16_unpair(w3)
-    return (class_or_padding(x0, v, V), class_or_padding(x1, v + 1, V),
-            class_or_padding(x2, v + 2, V), class_or_padding(x3, v + 3, V),
-            class_or_padding(x4, v + 4, V), class_or_padding(x5, v + 5, V),
-            class_or_padding(x6, v + 6, V), class_or_padding(x7, v + 7, V))
-
-
-@inlined
-def words_row_start(losses, lse, logit_words, targets, V, scratch):
-    # row blockIdx.x of bf16 logits: its log-sum-exp (8 logits a thread at a time), lse and
-    # loss written; returns (row, its logsumexp, its target)
-    n = cuda.blockIdx.x
-    m, s = NEG_INF, float32(0.0)
-    for v in range(8 * cuda.threadIdx.x, 2 * logit_words.shape[1], 8 * cuda.blockDim.x):
-        x0, x1, x2, x3, x4, x5, x6, x7 = load_class_words8(logit_words, n, v, V)
-        m, s = add_to_running_sum(m, s, x0, x1, x2, x3, x4, x5, x6, x7)
-    row_lse = block_logsumexp(m, s, scratch)
-    target = targets[n]
-    if cuda.threadIdx.x == 0:
-        t0, t1 = bf16_unpair(logit_words[n, target >> 1])
-        lse[n] = row_lse
-        losses[n] = row_lse - (t1 if target & 1 else t0)
-    return n, row_lse, target
-
-
 @cuda.jit
-def crossentropy_forward_words_kernel(losses, lse, logit_words, targets, V):
-    # crossentropy_forward_kernel for bf16 logits, a Bf16Matrix's words [N, P/2] (evaluation in
-    # bf16); one block per row
+def crossentropy_fused_bf16_kernel(losses, lse, dlogit_words, logits, targets, dloss, V):
+    # crossentropy_fused4_kernel with dlogits written as a Bf16Matrix's words [N, P/2] (P: Vp
+    # rounded up to 8, zeros past Vp): a thread 8 gradients at a time, one 16-byte store
     scratch = cuda.shared.array(MAX_THREADS, float32)
-    words_row_start(losses, lse, logit_words, targets, V, scratch)
-
-
-@cuda.jit
-def crossentropy_fused_words_kernel(losses, lse, dlogit_words, logit_words, targets, dloss, V):
-    # crossentropy_fused4_kernel in bf16: the logits read and dlogits written as Bf16Matrix
-    # words [N, P/2] (P: Vp rounded up to 8, zeros past Vp), 8 values a thread at a time, one
-    # 16-byte load and one 16-byte store
-    scratch = cuda.shared.array(MAX_THREADS, float32)
-    n, row_lse, target = words_row_start(losses, lse, logit_words, targets, V, scratch)
-    scale = dloss[0] / logit_words.shape[0]
+    n, row_lse, target, scale = fused_row_start(losses, lse, logits, targets, dloss, V, scratch)
     for v in range(8 * cuda.threadIdx.x, 2 * dlogit_words.shape[1], 8 * cuda.blockDim.x):
-        x0, x1, x2, x3, x4, x5, x6, x7 = load_class_words8(logit_words, n, v, V)
+        x0, x1, x2, x3 = load_classes4(logits, n, v, V)
+        x4, x5, x6, x7 = load_classes4(logits, n, v + 4, V)
         store4_u32(dlogit_words, (n, v >> 1),
                    bf16_pair(gradient4(x0, v, V, row_lse, target, scale),
                              gradient4(x1, v + 1, V, row_lse, target, scale)),
@@ -282,83 +238,61 @@ def _check(logits, targets, vocab, **rows):
     return V
 
 
-def _values(logits):
-    """A Bf16Matrix's values as a new float32 array (where a kernel of float32 logits runs),
-    or float32 logits themselves."""
-    if not isinstance(logits, Bf16Matrix):
-        return logits
-    values = device_empty(logits.shape, np.float32)
-    bf16_values(values, logits)
-    return values
-
-
 def crossentropy_forward(loss, losses, lse, logits, targets, vocab=None):
     """loss[1] = mean cross-entropy; losses[N] per position; lse[N] saved for backward.
-    logits: float32 [N, Vp] or a Bf16Matrix of that shape (bf16). vocab: the classes are
-    logits[:, :vocab] (the rest is padding); None: every column."""
-    words = isinstance(logits, Bf16Matrix)
-    check_float32(loss=loss, losses=losses, lse=lse, **({} if words else dict(logits=logits)))
+    vocab: the classes are logits[:, :vocab] (the rest is padding); None: every column."""
+    check_float32(loss=loss, losses=losses, lse=lse, logits=logits)
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
     V = _check(logits, targets, vocab, losses=losses, lse=lse)
-    kernel = crossentropy_forward_words_kernel if words else crossentropy_forward_kernel
-    launch(kernel, logits.shape[0], THREADS, losses, lse,
-           logits.words if words else logits, targets, V)
+    launch(crossentropy_forward_kernel, logits.shape[0], THREADS, losses, lse, logits, targets,
+           V)
     launch(mean_kernel, 1, THREADS, loss, losses)
 
 
 def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, dloss,
                                   vocab=None, kernel="auto"):
     """crossentropy_forward and crossentropy_backward (=) in one pass over the logits, for a
-    loss whose gradient dloss[1] is known before backward. logits and dlogits: float32
-    [N, Vp], or Bf16Matrix's of that shape (bf16 training: the logits as the LM head's product
-    writes them, the gradient as its backward products read it).
-    kernel: "fast" (16-byte loads and stores: crossentropy_fused4_kernel for float32 rows of
-    4k floats, aligned; crossentropy_fused_words_kernel for both in bf16), "reference"
-    (crossentropy_fused_kernel, any rows, on float32 values: a Bf16Matrix's made first, or
-    rounded from its output) or "auto" (fast where the arrays allow it)."""
-    words_in, words = isinstance(logits, Bf16Matrix), isinstance(dlogits, Bf16Matrix)
-    check_float32(loss=loss, losses=losses, lse=lse, dloss=dloss,
-                  **({} if words_in else dict(logits=logits)),
+    loss whose gradient dloss[1] is known before backward. dlogits: float32 [N, Vp], or a
+    Bf16Matrix of that shape (bf16 training: the gradient as the LM head's products read it).
+    kernel: "fast" (16-byte loads and stores, crossentropy_fused4_kernel or, for a Bf16Matrix,
+    crossentropy_fused_bf16_kernel: rows of 4k floats, aligned), "reference"
+    (crossentropy_fused_kernel, any rows; a Bf16Matrix then rounded from its float32 output)
+    or "auto" (fast where the rows allow it)."""
+    words = isinstance(dlogits, Bf16Matrix)
+    check_float32(loss=loss, losses=losses, lse=lse, logits=logits, dloss=dloss,
                   **({} if words else dict(dlogits=dlogits)))
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
     V = _check(logits, targets, vocab, losses=losses, lse=lse)
     check(tuple(dlogits.shape) == tuple(logits.shape),
           f"cross-entropy dlogits: shape {tuple(dlogits.shape)}, logits {tuple(logits.shape)}")
     check(kernel in ("auto", "fast", "reference"), f"cross-entropy: unknown kernel {kernel!r}")
-    # (a Bf16Matrix's rows are whole 16-byte chunks, and its words as aligned as any array)
-    fast_fits = (words_in and words) or (not words_in and not words and aligned16(logits)
-                                         and aligned16(dlogits))
+    aligned = aligned16(logits) and (words or aligned16(dlogits))
     if kernel == "auto":
-        kernel = "fast" if fast_fits else "reference"
-    check(fast_fits or kernel == "reference",
-          "cross-entropy: the fast kernel needs logits and dlogits both float32 in rows of 4k "
-          "floats, aligned, or both Bf16Matrix's")
+        kernel = "fast" if aligned else "reference"
+    check(aligned or kernel == "reference",
+          "cross-entropy: the fast kernel needs logits and dlogits in rows of 4k floats, aligned")
     if kernel == "fast":
-        fused = crossentropy_fused_words_kernel if words else crossentropy_fused4_kernel
+        fused = crossentropy_fused_bf16_kernel if words else crossentropy_fused4_kernel
         launch(fused, logits.shape[0], THREADS, losses, lse,
-               dlogits.words if words else dlogits, logits.words if words else logits, targets,
-               dloss, V)
+               dlogits.words if words else dlogits, logits, targets, dloss, V)
     else:
         values = device_empty(logits.shape, np.float32) if words else dlogits
-        launch(crossentropy_fused_kernel, logits.shape[0], THREADS, losses, lse, values,
-               _values(logits), targets, dloss, V)
+        launch(crossentropy_fused_kernel, logits.shape[0], THREADS, losses, lse, values, logits,
+               targets, dloss, V)
         if words:
             round_bf16(dlogits, values)
     launch(mean_kernel, 1, THREADS, loss, losses)
 
 
 def crossentropy_backward(dlogits, dloss, logits, lse, targets, accumulate=False, vocab=None):
-    """dlogits (+)= the loss's gradient (float32), from float32 logits or a Bf16Matrix's
-    values."""
-    check_float32(dlogits=dlogits, dloss=dloss, lse=lse)
+    check_float32(dlogits=dlogits, dloss=dloss, logits=logits, lse=lse)
     V = _check(logits, targets, vocab, dlogits=dlogits, lse=lse)
     launch(crossentropy_backward_kernel, logits.shape[0], THREADS,
-           dlogits, _values(logits), lse, targets, dloss, accumulate, V)
+           dlogits, logits, lse, targets, dloss, accumulate, V)
 
 
 def crossentropy_forward_numpy(loss, losses, lse, logits, targets, vocab=None):
     V = _check(logits, targets, vocab, losses=losses, lse=lse)
-    logits = bf16_matrix_values(logits) if isinstance(logits, Bf16Matrix) else logits
     classes = logits[:, :V]
     m = classes.max(axis=1, keepdims=True)
     lse[...] = (m + np.log(np.exp(classes - m).sum(axis=1, keepdims=True)))[:, 0]
@@ -369,7 +303,6 @@ def crossentropy_forward_numpy(loss, losses, lse, logits, targets, vocab=None):
 def crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, accumulate=False,
                                 vocab=None):
     V = _check(logits, targets, vocab, dlogits=dlogits, lse=lse)
-    logits = bf16_matrix_values(logits) if isinstance(logits, Bf16Matrix) else logits
     grad = np.exp(logits - lse[:, None])
     grad[:, V:] = 0.0                                       # padding: outside the softmax
     grad[np.arange(logits.shape[0]), targets] -= 1.0
