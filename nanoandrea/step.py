@@ -1,8 +1,10 @@
-"""One training step, and its capture as a CUDA graph.
+"""One training step, and its capture as a CUDA graph; the evaluation's forward likewise.
 
     step(batches, seeds, lr)      zero the gradients; for each micro-batch: forward, backward;
                                   then AdamW. Returns the loss summed over the micro-batches,
                                   a device array [1] (read it later: reading waits for the GPU).
+    evaluation.add(x, y)          the loss of one batch, without gradients or dropout, added to
+    evaluation.mean()             a device total; the mean of those added, read once (EvalStep)
 
 Eagerly, a step is ~450 kernel launches from Python, each ~30 us of interpreter time: for a
 small model the GPU waits on Python. So on the GPU the step is run eagerly once (compiling
@@ -25,6 +27,12 @@ then on replayed with one call:
 `cuda_graph=False` (train --no-cuda-graph) runs every step eagerly; the results are the same
 bit for bit, which tests/test_cli.py checks on the GPU.
 
+The evaluation's forward is captured the same way (EvalStep), on the training step's stream, so
+that the two graphs run one after the other, in an arena of its own: eagerly a forward of
+andrea-12m's 64 x 256 tokens took 33.5 ms of the host's launches where the GPU needs ~3, and the
+default recipe's 21 evaluations of 200 batches took 141 s beside 45.5 s of training steps
+(2026-12-03, docs/perf.md). Where its arena does not fit in the GPU's memory, it runs eagerly.
+
 Data-parallel (`parallel`, a distributed.GradientBuckets): the loss's gradient is
 1/(grad_accum * ranks), each layer's gradient bucket is all-reduced (summed) as the last
 micro-batch's backward finishes it, then the loss, then the update. Where the communication
@@ -43,30 +51,23 @@ from .batch import TokenBatch
 from .kernels import launch
 
 
-class TrainStep:
-    def __init__(self, model, optimizer, batch_size, block_size, grad_accum=1, train=True,
-                 cuda_graph=True, second_stream=True, parallel=None, communicate_in_graph=True):
-        self.model = model
-        self.optimizer = optimizer
-        self.backend = backend = model.backend
-        self.grad_accum = grad_accum
-        self.train = train
+class GraphedCall:
+    """What a captured call shares: its streams, its first run eager (counting the bytes it
+    allocates), its capture into a CUDA graph and its replays. A subclass's `_body()` is the
+    call; `_captured_body()` what the capture records (the body, by default). streams: another
+    GraphedCall whose streams to launch on (the graphs then run one after the other)."""
+
+    def __init__(self, backend, cuda_graph, second_stream=False, streams=None):
+        self.backend = backend
         self.cuda_graph = cuda_graph and backend.name == "cuda" and launch.CUPY_POOL
-        self.batches = [TokenBatch(backend, batch_size, block_size, model.config.vocab_size)
-                        for _ in range(grad_accum)]
-        self.seeds = backend.to_device(np.zeros(grad_accum, dtype=np.int64))
-        self.loss = backend.zeros((1,))                 # the step's loss, summed over micro-batches
-        self.parallel = parallel
-        self.communicate_in_graph = communicate_in_graph
-        ranks = 1 if parallel is None else parallel.communicator.size
-        self.loss_grad = backend.zeros((1,))            # d(mean over micro-batches and ranks)
-        backend.fill(self.loss_grad, 1.0 / (grad_accum * ranks))        # /d(loss)
         self.graph = None
         self.arena_bytes = None
         self.stream = self.side_stream = None
-        self.second_stream = second_stream
         self.launch_stream = launch.current_stream()
-        if self.cuda_graph:
+        if streams is not None and self.cuda_graph:
+            self.stream, self.launch_stream = streams.stream, streams.launch_stream
+            self.side_stream = streams.side_stream if second_stream else None
+        elif self.cuda_graph:
             import cupy
             from numba import cuda
             # capture needs a stream of its own; a blocking one, so work on the default stream
@@ -76,6 +77,60 @@ class TrainStep:
             if second_stream:
                 self.side = cupy.cuda.Stream(non_blocking=True)
                 self.side_stream = cuda.external_stream(self.side.ptr)
+
+    def _run(self):
+        """The body: eagerly (the first time, counting its bytes; always without graphs), else
+        replayed (captured at the first replay). Returns whether it was replayed."""
+        if not self.cuda_graph:
+            self._body()
+            return False
+        if self.arena_bytes is None:
+            with launch.count_allocations() as tally:
+                self._body()
+            self.arena_bytes = tally.bytes
+            return False
+        if self.graph is None:
+            self._capture()
+        self.graph.launch(stream=self.stream)
+        return True
+
+    def _captured_body(self):
+        self._body()
+
+    def _capture(self):
+        import cupy
+        self.arena = launch.Arena(self.arena_bytes)
+        with self.stream, launch.allocate_from(self.arena):
+            self.stream.begin_capture()
+            try:
+                if self.side_stream is None:
+                    self._captured_body()
+                else:
+                    with schedule.second_stream(self.side_stream):
+                        self._captured_body()
+            finally:
+                self.graph = self.stream.end_capture()
+        cupy.get_default_memory_pool().free_all_blocks()    # the eager call's cached blocks
+
+
+class TrainStep(GraphedCall):
+    def __init__(self, model, optimizer, batch_size, block_size, grad_accum=1, train=True,
+                 cuda_graph=True, second_stream=True, parallel=None, communicate_in_graph=True):
+        super().__init__(model.backend, cuda_graph, second_stream)
+        self.model = model
+        self.optimizer = optimizer
+        backend = self.backend
+        self.grad_accum = grad_accum
+        self.train = train
+        self.batches = [TokenBatch(backend, batch_size, block_size, model.config.vocab_size)
+                        for _ in range(grad_accum)]
+        self.seeds = backend.to_device(np.zeros(grad_accum, dtype=np.int64))
+        self.loss = backend.zeros((1,))                 # the step's loss, summed over micro-batches
+        self.parallel = parallel
+        self.communicate_in_graph = communicate_in_graph
+        ranks = 1 if parallel is None else parallel.communicator.size
+        self.loss_grad = backend.zeros((1,))            # d(mean over micro-batches and ranks)
+        backend.fill(self.loss_grad, 1.0 / (grad_accum * ranks))        # /d(loss)
 
     def __call__(self, batches, seeds, lr):
         """batches: grad_accum pairs (x, y) of host ids [B,T]; seeds: grad_accum dropout seeds."""
@@ -87,18 +142,9 @@ class TrainStep:
             batch.load(x, y)
         self.backend.copy_from_host(self.seeds, np.asarray(seeds, dtype=np.int64))
         self.optimizer.prepare(lr)
-        if not self.cuda_graph:
-            self._body()
-        elif self.arena_bytes is None:                  # first step: eager, counting bytes
-            with launch.count_allocations() as tally:
-                self._body()
-            self.arena_bytes = tally.bytes
-        else:
-            if self.graph is None:
-                self._capture()
-            self.graph.launch(stream=self.stream)
-            if self.parallel is not None and not self.communicate_in_graph:
-                self._communicate_and_update()
+        replayed = self._run()
+        if replayed and self.parallel is not None and not self.communicate_in_graph:
+            self._communicate_and_update()
         return self.loss
 
     def _body(self, communicate=True):
@@ -121,21 +167,48 @@ class TrainStep:
         elif communicate:
             self._communicate_and_update()
 
+    def _captured_body(self):
+        self._body(self.communicate_in_graph)
+
     def _communicate_and_update(self):
         self.parallel.finish(self.loss)
         self.optimizer.update()
 
-    def _capture(self):
-        import cupy
-        self.arena = launch.Arena(self.arena_bytes)
-        with self.stream, launch.allocate_from(self.arena):
-            self.stream.begin_capture()
+
+class EvalStep(GraphedCall):
+    """The evaluation's loss over batches of batch_size x block_size: `add(x, y)` runs one
+    batch's forward (no gradients, no dropout) and adds its mean loss to a device total;
+    `mean()` reads the total once, the mean of the losses added since the last mean() (the
+    eager loop read each batch's, a wait each). On the GPU captured as the training step is
+    (`streams`: the TrainStep whose stream it runs on); where the graph's arena does not fit
+    in memory, eager."""
+
+    def __init__(self, model, batch_size, block_size, cuda_graph=True, streams=None):
+        super().__init__(model.backend, cuda_graph, streams=streams)
+        self.model = model
+        self.batch = TokenBatch(self.backend, batch_size, block_size, model.config.vocab_size,
+                                with_grouping=False)
+        self.total = self.backend.zeros((1,))
+        self.count = 0
+
+    def add(self, x, y):
+        with launch.using_stream(self.launch_stream):
+            self.batch.load(x, y)
             try:
-                if self.side_stream is None:
-                    self._body(self.communicate_in_graph)
-                else:
-                    with schedule.second_stream(self.side_stream):
-                        self._body(self.communicate_in_graph)
-            finally:
-                self.graph = self.stream.end_capture()
-        cupy.get_default_memory_pool().free_all_blocks()    # the eager step's cached blocks
+                self._run()
+            except MemoryError:             # (the arena: launch.Arena's, or CuPy's)
+                self.cuda_graph, self.graph, self.arena = False, None, None
+                self._body()
+        self.count += 1
+
+    def mean(self):
+        with launch.using_stream(self.launch_stream):
+            total = float(self.backend.to_host(self.total)[0])
+            self.backend.fill(self.total, 0.0)
+        count, self.count = self.count, 0
+        return total / count
+
+    def _body(self):
+        with autograd.no_grad():
+            _, loss = self.model.forward(self.batch)
+        self.backend.add_into(self.total, loss.data, accumulate=True)

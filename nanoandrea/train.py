@@ -46,7 +46,7 @@ from .kernels.launch import SIMULATOR, gpu_available
 from .model import GPT
 from .optim import AdamW, ShardedAdamW, learning_rate
 from .precompile import compile_kernels, for_training
-from .step import TrainStep
+from .step import EvalStep, TrainStep
 from .tokenizer import TokenizerError
 
 
@@ -254,6 +254,7 @@ class Trainer:
         self.stepper = TrainStep(self.model, self.optimizer, self.rank_batch,
                                  self.config.block_size, o.grad_accum, cuda_graph=o.cuda_graph,
                                  parallel=parallel, communicate_in_graph=in_graph)
+        self.evaluation = None          # the evaluation's EvalStep, made at the first one
         self.history = {"step": [], "loss": [], "val_step": [], "val": []}
         self.tokens_per_step = o.batch_size * self.config.block_size * o.grad_accum
         self.peak = self._peak_flops()
@@ -435,12 +436,15 @@ class Trainer:
     # --- evaluation, samples, checkpoints --------------------------------------------------
     def estimate_loss(self, split):
         """Mean loss over eval_iters batches drawn from a generator seeded by the step, so the
-        training batches never depend on when evaluations happen. (On several ranks rank 0
-        alone evaluates, a rank's rows of a batch at a time.)"""
+        training batches never depend on when evaluations happen: each batch's forward an
+        EvalStep (on the GPU a captured graph, as the training step), the mean read once. (On
+        several ranks rank 0 alone evaluates, a rank's rows of a batch at a time.)"""
         o = self.options
+        if self.evaluation is None:
+            self.evaluation = EvalStep(self.model, self.rank_batch, self.config.block_size,
+                                       cuda_graph=o.cuda_graph, streams=self.stepper)
         sampler = BatchSampler(self.dataset.splits[split], o.batch_size, self.config.block_size,
                                seed=mix32(o.seed + 7919 * self.step + (split == "val")))
-        total = 0.0
         # (a bar on a terminal; in a log, where click prints each bar's label as a line of its
         # own, nothing: the eval line follows)
         bar = (click.progressbar(range(o.eval_iters), label=f"eval {split}", file=sys.stderr,
@@ -451,8 +455,8 @@ class Trainer:
                 x, y = sampler.next()
                 for rows in range(0, o.batch_size, self.rank_batch):
                     part = slice(rows, rows + self.rank_batch)
-                    total += self.model.loss(x[part], y[part]) / self.ranks
-        return total / o.eval_iters
+                    self.evaluation.add(x[part], y[part])
+        return self.evaluation.mean()
 
     def evaluate(self, save):
         o = self.options

@@ -1,5 +1,6 @@
 """The training step (nanoandrea.step): the same as the loop it replaces, and on the GPU its
-CUDA-graph replay equal to the eager step bit for bit, allocating nothing once captured."""
+CUDA-graph replay equal to the eager step bit for bit, allocating nothing once captured; the
+evaluation's step (EvalStep) likewise."""
 import sys
 from collections import Counter
 
@@ -13,7 +14,7 @@ from nanoandrea import schedule
 from nanoandrea.kernels import launch
 from nanoandrea.model import GPT
 from nanoandrea.optim import AdamW
-from nanoandrea.step import TrainStep
+from nanoandrea.step import EvalStep, TrainStep
 
 
 def batches(rng, config, B, T, steps, grad_accum):
@@ -78,6 +79,53 @@ def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, n_head, pr
     with launch.count_allocations() as tally:           # a replayed step allocates nothing
         step(data[0], [1, 2], 1e-3)
         backend.to_host(step.loss)
+    assert tally.count == 0
+
+
+def evaluation_means(step, data, rounds=2):
+    """EvalStep's mean over `data`'s batches, `rounds` times (the weights unchanged)."""
+    means = []
+    for _ in range(rounds):
+        for x, y in data:
+            step.add(x, y)
+        means.append(step.mean())
+    return means
+
+
+def test_evaluation_step_is_the_mean_of_the_models_losses(rng):
+    """EvalStep.mean(): the mean of model.loss over the batches added since the last mean."""
+    config = get_preset("tiny", dropout=0.1)        # (evaluation drops nothing)
+    B, T = 3, 6
+    backend = get_backend("numpy")
+    model = GPT(config, backend, seed=4)
+    data = [pair for step in batches(rng, config, B, T, 3, 1) for pair in step]
+    means = evaluation_means(EvalStep(model, B, T), data)
+    want = np.mean([model.loss(x, y) for x, y in data])
+    assert means[0] == means[1] and abs(means[0] - want) < 1e-6 * want
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU (and CuPy)")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_evaluation_graph_replays_the_eager_forward(rng, precision):
+    """EvalStep on a training step's stream: its replays give the eager means bit for bit,
+    after a training step changed the weights too, and a replay allocates nothing."""
+    config = get_preset("andrea-mini", vocab_size=65, dropout=0.1)
+    B, T = 8, 64
+    backend = get_backend("cuda", precision=precision)
+    model = GPT(config, backend, seed=4)
+    train = TrainStep(model, AdamW(model.params, lr=3e-3), B, T)
+    data = [pair for step in batches(rng, config, B, T, 3, 1) for pair in step]
+    eager, graph = EvalStep(model, B, T, cuda_graph=False), EvalStep(model, B, T, streams=train)
+    assert graph.stream is train.stream
+    first = evaluation_means(eager, data), evaluation_means(graph, data)
+    train(batches(rng, config, B, T, 1, 1)[0], [7], 3e-3)
+    second = evaluation_means(eager, data), evaluation_means(graph, data)
+    assert graph.graph is not None
+    assert first[0] == first[1] and second[0] == second[1]
+    assert first[0][0] != second[0][0]                  # (the weights did change)
+    with launch.count_allocations() as tally:
+        graph.add(*data[0])
+        graph.mean()
     assert tally.count == 0
 
 
