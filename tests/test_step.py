@@ -129,6 +129,24 @@ def test_evaluation_graph_replays_the_eager_forward(rng, precision):
     assert tally.count == 0
 
 
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU (and CuPy)")
+def test_evaluation_without_room_for_its_graph_runs_eagerly(rng, monkeypatch):
+    """Where the graph's arena cannot be allocated (MemoryError), EvalStep goes on eagerly,
+    with the eager means."""
+    config = get_preset("andrea-mini", vocab_size=65)
+    B, T = 8, 64
+    model = GPT(config, get_backend("cuda"), seed=4)
+    data = [pair for step in batches(rng, config, B, T, 3, 1) for pair in step]
+    want = evaluation_means(EvalStep(model, B, T, cuda_graph=False), data)
+
+    def no_room(size):
+        raise MemoryError(f"graph arena of {size} bytes")
+    monkeypatch.setattr(launch, "Arena", no_room)
+    step = EvalStep(model, B, T)
+    assert evaluation_means(step, data) == want
+    assert step.graph is None and not step.cuda_graph
+
+
 @pytest.mark.skipif(GPU, reason="eagerly, memory the second stream reads could be reused by the "
                     "first (CuPy's pool); on the GPU the captured step above runs it")
 def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatch):
