@@ -101,10 +101,13 @@ def _start_worker(tokenizer, dtype):
     """tokenizer: the tokenizer (forked) or its to_dict() (spawned). A worker leaves Ctrl-C to
     the main process, which stops the pool and cleans up: a terminal sends SIGINT to every
     process of the job, and a worker's traceback would follow the one line of `Error:`. SIGTERM
-    ends it at once, as the main process's handler (inherited by a fork) is not a worker's."""
+    ends it at once, as the main process's handler (inherited by a fork) is not a worker's.
+    Both arrive blocked until here (_pool_of_workers): one that came earlier takes effect now."""
     from .tokenizer import TOKENIZER_CLASSES
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     if isinstance(tokenizer, dict):
         tokenizer = TOKENIZER_CLASSES[tokenizer["type"]].from_dict(tokenizer)
     _worker.update(tokenizer=tokenizer, dtype=dtype)
@@ -161,8 +164,7 @@ def _encoded(corpus, tokenizer, dtype, workers):
     if method == "fork" and isinstance(tokenizer, BPETokenizer):
         tokenizer.fast_encoding()                   # built here once, and inherited
     given = tokenizer if method == "fork" else tokenizer.to_dict()
-    context = multiprocessing.get_context(method)
-    pool = context.Pool(workers, _start_worker, (given, dtype))
+    pool = _pool_of_workers(multiprocessing.get_context(method), workers, given, dtype)
     try:
         pending = deque()
         for task, starts in _tasks(corpus):
@@ -175,6 +177,25 @@ def _encoded(corpus, tokenizer, dtype, workers):
             yield *result.get(), starts
     finally:
         _stop_pool(pool)
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _pool_of_workers(context, workers, tokenizer, dtype):
+    """The pool, made with Ctrl-C and SIGTERM blocked: its workers, forked or spawned now or
+    later by the threads it starts here, inherit the blocked mask, so that neither signal
+    reaches a worker before _start_worker has set the worker's own handling (else the main
+    process's handler, inherited by a fork, raises in it, a traceback after the one line of
+    `Error:`: seen on a loaded 2-core machine when SIGTERM came as the second worker started).
+    Here they are unblocked after: one that came meanwhile is handled then."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return context.Pool(workers, _start_worker, (tokenizer, dtype))
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return context.Pool(workers, _start_worker, (tokenizer, dtype))
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def _stop_pool(pool, seconds=10):
