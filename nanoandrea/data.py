@@ -187,7 +187,7 @@ def _pool_of_workers(context, workers, tokenizer, dtype):
     later by the threads it starts here, inherit the blocked mask, so that neither signal
     reaches a worker before _start_worker has set the worker's own handling (else the main
     process's handler, inherited by a fork, raises in it, a traceback after the one line of
-    `Error:`: seen on a loaded 2-core machine when SIGTERM came as the second worker started).
+    `Error:`; on a loaded machine a stop can come while a worker is still starting).
     Here they are unblocked after: one that came meanwhile is handled then."""
     if not hasattr(signal, "pthread_sigmask"):
         return context.Pool(workers, _start_worker, (tokenizer, dtype))

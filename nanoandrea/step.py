@@ -28,11 +28,11 @@ then on replayed with one call:
 bit for bit, which tests/test_cli.py checks on the GPU.
 
 The evaluation's forward is captured the same way (EvalStep), on the training step's stream, so
-that the two graphs run one after the other, in an arena of its own: eagerly a forward of
-andrea-12m's 64 x 256 tokens took 33.5 ms of the host's launches, replayed it takes 2.8 ms, and
-the default recipe's 21 evaluations of 200 batches took 141 s eagerly beside 45.5 s of training
-steps (2026-12-03, docs/perf.md). Where its arena does not fit in the GPU's memory, it runs
-eagerly.
+that the two graphs run one after the other, in an arena of its own. An evaluation is 200
+forwards: eagerly a forward of andrea-12m's 64 x 256 tokens is ~34 ms of the
+host's launches, replayed ~3 ms (docs/perf.md), and the default recipe's evaluations would
+otherwise take three times its training steps. Where the arena does not fit in the GPU's
+memory, the evaluation runs eagerly.
 
 Data-parallel (`parallel`, a distributed.GradientBuckets): the loss's gradient is
 1/(grad_accum * ranks), each layer's gradient bucket is all-reduced (summed) as the last
