@@ -50,7 +50,6 @@ Operands and offsets are 32-bit: the launcher checks that an operand has fewer t
 from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
-from .barriers import barrier_arrive, barrier_sync
 from .gelu import gelu_derivative_sfu, gelu_value_sfu
 from .launch import MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined, kernel_factory
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split_count
@@ -58,35 +57,26 @@ from .reduce import pair_exchange
 from .tensorcores import bf16_pair, bf16_unpair, store2_u32
 from .vector import aligned16, flat, load2, store2
 from .wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
-                    dynamic_shared_words, fence_for, fence_proxy_async, hopper, wait_for,
-                    wgmma_commit, wgmma_m64n128k16)
+                    dynamic_shared_words, fence_proxy_async, hopper, wgmma_commit, wgmma_fence,
+                    wgmma_m64n128k16, wgmma_wait)
 
-BM, BN, BK = 128, 128, 64       # a tile of out; k a slice (one 128-byte row of bf16)
-GROUP_THREADS = 128             # a warpgroup: a whole tile of its own, 2 x 64 rows
-THREADS = 2 * GROUP_THREADS     # 2 warpgroups, taking turns on the tensor cores
-STAGES = 3                      # a warpgroup's slices in shared memory: one multiplied, two
-                                # on their way
+BM, BN, BK = 128, 128, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
+THREADS = 256                   # 2 warpgroups, each 64 rows of the tile
+STAGES = 3                      # slices in shared memory: one multiplied, two on their way
 ROW_WORDS = 32                  # a shared row: 128 bytes, 32 uint32 words (8 chunks of 4)
 BLOCK_WORDS = BK * ROW_WORDS    # an MN-major slice's block of 64 columns: 64 rows of k, 8 KB
 OPERAND_WORDS = BM * ROW_WORDS  # a slice of one operand, either way: 16 KB
 STAGE_WORDS = 2 * OPERAND_WORDS                 # op(a)'s slice, then op(b)'s: 32 KB
-RING_WORDS = STAGES * STAGE_WORDS               # a warpgroup's stages: 96 KB
-SHARED_BYTES = 4 * 2 * RING_WORDS + ATOM_BYTES  # (tiles from the first 1024-byte boundary on:
-                                                # atom_start)
-COPIES = OPERAND_WORDS // 4 // GROUP_THREADS    # 16-byte copies a thread makes of an operand's
-K_APART = GROUP_THREADS // (BK // 8)    # slice; a K-major slice: 8 chunks a row, so a thread's
-MN_APART = GROUP_THREADS // (BN // 8)   # copies are 16 rows apart; an MN-major one: 16
-                                        # chunks, 8 rows apart
-RESIDENT_BLOCKS = 1 if SIMULATOR else MULTIPROCESSORS   # one an SM: 193 KB of shared memory
-                                                        # (the simulator: few blocks, each
-                                                        # taking several tiles)
-WORKERS = 2 * RESIDENT_BLOCKS   # tiles at work at once, a warpgroup each
-BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
-WAIT_FOR_OLDEST = wait_copies(STAGES - 2)
-wgmma_fence = fence_for(ACCUMULATORS, ACCUMULATORS)     # (a tile's two accumulators)
-wgmma_wait = wait_for(ACCUMULATORS, ACCUMULATORS)   # (until the oldest slice's copies have landed)
-TURN = 1                        # barriers: TURN + g, warpgroup g's turn on the tensor cores;
-OWN = 3                         # OWN + g, warpgroup g's threads meeting (barriers.py)
+SHARED_BYTES = 4 * STAGES * STAGE_WORDS + ATOM_BYTES    # (tiles from the first 1024-byte
+                                                        # boundary on: atom_start)
+COPIES = OPERAND_WORDS // 4 // THREADS  # 16-byte copies a thread makes of an operand's slice
+K_APART = THREADS // (BK // 8)  # a K-major slice: 8 chunks a row, so a thread's copies are
+MN_APART = THREADS // (BN // 8)  # 32 rows apart; an MN-major one: 16 chunks, 16 rows apart
+BLOCKS_PER_SM = 2               # 2 x 97 KB of shared memory; at most 128 registers a thread
+RESIDENT_BLOCKS = (2 if SIMULATOR else BLOCKS_PER_SM * MULTIPROCESSORS)   # (the simulator:
+                                                        # few blocks, each taking several tiles)
+BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, BLOCKS_PER_SM))
+WAIT_FOR_OLDEST = wait_copies(STAGES - 2)   # (until the oldest slice's copies have landed)
 
 
 @inlined
@@ -114,10 +104,10 @@ def next_slice(item, m0, n0, k, k_end, step, tiles_m, tiles_n, k_per_split, K):
 
 @inlined
 def copy_start(tid, along_k):
-    """Thread tid of a warpgroup: its first copy of an operand's slice (the word of a stage it
-    goes to, the row and chunk of the slice it reads). Its other copies are rows APART further
-    down, where the swizzle is the same (APART is a multiple of 8): their words are this one's
-    plus r APART rows."""
+    """Thread tid's first copy of an operand's slice: (the word of a stage it goes to, the row
+    and chunk of the slice it reads). Its other copies are rows APART further down, where the
+    swizzle is the same (APART is a multiple of 8): their words are this one's plus r APART
+    rows."""
     if along_k:                 # 128 rows (m or n) of 8 chunks of k
         row, chunk = tid >> 3, tid & 7
         return int32(row * ROW_WORDS + 4 * (chunk ^ (row & 7))), int32(row), int32(chunk)
@@ -171,15 +161,15 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                                 K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
 
     @inlined
-    def operand_words(stage, kk):
-        # where wgmma finds k16 step kk of the slice in the stage at word `stage`: op(a)'s top
-        # and bottom 64 rows (K-major: rows 0 and 64 on, 32 bytes a step along them; MN-major:
-        # blocks 0 and 1, 16 rows of k a step), and all 128 columns of op(b)
-        a_top = stage + 8 * kk if A_ALONG_K else stage + 16 * kk * ROW_WORDS
-        a_bottom = a_top + (64 * ROW_WORDS if A_ALONG_K else BLOCK_WORDS)
+    def operand_words(stage, group, kk):
+        # where wgmma finds k16 step kk of the slice in the stage at word `stage`: warpgroup
+        # `group`'s 64 rows of op(a) (K-major: rows 64 group on, 32 bytes a step along them;
+        # MN-major: block `group`, 16 rows of k a step), and all 128 columns of op(b)
+        a_word = (stage + group * 64 * ROW_WORDS + 8 * kk if A_ALONG_K else
+                  stage + group * BLOCK_WORDS + 16 * kk * ROW_WORDS)
         b_word = (stage + OPERAND_WORDS + 8 * kk if B_ALONG_K else
                   stage + OPERAND_WORDS + 16 * kk * ROW_WORDS)
-        return a_top, a_bottom, b_word
+        return a_word, b_word
 
     @inlined
     def group_reads(out, hidden, bias, has_bias, accumulate, z, row, c, M, N):
@@ -336,14 +326,11 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
         # Bf16Matrix operands. hidden[M,N] (S = 1): GELU's output (gelu) or its input
         # (gelu_grad); else not read. (words: out [1, M, N/2] and hidden [M, N/2] in pairs)
-        # grid: up to RESIDENT_BLOCKS blocks; block THREADS; dynamic shared memory SHARED_BYTES.
-        # Block x's tiles are x, x + grid, x + 2 grid, ..., taken by its warpgroups in turn
-        # (warpgroup 0 the 1st, 3rd, ..., 1 the 2nd, 4th, ...), and their mainloops run in
-        # that order, one at a time: while one warpgroup multiplies, the other stores its
-        # last tile (the epilogue), and the tensor cores do not wait for it
+        # grid: up to RESIDENT_BLOCKS blocks, each taking tiles blockIdx.x, + grid, ...; block
+        # THREADS; dynamic shared memory SHARED_BYTES: STAGES stages from word `first` on
         tiles = dynamic_shared_words()
-        acc_top = cuda.local.array(ACCUMULATORS, float32)       # the tile's rows 0-63
-        acc_bottom = cuda.local.array(ACCUMULATORS, float32)    # and 64-127
+        first = atom_start(tiles)
+        acc = cuda.local.array(ACCUMULATORS, float32)
         S, M, N = out.shape[0], out.shape[1], out.shape[2] * (2 if WORDS else 1)
         # K: the rows of a k-major operand; with both along k, their padded width (its zeros
         # add nothing)
@@ -352,59 +339,49 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         a_words, b_words = flat(a), flat(b)
         tid = int32(cuda.threadIdx.x)
         group, thread = tid >> 7, tid & 127             # the warpgroup, the thread in it
-        ring = int32(atom_start(tiles) + group * RING_WORDS)    # the warpgroup's stages
         tiles_m, tiles_n = int32((M + BM - 1) // BM), int32((N + BN - 1) // BN)
-        items, grid = int32(tiles_m * tiles_n * S), int32(cuda.gridDim.x)
-        first, step = int32(cuda.blockIdx.x + group * grid), int32(2 * grid)
-        a_start, b_start = copy_start(thread, A_ALONG_K), copy_start(thread, B_ALONG_K)
+        items, step = int32(tiles_m * tiles_n * S), int32(cuda.gridDim.x)
+        a_start, b_start = copy_start(tid, A_ALONG_K), copy_start(tid, B_ALONG_K)
 
         # the copies' cursor: the tile and k of the next slice to copy, STAGES - 1 slices
-        # ahead of the one multiplied, from this warpgroup's tile to its next
-        load = first
+        # ahead of the one multiplied, from tile to tile
+        load = int32(cuda.blockIdx.x)
         load_m0, load_n0, _, load_k, load_k_end = tile_of(load, tiles_m, tiles_n, k_per_split, K)
         for s in range(STAGES - 1):
             if load < items:
-                copy_slice(tiles, ring + s * STAGE_WORDS, a_words, a_pitch, a_start, b_words,
+                copy_slice(tiles, first + s * STAGE_WORDS, a_words, a_pitch, a_start, b_words,
                            b_pitch, b_start, load_m0, load_n0, load_k, load_k_end, M, N)
                 load, load_m0, load_n0, load_k, load_k_end = next_slice(
                     load, load_m0, load_n0, load_k, load_k_end, step, tiles_m, tiles_n,
                     k_per_split, K)
             commit_copies()             # (a group each slice, empty ones too: wait counts them)
         read, write = int32(0), int32(STAGES - 1)   # the stages of this slice and the copied
-        for item in range(first, items, step):
+        for item in range(cuda.blockIdx.x, items, step):
             m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
-            if item != cuda.blockIdx.x:             # the block's tiles before it: the turn
-                barrier_sync(TURN + group, THREADS)     # comes when the other's mainloop ends
-            slices = (k_end - k_start + BK - 1) // BK
             for e in range(ACCUMULATORS):
-                acc_top[e] = float32(0.0)
-                acc_bottom[e] = float32(0.0)
-            for slice_ in range(slices):
+                acc[e] = float32(0.0)
+            for _ in range((k_end - k_start + BK - 1) // BK):
                 WAIT_FOR_OLDEST()       # this thread's copies of the slice have landed,
-                fence_proxy_async()     # are visible to wgmma's proxy, and the warpgroup's:
-                barrier_sync(OWN + group, GROUP_THREADS)    # each of its warps is past its
-                stage = ring + read * STAGE_WORDS           # wait for the last slice too
-                wgmma_fence(acc_top, acc_bottom)
-                for kk in range(BK // 16):
-                    a_top, a_bottom, b_word = operand_words(stage, kk)
-                    multiply(acc_top, tiles, a_top, tiles, b_word)
-                    multiply(acc_bottom, tiles, a_bottom, tiles, b_word)
-                wgmma_commit()
-                if slice_ == slices - 1 and item + grid < items:
-                    barrier_arrive(TURN + 1 - group, THREADS)   # the block's next tile's turn
-                if load < items:        # the copies two slices ahead go to the last slice's
-                    copy_slice(tiles, ring + write * STAGE_WORDS, a_words, a_pitch, a_start,
+                fence_proxy_async()     # are visible to wgmma's proxy,
+                cuda.syncthreads()      # and everyone's; and every warpgroup is done with
+                if load < items:        # the last slice's stage: the copies go there
+                    copy_slice(tiles, first + write * STAGE_WORDS, a_words, a_pitch, a_start,
                                b_words, b_pitch, b_start, load_m0, load_n0, load_k, load_k_end,
-                               M, N)    # stage, while this slice multiplies
+                               M, N)
                     load, load_m0, load_n0, load_k, load_k_end = next_slice(
                         load, load_m0, load_n0, load_k, load_k_end, step, tiles_m, tiles_n,
                         k_per_split, K)
                 commit_copies()
-                wgmma_wait(acc_top, acc_bottom)
+                stage = first + read * STAGE_WORDS
+                wgmma_fence(acc)
+                for kk in range(BK // 16):
+                    a_word, b_word = operand_words(stage, group, kk)
+                    multiply(acc, tiles, a_word, tiles, b_word)
+                wgmma_commit()
+                wgmma_wait(acc)
                 read = int32(read + 1) if read < STAGES - 1 else int32(0)
                 write = int32(write + 1) if write < STAGES - 1 else int32(0)
-            store_tile(out, hidden, acc_top, bias, has_bias, accumulate, z, m0, n0, thread, M, N)
-            store_tile(out, hidden, acc_bottom, bias, has_bias, accumulate, z, m0 + 64, n0,
+            store_tile(out, hidden, acc, bias, has_bias, accumulate, z, m0 + 64 * group, n0,
                        thread, M, N)
 
     return wgmma_matmul_kernel
@@ -441,7 +418,7 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     # (split-K's sum reads 4 floats at a time: rows of other widths are not split; a product
     # in bf16 comes from the epilogue only: not split either)
     can_split = not words and all(aligned16(x) for x in (out, bias, hidden) if x is not None)
-    splits = (split_count(M, N, K, slots=WORKERS, step=BK, value_bytes=2) if can_split
+    splits = (split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK, value_bytes=2) if can_split
               else 1)
     k_per_split = k_per_slice(K, splits, step=BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
