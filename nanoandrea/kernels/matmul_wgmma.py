@@ -27,8 +27,9 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue):
                passes the operand's edge
   pipeline     3 stages of 32 KB in dynamic shared memory (two blocks an SM). A slice: wait for
                this thread's copies, fence.proxy.async (cp.async writes through the generic
-               proxy, wgmma reads through the async one), the block's barrier, the copies two
-               slices ahead into the stage the last slice freed, then 4 wgmma's, commit, wait
+               proxy, wgmma reads through the async one), the block's barrier, 4 wgmma's,
+               commit, the copies two slices ahead into the stage the last slice freed (their
+               addressing while the tensor cores work), wait
   persistent   the grid is the blocks the GPU holds at once (2 an SM); each block takes tiles
                blockIdx.x, + grid, ... and its copies run on from one tile into the next: while
                it multiplies a tile's last slices and stores the tile, the next tile's first
@@ -364,20 +365,20 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                 WAIT_FOR_OLDEST()       # this thread's copies of the slice have landed,
                 fence_proxy_async()     # are visible to wgmma's proxy,
                 cuda.syncthreads()      # and everyone's; and every warpgroup is done with
-                if load < items:        # the last slice's stage: the copies go there
-                    copy_slice(tiles, first + write * STAGE_WORDS, a_words, a_pitch, a_start,
-                               b_words, b_pitch, b_start, load_m0, load_n0, load_k, load_k_end,
-                               M, N)
-                    load, load_m0, load_n0, load_k, load_k_end = next_slice(
-                        load, load_m0, load_n0, load_k, load_k_end, step, tiles_m, tiles_n,
-                        k_per_split, K)
-                commit_copies()
-                stage = first + read * STAGE_WORDS
+                stage = first + read * STAGE_WORDS              # the last slice's stage
                 wgmma_fence(acc)
                 for kk in range(BK // 16):
                     a_word, b_word = operand_words(stage, group, kk)
                     multiply(acc, tiles, a_word, tiles, b_word)
                 wgmma_commit()
+                if load < items:        # the copies go to the last slice's stage, issued
+                    copy_slice(tiles, first + write * STAGE_WORDS, a_words, a_pitch, a_start,
+                               b_words, b_pitch, b_start, load_m0, load_n0, load_k, load_k_end,
+                               M, N)    # while this slice's wgmma's run
+                    load, load_m0, load_n0, load_k, load_k_end = next_slice(
+                        load, load_m0, load_n0, load_k, load_k_end, step, tiles_m, tiles_n,
+                        k_per_split, K)
+                commit_copies()
                 wgmma_wait(acc)
                 read = int32(read + 1) if read < STAGES - 1 else int32(0)
                 write = int32(write + 1) if write < STAGES - 1 else int32(0)
