@@ -9,7 +9,8 @@ token's attention reads them (kernels/kvcache.py), O(T) a token instead of a for
 whole context; on the GPU a token's forward is a CUDA graph, replayed (CachedDecoder). The
 context is the last block_size tokens: once the text is longer, each new token's window
 starts one position later, so every token then runs the whole window again, as without the
-cache (the positions of the cached keys would all shift).
+cache (the positions of the cached keys would all shift); on the GPU that forward is a CUDA
+graph too (WindowDecoder).
 """
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .checkpoint import read_checkpoint
 from .kernels import launch
 from .kernels.launch import gpu_available
 from .model import GPT
+from .step import GraphedCall
 
 
 class KVCache:
@@ -129,6 +131,33 @@ class CachedDecoder:
                 self.graph = self.stream.end_capture()
 
 
+class WindowDecoder(GraphedCall):
+    """The forward over a whole window of block_size tokens, which every token takes once the
+    text is longer than the block (the window moves on by one, so the cache cannot be kept).
+    On the GPU it is ~12 launches a layer from Python for little work each: as the training
+    step and CachedDecoder are, it runs eagerly once (counting the bytes it allocates), is
+    captured as a CUDA graph at its second call and replayed from then on, the window's ids
+    copied into a fixed batch first."""
+
+    def __init__(self, model, batch):
+        super().__init__(model.backend, cuda_graph=True)
+        self.model = model
+        self.batch = TokenBatch(self.backend, batch, model.config.block_size,
+                                model.config.vocab_size, with_targets=False,
+                                with_grouping=False)
+        self.logits = None
+
+    def __call__(self, ids):
+        """The logits [B, block_size, Vp] of ids [B, block_size]."""
+        with launch.using_stream(self.launch_stream):
+            self.batch.load(ids)
+            self._run()
+        return self.logits
+
+    def _body(self):
+        self.logits, _ = self.model.forward(self.batch)
+
+
 def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, progress=None,
              vocab=None, kv_cache=True):
     """ids: int array [B, T0] -> [B, T0 + max_new_tokens]. temperature 0 means greedy.
@@ -146,14 +175,19 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
     block = model.config.block_size
     with no_grad(), ops.fixed_weights(model.params.matrices()):
         decoder = CachedDecoder(model, ids.shape[0]) if kv_cache else None
+        window = None
         for _ in range(max_new_tokens):
             if decoder is not None and decoder.cache.length == 0:
                 logits = decoder.prefill(ids[:, -block:])
             elif decoder is not None and decoder.cache.length < block:
                 logits = decoder.step(ids[:, -1])
-            else:                               # (the window is full: it moves on each token)
+            elif ids.shape[1] >= block:         # (the window is full: it moves on each token)
                 decoder = None
-                logits, _ = model.forward(ids[:, -block:])
+                if window is None:
+                    window = WindowDecoder(model, ids.shape[0])
+                logits = window(ids[:, -block:])
+            else:
+                logits, _ = model.forward(ids)
             last = last_logits(model.backend, logits.data).astype(np.float64)   # [B, Vp]
             last = last[:, :min(model.config.vocab_size, vocab or model.config.vocab_size)]
             if temperature <= 0:

@@ -104,6 +104,28 @@ def test_cached_logits_are_the_uncached_logits(rng, backend_name):
             assert relative_error(got, want) < (1e-6 if backend_name == "numpy" else 1e-5), t
 
 
+@pytest.mark.parametrize("backend_name", ["numpy"] + (["cuda"] if GPU else []))
+def test_the_moving_windows_forward_is_the_models_forward(rng, backend_name):
+    """Past the block size each token runs a forward over the whole window (WindowDecoder: on
+    the GPU eager at its first call, then captured as a graph and replayed): the logits of each
+    window as it moves on are the model's forward's, bit for bit."""
+    from nanoandrea.autograd import no_grad
+    from nanoandrea.kernels import launch
+    from nanoandrea.sample import WindowDecoder, last_logits
+    config = (get_preset("tiny") if backend_name == "numpy" else
+              get_preset("andrea-mini", vocab_size=65, block_size=64))
+    model = GPT(config, get_backend(backend_name), seed=3)
+    ids = rng.integers(0, config.vocab_size, size=(2, config.block_size + 4))
+    window = WindowDecoder(model, 2)
+    with no_grad():
+        for start in range(5):
+            text = ids[:, start:start + config.block_size]
+            got, (want, _) = window(text), model.forward(text)
+            assert np.array_equal(last_logits(model.backend, got.data),
+                                  last_logits(model.backend, want.data)), start
+    assert (window.graph is not None) == (backend_name == "cuda" and launch.CUPY_POOL)
+
+
 def test_sampling_reads_the_weights_as_an_optimizer_step_left_them(rng):
     """generate rounds each weight to bf16 once a call (ops.fixed_weights), not at every
     token: after an AdamW step the next call must sample from the new weights, as a model
