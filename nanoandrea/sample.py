@@ -70,27 +70,21 @@ class KVCache:
         return out
 
 
-class CachedDecoder:
+class CachedDecoder(GraphedCall):
     """The model's forward against a KVCache: the prompt's (`prefill`), then one new token a
     row at a time (`step`). On the GPU a token's forward is ~12 launches a layer from Python,
     which for a small batch costs more than the GPU's work; so, as the training step does
-    (nanoandrea/step.py), its second call counts the bytes it allocates and the third is
-    captured as a CUDA graph, replayed from then on: the new ids, the position and its row of
-    the position table are copied into fixed buffers first."""
+    (nanoandrea/step.py), a token's first forward runs eagerly, counting the bytes it
+    allocates, the second is captured as a CUDA graph, replayed from then on: the new ids, the
+    position and its row of the position table are copied into fixed buffers first."""
 
     def __init__(self, model, batch):
-        self.model, self.backend = model, model.backend
+        super().__init__(model.backend, cuda_graph=True)
+        self.model = model
         self.cache = KVCache(model, batch)
         self.batch = TokenBatch(self.backend, batch, 1, model.config.vocab_size,
                                 with_targets=False, with_grouping=False)
-        self.graphs = self.backend.name == "cuda" and launch.CUPY_POOL
-        self.graph = self.arena_bytes = self.logits = None
-        self.launch_stream = launch.current_stream()
-        if self.graphs:
-            import cupy
-            from numba import cuda
-            self.stream = cupy.cuda.Stream(non_blocking=False)  # (ordered with the default)
-            self.launch_stream = cuda.external_stream(self.stream.ptr)
+        self.logits = None
 
     def prefill(self, ids):
         with launch.using_stream(self.launch_stream):
@@ -103,32 +97,13 @@ class CachedDecoder:
         with launch.using_stream(self.launch_stream):
             self.cache.prepare(self.model["wpe"], 1)
             self.batch.load(next_ids[:, None])
-            if not self.graphs:
-                return self._forward()
-            if self.arena_bytes is None:
-                with launch.count_allocations() as tally:
-                    logits = self._forward()
-                self.arena_bytes = tally.bytes
-                return logits
-            if self.graph is None:
-                self._capture()                         # (its forward advanced the cache)
-            else:
-                self.cache.length += 1
-            self.graph.launch(stream=self.stream)
-            return self.logits
+            length = self.cache.length
+            self._run()
+            self.cache.length = length + 1      # (the forward advances it as it runs from
+            return self.logits                  # Python; a replay runs none)
 
-    def _forward(self):
-        logits, _ = self.model.forward(self.batch, cache=self.cache)
-        return logits
-
-    def _capture(self):
-        self.arena = launch.Arena(self.arena_bytes)
-        with self.stream, launch.allocate_from(self.arena):
-            self.stream.begin_capture()
-            try:
-                self.logits = self._forward()
-            finally:
-                self.graph = self.stream.end_capture()
+    def _body(self):
+        self.logits, _ = self.model.forward(self.batch, cache=self.cache)
 
 
 class WindowDecoder(GraphedCall):

@@ -919,7 +919,7 @@ def replay_time_ms(model, prompt, replays, ops, no_grad, CachedDecoder):
             started = time.perf_counter()
             decoder.step(next_ids)
             cuda.synchronize()
-            if decoder.graphs:
+            if decoder.cuda_graph:
                 decoder.stream.synchronize()
             if step >= 2:                       # (the eager step and the capture)
                 times.append(1e3 * (time.perf_counter() - started))
