@@ -1,0 +1,230 @@
+"""wgmma fed by a producer warpgroup through mbarriers: no block barrier, a group in flight.
+H200 2026-12-03: 0.31x cuBLAS bf16, 217 TFLOP/s at 16384x3072x768 (v16: 419); 0.38x at 16384x768x3072
+
+    out[M,N] = a[M,K] @ b[K,N]     as v12: a, b bf16 (uint32 pairs), out float32;
+                                   M multiple of 128, N of 256, K of 64
+
+v12 to v16 stop both warpgroups of a block at a barrier every slice, and each waits for its
+slice's wgmma's before that barrier: the tensor cores have work only while the SM's other
+block does. v14's wider tile (fewer bytes a flop) lost for that reason: one block an SM, and
+nothing to fill the waits. Here the roles are split, as CUTLASS's warp-specialized kernels
+split them:
+  - warpgroup 0, the producer, only copies: for each slice of each tile the block takes, it
+    waits until the stage's last slice is released (the stage's `empty` mbarrier), starts its
+    cp.async's into it, and has them arrive at the stage's `full` mbarrier when they land
+    (cp.async.mbarrier.arrive.noinc: the arrival is the copies', not the thread's);
+  - warpgroups 1 and 2, the consumers, only multiply: each 64 rows x 256 columns of a 128 x 256
+    tile (one m64n256k16 a k16 step, 128 float32 sums a thread). For a slice: wait for its
+    stage's `full` phase, fence.proxy.async (the copies wrote through the generic proxy, wgmma
+    reads through the async one), 4 wgmma's, commit, wait for all groups but this one, and
+    release the LAST slice's stage (its wgmma's are done: each thread arrives at `empty`).
+    The next slice's wgmma's queue behind this one's while the thread waits, so the tensor
+    cores never run dry between slices.
+  - persistent: one block an SM (4 stages of 48 KB, 193 KB), each taking every 132nd tile;
+    the producer runs on into the next tile while the consumers store the last one.
+An mbarrier counts arrivals in phases: it completes a phase when `count` arrivals have come,
+and a waiter names the phase by its parity. Slice n (counted over the block's tiles) uses stage
+n % 4 in its (n // 4)-th round: the consumers wait for `full` phase parity (n // 4) & 1, the
+producer for `empty` parity ((n // 4) & 1) ^ 1 (a fresh barrier counts its "previous" phase,
+parity 1, as complete: the first round does not wait).
+
+The mbarrier instructions are inline PTX (sm_80+; try_wait sm_90); under the simulator their
+twin keeps each barrier's pending count and phase in a dict, and a cp.async arrives at once
+(its copy already has).
+"""
+from numba import cuda, float32, int32
+
+from nanoandrea.kernels.asynccopy import copy16_async
+from nanoandrea.kernels.launch import MULTIPROCESSORS, SIMULATOR, inlined, launch
+from nanoandrea.kernels.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
+                                      dynamic_shared_words, fence_for, fence_proxy_async,
+                                      wait_for, wgmma_commit, wgmma_m64nNk16)
+from v12_wgmma import B_HALF_WORDS, ROW_WORDS
+
+PRECISION = "bf16"
+MULTIPLE_OF = (128, 256, 64)
+BM, BN, BK = 128, 256, 64       # block tile, K slice
+GROUP = 128                     # threads a warpgroup
+THREADS = 3 * GROUP             # the producer, then two consumers of 64 rows each
+STAGES = 4
+A_WORDS = BM * ROW_WORDS        # a's slice: 128 rows (m) x 64 k                       16 KB
+STAGE_WORDS = A_WORDS + 4 * B_HALF_WORDS    # then b's four blocks of 64 k x 64 n     48 KB
+A_COPIES = BM * (BK // 8) // GROUP          # 16-byte copies a producer thread makes of a (8)
+B_COPIES = BK * (BN // 8) // GROUP          # ... and of b (16)
+SUMS = BN // 2                  # a consumer thread's float32s of its 64 x 256 (128)
+RESIDENT = 1 if SIMULATOR else MULTIPROCESSORS
+BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
+multiply = wgmma_m64nNk16(BN, K_MAJOR, MN_MAJOR(4 * B_HALF_WORDS))
+fence_sums, wait_all, wait_but_one = fence_for(SUMS), wait_for(SUMS), wait_for(SUMS, pending=1)
+
+if SIMULATOR:
+    import threading
+    import time
+
+    _barriers, _lock = {}, threading.Lock()
+
+    @cuda.jit(device=True)
+    def mbarrier_init(words, word, count):
+        with _lock:
+            _barriers[(tuple(cuda.blockIdx), int(word))] = [int(count), int(count), 0]
+
+    @cuda.jit(device=True)
+    def mbarrier_arrive(words, word):
+        with _lock:
+            barrier = _barriers[(tuple(cuda.blockIdx), int(word))]   # [count, pending, phase]
+            barrier[1] -= 1
+            if barrier[1] == 0:
+                barrier[1], barrier[2] = barrier[0], barrier[2] + 1
+
+    copies_arrive = mbarrier_arrive     # (the simulator's copies have landed already)
+
+    @cuda.jit(device=True)
+    def mbarrier_try_wait(words, word, parity):
+        with _lock:
+            done = _barriers[(tuple(cuda.blockIdx), int(word))][2] % 2 != parity
+        if not done:
+            time.sleep(0)               # (let the other Python threads run)
+        return done
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    from nanoandrea.kernels.vector import item_pointer, shared_address
+
+    I32 = ir.IntType(32)
+
+    def _barrier(text, values=0, result=False):
+        """An intrinsic f(words, word, *values) running `text` with $0 (or $1 after a result)
+        the shared address of words[word] and the int32 values after it."""
+        def typer(words, word, *rest):
+            if not (isinstance(words, types.Array) and isinstance(word, types.Integer)):
+                return None
+
+            def codegen(context, builder, signature, args):
+                index = context.make_tuple(builder, types.UniTuple(signature.args[1], 1),
+                                           [args[1]])
+                address = shared_address(builder, item_pointer(
+                    context, builder, signature.args[0], args[0],
+                    types.UniTuple(signature.args[1], 1), index))
+                operands = [address] + [context.cast(builder, v, t, types.int32)
+                                        for v, t in zip(args[2:], signature.args[2:])]
+                kinds = [I32] * len(operands)
+                constraints = ",".join((["=r"] if result else []) + ["r"] * len(operands)
+                                       + ["~{memory}"])
+                function = ir.InlineAsm(ir.FunctionType(I32 if result else ir.VoidType(), kinds),
+                                        text, constraints, side_effect=True)
+                return builder.call(function, operands)
+
+            return (types.uint32 if result else types.void)(words, word, *rest), codegen
+
+        if values == 0:
+            return intrinsic(lambda typingctx, words, word: typer(words, word))
+        return intrinsic(lambda typingctx, words, word, value: typer(words, word, value))
+
+    mbarrier_init = _barrier("mbarrier.init.shared::cta.b64 [$0], $1;", values=1)
+    mbarrier_arrive = _barrier("{ .reg .b64 state; "
+                               "mbarrier.arrive.shared::cta.b64 state, [$0]; }")
+    copies_arrive = _barrier("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];")
+    mbarrier_try_wait = _barrier("{ .reg .pred done; "
+                                 "mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
+                                 "selp.u32 $0, 1, 0, done; }", values=1, result=True)
+
+
+@inlined
+def wait_phase(words, word, parity):
+    while not mbarrier_try_wait(words, word, parity):
+        pass
+
+
+@cuda.jit(**BOUNDS)
+def wgmma_producer_kernel(out, a, b):
+    # out[M,N] = a . b; grid: up to RESIDENT blocks, each taking tiles blockIdx.x, + grid, ...
+    # (down m first); block THREADS; dynamic shared STAGES x STAGE_WORDS from the first
+    # 1024-byte boundary, then the barriers: full[s] at word `barriers` + 2 s, empty[s] at
+    # `barriers` + 2 (STAGES + s), 8 bytes each
+    tiles = dynamic_shared_words()
+    first = atom_start(tiles)
+    barriers = first + STAGES * STAGE_WORDS
+    M, N, K = out.shape[0], out.shape[1], 2 * a.shape[1]
+    tiles_m = M // BM
+    items, slices = tiles_m * (N // BN), K // BK
+    tid = int32(cuda.threadIdx.x)
+    group, thread = tid // GROUP, tid % GROUP
+    if tid == 0:
+        for s in range(STAGES):
+            mbarrier_init(tiles, barriers + 2 * s, GROUP)                   # the copies
+            mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)    # the consumers
+    cuda.syncthreads()
+    n = int32(0)                                # the block's slice count, over its tiles
+    if group == 0:
+        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
+            m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
+            for s in range(slices):
+                stage = n % STAGES
+                wait_phase(tiles, barriers + 2 * (STAGES + stage), ((n // STAGES) & 1) ^ 1)
+                copy_slice(tiles, first + stage * STAGE_WORDS, a, b, m0, n0, s * BK, thread)
+                copies_arrive(tiles, barriers + 2 * stage)
+                n += 1
+    else:
+        sums = cuda.local.array(SUMS, float32)
+        rows = (group - 1) * 64 * ROW_WORDS     # the consumer's 64 rows of a's slice
+        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
+            m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
+            for e in range(SUMS):
+                sums[e] = float32(0.0)
+            for s in range(slices):
+                stage = n % STAGES
+                wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
+                fence_proxy_async()
+                at = first + stage * STAGE_WORDS
+                fence_sums(sums)
+                for kk in range(BK // 16):      # a: 32 bytes on along its rows; b: 16 rows
+                    multiply(sums, tiles, at + rows + 8 * kk, tiles,
+                             at + A_WORDS + 16 * kk * ROW_WORDS)
+                wgmma_commit()
+                wait_but_one(sums)              # (slice n - 1's wgmma's are done)
+                if s > 0:
+                    mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+                n += 1
+            wait_all(sums)
+            mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+            store_tile(out, sums, m0 + (group - 1) * 64, n0, thread)
+
+
+@inlined
+def store_tile(out, sums, row0, col0, thread):
+    """out[row0:+64, col0:+256] = a consumer's sums, by wgmma's D layout (v12's, 32 groups of
+    8 columns)."""
+    warp, lane = thread // 32, thread % 32
+    row = row0 + 16 * warp + lane // 4
+    col = col0 + 2 * (lane % 4)
+    for j in range(BN // 8):
+        out[row, col + 8 * j], out[row, col + 8 * j + 1] = sums[4 * j], sums[4 * j + 1]
+        out[row + 8, col + 8 * j], out[row + 8, col + 8 * j + 1] = (sums[4 * j + 2],
+                                                                    sums[4 * j + 3])
+
+
+@inlined
+def copy_slice(tiles, stage, a, b, m0, n0, k0, thread):
+    """The producer's copies of a[m0:+128, k0:+64] and b[k0:+64, n0:+256] into the stage at
+    word `stage`, each 16-byte chunk at its swizzled place (v14's layout), started."""
+    for r in range(A_COPIES):
+        c = thread + r * GROUP
+        i, q = c // 8, c % 8                       # a: row i, chunk q of its 64 k
+        copy16_async(tiles, (stage + i * ROW_WORDS + 4 * (q ^ (i % 8)),),
+                     a, (m0 + i, k0 // 2 + 4 * q), True)
+    for r in range(B_COPIES):
+        c = thread + r * GROUP
+        k, q = c // 32, c % 32                     # b: row k, chunk q of its 256 n
+        block, q8 = q // 8, q % 8
+        copy16_async(tiles, (stage + A_WORDS + block * B_HALF_WORDS + k * ROW_WORDS
+                             + 4 * (q8 ^ (k % 8)),),
+                     b, (k0 + k, n0 // 2 + 4 * q), True)
+
+
+def matmul(out, a, b):
+    M, N = out.shape
+    launch(wgmma_producer_kernel, min(RESIDENT, (M // BM) * (N // BN)), THREADS, out, a, b,
+           shared_bytes=4 * STAGES * STAGE_WORDS + ATOM_BYTES + 16 * STAGES)
