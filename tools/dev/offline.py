@@ -8,8 +8,8 @@ sm_90a only, the architecture-specific target, which numba-cuda picks by itself 
 of compute capability 9.0: here the target is given, cc=(9, 0, "a").) A version's kernels are
 its module's @cuda.jit kernels, and those its `kernels()` makes (a version whose kernels come
 from a factory: {name: kernel}); their arguments are matmul's, (out, a, b): out float32 and
-a, b uint32 pairs of bf16 for a PRECISION = "bf16" version, else float32. Launch bounds are
-the kernel's own.
+a, b uint32 pairs of bf16 for a PRECISION = "bf16" version, else float32, then the types of
+its EXTRA_ARGUMENTS if it has more (v18's tensor maps). Launch bounds are the kernel's own.
 """
 import argparse
 import os
@@ -31,7 +31,7 @@ import kernel_report  # noqa: E402
 from run import load, selected, versions  # noqa: E402
 
 SHOWN = ("HGMMA", "WARPGROUP", "HMMA", "LDSM", "LDGSTS", "LDGDEPBAR", "DEPBAR", "FENCE",
-         "MEMBAR", "BAR.SYNC", "LDL", "STL")
+         "MEMBAR", "BAR.SYNC", "SYNCS", "UTMA", "LDL", "STL")
 
 
 def main():
@@ -46,7 +46,8 @@ def main():
     for path in selected(versions("matmul"), args.version):
         module = load(path)
         operand = uint32 if getattr(module, "PRECISION", "fp32") == "bf16" else float32
-        signature = (float32[:, ::1], operand[:, ::1], operand[:, ::1])
+        signature = ((float32[:, ::1], operand[:, ::1], operand[:, ::1])
+                     + tuple(getattr(module, "EXTRA_ARGUMENTS", ())))
         made = module.kernels() if hasattr(module, "kernels") else {}
         for name, kernel in list(vars(module).items()) + list(made.items()):
             options = getattr(kernel, "targetoptions", None)   # (a Numba dispatcher's)
