@@ -14,14 +14,16 @@
 #     bench     the kernels against cuBLAS, SDPA and PyTorch's ops (tools/bench.py)
 #     dev       the optimisation ladders, each version checked and timed (tools/dev/run.py)
 #     wgmma     one wgmma in each operand layout (tests/test_wgmma.py), then the wgmma rungs of
-#               the matmul ladder (v12 on) checked and timed at andrea-120m's three shapes
+#               the matmul ladder (WGMMA, default v12-v16; v17, v18 the producer ones) checked
+#               and timed at andrea-120m's three shapes
 #     profile   each kernel's GPU time in one training step, ours beside PyTorch's, andrea-12m
 #               and andrea-120m (tools/bench.py --only profile; PRECISION, default bf16)
 #     products  each matrix product of one bf16 training step as the step makes it, timed beside
 #               cuBLAS bf16 in the same orientation (tools/bench.py --only products; MODELS)
 #     ncu       Nsight Compute's speed-of-light, occupancy, warp-state and scheduler sections of
 #               the wgmma kernels: attention at [16,12,1024,64], a linear layer's three products
-#               at 16384x3072x768 (tools/run_once.py, bf16)
+#               at 16384x3072x768 (tools/run_once.py, bf16); NCU_LADDER=v17,v18: also the first
+#               launch of each of these matmul ladder versions (their checks, 16384x3072x768)
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
 #               matmuls, attention and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train` (STOP_AT,
@@ -112,7 +114,13 @@ for step in "${steps[@]}"; do
             python3 tools/run_once.py $op --rounds 2 --precision bf16 > "$OUT/ncu-${op%% *}.txt" 2>&1
         grep -E "wgmma_.*kernel|Duration|Issued Ipc|No Eligible|Stall|Warp Cycles Per Issued" \
             "$OUT/ncu-${op%% *}.txt" | head -40
-      done ;;
+      done
+      if [ -n "${NCU_LADDER:-}" ]; then   # (the ladder's versions too: their checks' launches)
+        limit ncu --clock-control none -k regex:wgmma --launch-count 2 $sections \
+            python3 tools/dev/run.py matmul --only $NCU_LADDER --repeat 1 > "$OUT/ncu-ladder.txt" 2>&1
+        grep -E "wgmma_.*kernel|Duration|Issued Ipc|No Eligible|Stall|Warp Cycles Per Issued" \
+            "$OUT/ncu-ladder.txt" | head -40
+      fi ;;
     bf16)
       limit python3 -m nanoandrea compile --preset andrea-12m --precision bf16
       limit python3 -m nanoandrea compile --preset andrea-120m --batch-size 16 --block-size 1024 \
