@@ -229,10 +229,23 @@ def tensor_map(words, box_rows):
     return np.frombuffer(found, dtype=np.uint64).copy()
 
 
+_maps = {}      # (a's and b's addresses and shapes): their tensor maps on the device
+
+
+def maps_of(a, b):
+    """a's and b's tensor maps, a [2, 16] uint64 device array, made once for the operands'
+    memory (a copy from the host at each call would wait for the GPU's queue)."""
+    maps = np.zeros((2, 16), np.uint64)
+    if SIMULATOR:                   # (its twin reads the operands: no maps)
+        return cuda.to_device(maps)
+    key = tuple((x.device_ctypes_pointer.value, x.shape) for x in (a, b))
+    if key not in _maps:
+        maps[0], maps[1] = tensor_map(a, BM), tensor_map(b, BK)
+        _maps[key] = cuda.to_device(maps)
+    return _maps[key]
+
+
 def matmul(out, a, b):
     M, N = out.shape
-    maps = np.zeros((2, 16), np.uint64)
-    if not SIMULATOR:
-        maps[0], maps[1] = tensor_map(a, BM), tensor_map(b, BK)
     launch(wgmma_tma_kernel, min(RESIDENT, (M // BM) * (N // BN)), THREADS, out, a, b,
-           cuda.to_device(maps), shared_bytes=4 * STAGES * STAGE_WORDS + ATOM_BYTES + 16 * STAGES)
+           maps_of(a, b), shared_bytes=4 * STAGES * STAGE_WORDS + ATOM_BYTES + 16 * STAGES)
