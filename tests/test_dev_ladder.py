@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import GPU
+
 RUN_PATH = Path(__file__).resolve().parents[1] / "tools" / "dev" / "run.py"
 _spec = importlib.util.spec_from_file_location("dev_run", RUN_PATH)
 run = importlib.util.module_from_spec(_spec)
@@ -49,3 +51,13 @@ def test_version_launches_are_recorded(op, path):
     shape = op.nearest(module, op.simulator_shape)
     launched = kernels_of(lambda: op.call(module, shape))
     assert launched and all(isinstance(types, tuple) for _, types in launched)
+
+
+@pytest.mark.parametrize("stem", ["v17_wgmma_producer", "v18_wgmma_tma"])
+def test_producer_versions_run_their_stages_round(rng, stem):
+    """v17's and v18's mbarrier pipelines through more slices than stages and more than one
+    tile a block (the simulator's one resident block takes both of its tiles; on the GPU
+    about two a block): each stage's barriers go through several phases, and the producer
+    runs on into the block's next tile while the consumers store the last."""
+    path = next(p for p in run.versions("matmul") if p.stem == stem)
+    check(run.Matmul, path, (4096, 2048, 512) if GPU else (256, 256, 192), rng)

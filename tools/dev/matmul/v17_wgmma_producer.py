@@ -78,11 +78,19 @@ if SIMULATOR:
 
     copies_arrive = mbarrier_arrive     # (the simulator's copies have landed already)
 
+    _waiting = threading.local()    # since when this thread's wait has found its phase open
+
     @cuda.jit(device=True)
     def mbarrier_try_wait(words, word, parity):
         with _lock:
             done = _barriers[(tuple(cuda.blockIdx), int(word))][2] % 2 != parity
-        if not done:
+        if done:
+            _waiting.since = None
+        else:                           # (a phase that never completes fails, not hangs)
+            _waiting.since = getattr(_waiting, "since", None) or time.monotonic()
+            if time.monotonic() - _waiting.since > 120:
+                raise RuntimeError(f"mbarrier at word {word}: phase {parity} still open "
+                                   "after 120 s")
             time.sleep(0)               # (let the other Python threads run)
         return done
 
