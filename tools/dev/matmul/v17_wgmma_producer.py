@@ -165,8 +165,8 @@ def wgmma_producer_kernel(out, a, b):
             mbarrier_init(tiles, barriers + 2 * s, GROUP)                   # the copies
             mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)    # the consumers
     cuda.syncthreads()
-    n = int32(0)                                # the block's slice count, over its tiles
     if group == 0:
+        n = int32(0)                            # the block's slice count, over its tiles
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
             m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
             for s in range(slices):
@@ -176,29 +176,37 @@ def wgmma_producer_kernel(out, a, b):
                 copies_arrive(tiles, barriers + 2 * stage)
                 n += 1
     else:
-        sums = cuda.local.array(SUMS, float32)
-        rows = (group - 1) * 64 * ROW_WORDS     # the consumer's 64 rows of a's slice
-        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
-            m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
-            for e in range(SUMS):
-                sums[e] = float32(0.0)
-            for s in range(slices):
-                stage = n % STAGES
-                wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
-                fence_proxy_async()
-                at = first + stage * STAGE_WORDS
-                fence_sums(sums)
-                for kk in range(BK // 16):      # a: 32 bytes on along its rows; b: 16 rows
-                    multiply(sums, tiles, at + rows + 8 * kk, tiles,
-                             at + A_WORDS + 16 * kk * ROW_WORDS)
-                wgmma_commit()
-                wait_but_one(sums)              # (slice n - 1's wgmma's are done)
-                if s > 0:
-                    mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
-                n += 1
-            wait_all(sums)
-            mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
-            store_tile(out, sums, m0 + (group - 1) * 64, n0, thread)
+        consume(out, tiles, cuda.local.array(SUMS, float32), first, barriers, group, thread,
+                tiles_m, items, slices)
+
+
+@inlined
+def consume(out, tiles, sums, first, barriers, group, thread, tiles_m, items, slices):
+    """Consumer warpgroup `group` (1 or 2): its 64 rows of each of the block's tiles (see the
+    module's doc), its sums in `sums`."""
+    n = int32(0)                                # the block's slice count, over its tiles
+    rows = (group - 1) * 64 * ROW_WORDS         # the consumer's 64 rows of a's slice
+    for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
+        m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
+        for e in range(SUMS):
+            sums[e] = float32(0.0)
+        for s in range(slices):
+            stage = n % STAGES
+            wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
+            fence_proxy_async()
+            at = first + stage * STAGE_WORDS
+            fence_sums(sums)
+            for kk in range(BK // 16):          # a: 32 bytes on along its rows; b: 16 rows
+                multiply(sums, tiles, at + rows + 8 * kk, tiles,
+                         at + A_WORDS + 16 * kk * ROW_WORDS)
+            wgmma_commit()
+            wait_but_one(sums)                  # (slice n - 1's wgmma's are done)
+            if s > 0:
+                mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+            n += 1
+        wait_all(sums)
+        mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+        store_tile(out, sums, m0 + (group - 1) * 64, n0, thread)
 
 
 @inlined

@@ -30,12 +30,10 @@ import numpy as np
 from numba import cuda, float32, int32, uint64
 
 from nanoandrea.kernels.launch import MULTIPROCESSORS, SIMULATOR, launch
-from nanoandrea.kernels.wgmma import (ATOM_BYTES, atom_start, dynamic_shared_words,
-                                      fence_proxy_async, wgmma_commit)
+from nanoandrea.kernels.wgmma import ATOM_BYTES, atom_start, dynamic_shared_words
 from v12_wgmma import B_HALF_WORDS, ROW_WORDS
 from v17_wgmma_producer import (A_WORDS, BK, BM, BN, GROUP, STAGE_WORDS, STAGES, SUMS, THREADS,
-                                fence_sums, mbarrier_arrive, mbarrier_init, multiply,
-                                store_tile, wait_all, wait_but_one, wait_phase)
+                                consume, mbarrier_init, wait_phase)
 
 PRECISION = "bf16"
 MULTIPLE_OF = (128, 256, 64)
@@ -166,8 +164,8 @@ def wgmma_tma_kernel(out, a, b, maps):
             mbarrier_init(tiles, barriers + 2 * s, 1)                       # the producer
             mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)    # the consumers
     cuda.syncthreads()
-    n = int32(0)
     if tid == 0:
+        n = int32(0)                            # the block's slice count, over its tiles
         tensormap_acquire(maps, 0)
         tensormap_acquire(maps, 1)
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
@@ -184,29 +182,8 @@ def wgmma_tma_kernel(out, a, b, maps):
                            s * BK, full)
                 n += 1
     elif group > 0:
-        sums = cuda.local.array(SUMS, float32)
-        rows = (group - 1) * 64 * ROW_WORDS
-        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
-            m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
-            for e in range(SUMS):
-                sums[e] = float32(0.0)
-            for s in range(slices):
-                stage = n % STAGES
-                wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
-                fence_proxy_async()
-                at = first + stage * STAGE_WORDS
-                fence_sums(sums)
-                for kk in range(BK // 16):
-                    multiply(sums, tiles, at + rows + 8 * kk, tiles,
-                             at + A_WORDS + 16 * kk * ROW_WORDS)
-                wgmma_commit()
-                wait_but_one(sums)
-                if s > 0:
-                    mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
-                n += 1
-            wait_all(sums)
-            mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
-            store_tile(out, sums, m0 + (group - 1) * 64, n0, thread)
+        consume(out, tiles, cuda.local.array(SUMS, float32), first, barriers, group, thread,
+                tiles_m, items, slices)
 
 
 def tensor_map(words, box_rows):
