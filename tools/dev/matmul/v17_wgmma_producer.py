@@ -177,13 +177,16 @@ def wgmma_producer_kernel(out, a, b):
                 n += 1
     else:
         consume(out, tiles, cuda.local.array(SUMS, float32), first, barriers, group, thread,
-                tiles_m, items, slices)
+                tiles_m, items, slices, True)
 
 
 @inlined
-def consume(out, tiles, sums, first, barriers, group, thread, tiles_m, items, slices):
+def consume(out, tiles, sums, first, barriers, group, thread, tiles_m, items, slices,
+            generic_copies):
     """Consumer warpgroup `group` (1 or 2): its 64 rows of each of the block's tiles (see the
-    module's doc), its sums in `sums`."""
+    module's doc), its sums in `sums`. generic_copies: the stages were written through the
+    generic proxy (cp.async), so a proxy fence comes between the wait and the wgmma's (TMA
+    writes through the async proxy, as wgmma reads: v18 passes False)."""
     n = int32(0)                                # the block's slice count, over its tiles
     rows = (group - 1) * 64 * ROW_WORDS         # the consumer's 64 rows of a's slice
     for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
@@ -193,7 +196,8 @@ def consume(out, tiles, sums, first, barriers, group, thread, tiles_m, items, sl
         for s in range(slices):
             stage = n % STAGES
             wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
-            fence_proxy_async()
+            if generic_copies:
+                fence_proxy_async()
             at = first + stage * STAGE_WORDS
             fence_sums(sums)
             for kk in range(BK // 16):          # a: 32 bytes on along its rows; b: 16 rows

@@ -15,7 +15,8 @@ names (complete_tx): the producer first tells the stage's `full` barrier how man
 expect (mbarrier.arrive.expect_tx, 48 KB), and the phase completes when they all have. So
 one thread of the producer warpgroup does all the copying: a's slice [128 m, 64 k] in one box,
 b's [64 k, 256 n] in four boxes of 64 columns (a box's rows are at most 128 bytes under the
-swizzle). The consumers are v17's.
+swizzle). The consumers are v17's, less its proxy fence a slice: the copy engine writes
+through the async proxy, the one wgmma reads through.
 
 The tensor maps are made on the host (ctypes into the CUDA driver) and copied to a small
 device array the kernel reads them from (Numba passes no 128-byte structure by value, as a
@@ -183,7 +184,7 @@ def wgmma_tma_kernel(out, a, b, maps):
                 n += 1
     elif group > 0:
         consume(out, tiles, cuda.local.array(SUMS, float32), first, barriers, group, thread,
-                tiles_m, items, slices)
+                tiles_m, items, slices, False)
 
 
 def tensor_map(words, box_rows):
