@@ -146,25 +146,35 @@ def wait_phase(words, word, parity):
         pass
 
 
-@cuda.jit(**BOUNDS)
-def wgmma_producer_kernel(out, a, b):
-    # out[M,N] = a . b; grid: up to RESIDENT blocks, each taking tiles blockIdx.x, + grid, ...
-    # (down m first); block THREADS; dynamic shared STAGES x STAGE_WORDS from the first
-    # 1024-byte boundary, then the barriers: full[s] at word `barriers` + 2 s, empty[s] at
-    # `barriers` + 2 (STAGES + s), 8 bytes each
-    tiles = dynamic_shared_words()
+@inlined
+def start_block(tiles, out, a, full_arrivals):
+    """The block's layout and work, its barriers made: (first, the stages' first word;
+    barriers, full[s]'s word barriers + 2 s and empty[s]'s barriers + 2 (STAGES + s), 8 bytes
+    each; tiles_m, items and slices, the tiles down m, all the tiles and a tile's K slices;
+    this thread's group and its thread in it). full[s] completes at `full_arrivals`
+    arrivals, empty[s] at the consumers' 2 x 128."""
     first = atom_start(tiles)
     barriers = first + STAGES * STAGE_WORDS
     M, N, K = out.shape[0], out.shape[1], 2 * a.shape[1]
     tiles_m = M // BM
-    items, slices = tiles_m * (N // BN), K // BK
     tid = int32(cuda.threadIdx.x)
-    group, thread = tid // GROUP, tid % GROUP
     if tid == 0:
         for s in range(STAGES):
-            mbarrier_init(tiles, barriers + 2 * s, GROUP)                   # the copies
-            mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)    # the consumers
+            mbarrier_init(tiles, barriers + 2 * s, full_arrivals)
+            mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)
     cuda.syncthreads()
+    return (first, barriers, tiles_m, tiles_m * (N // BN), K // BK, tid // GROUP,
+            tid % GROUP)
+
+
+@cuda.jit(**BOUNDS)
+def wgmma_producer_kernel(out, a, b):
+    # out[M,N] = a . b; grid: up to RESIDENT blocks, each taking tiles blockIdx.x, + grid, ...
+    # (down m first); block THREADS; dynamic shared STAGES x STAGE_WORDS from the first
+    # 1024-byte boundary, then the barriers (start_block); full[s] counts the producer's
+    # threads' copies
+    tiles = dynamic_shared_words()
+    first, barriers, tiles_m, items, slices, group, thread = start_block(tiles, out, a, GROUP)
     if group == 0:
         n = int32(0)                            # the block's slice count, over its tiles
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):

@@ -31,10 +31,10 @@ import numpy as np
 from numba import cuda, float32, int32, uint64
 
 from nanoandrea.kernels.launch import MULTIPROCESSORS, SIMULATOR, launch
-from nanoandrea.kernels.wgmma import ATOM_BYTES, atom_start, dynamic_shared_words
+from nanoandrea.kernels.wgmma import ATOM_BYTES, dynamic_shared_words
 from v12_wgmma import B_HALF_WORDS, ROW_WORDS
-from v17_wgmma_producer import (A_WORDS, BK, BM, BN, GROUP, STAGE_WORDS, STAGES, SUMS, THREADS,
-                                consume, mbarrier_init, wait_phase)
+from v17_wgmma_producer import (A_WORDS, BK, BM, BN, STAGE_WORDS, STAGES, SUMS, THREADS, consume,
+                                start_block, wait_phase)
 
 PRECISION = "bf16"
 MULTIPLE_OF = (128, 256, 64)
@@ -153,19 +153,8 @@ def wgmma_tma_kernel(out, a, b, maps):
     # out[M,N] = a . b; maps: [2, 16] uint64, a's tensor map then b's; as v17 otherwise, but
     # full[s] waits for one arrival (the producer's, with the stage's bytes to expect)
     tiles = dynamic_shared_words()
-    first = atom_start(tiles)
-    barriers = first + STAGES * STAGE_WORDS
-    M, N, K = out.shape[0], out.shape[1], 2 * a.shape[1]
-    tiles_m = M // BM
-    items, slices = tiles_m * (N // BN), K // BK
-    tid = int32(cuda.threadIdx.x)
-    group, thread = tid // GROUP, tid % GROUP
-    if tid == 0:
-        for s in range(STAGES):
-            mbarrier_init(tiles, barriers + 2 * s, 1)                       # the producer
-            mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)    # the consumers
-    cuda.syncthreads()
-    if tid == 0:
+    first, barriers, tiles_m, items, slices, group, thread = start_block(tiles, out, a, 1)
+    if group == 0 and thread == 0:
         n = int32(0)                            # the block's slice count, over its tiles
         tensormap_acquire(maps, 0)
         tensormap_acquire(maps, 1)
