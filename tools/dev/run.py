@@ -45,7 +45,9 @@ takes, and not timed.
 
 Timing: CUDA events (numba.cuda.event) on the default stream, after warm-up (the first call
 compiles) and two seconds of the library's op to bring the clocks up; the median of --repeat
-timings. Each timing covers 5 calls queued behind ~6 ms of other work, so that the GPU runs
+timings. The timings' inputs are not the check's: before a version is timed, its output on
+them is checked against the library's float32 result on the same values (within its
+tolerance; a version that fails is not timed, and the run exits with status 1). Each timing covers 5 calls queued behind ~6 ms of other work, so that the GPU runs
 them back to back and the host's launch overhead is not counted (what a CUDA-graph replay
 pays); calls over 20 ms are timed one at a time. CuPy and torch are imported only to time.
 
@@ -125,6 +127,15 @@ def relative_error(got, want):
     if not np.all(np.isfinite(got)):
         return float("inf")
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def gpu_relative_error(got, want):
+    """relative_error of two CuPy arrays (or arrays CuPy can view), on the GPU."""
+    import cupy
+    got, want = cupy.asarray(got, cupy.float64), cupy.asarray(want, cupy.float64)
+    if not bool(cupy.all(cupy.isfinite(got))):
+        return float("inf")
+    return float(cupy.linalg.norm(got - want) / max(float(cupy.linalg.norm(want)), 1e-30))
 
 
 def random_float32(rng, shape):
@@ -234,10 +245,15 @@ class Matmul:
         A, B, C = (cuda.as_cuda_array(x) for x in (a, b, c))
         work = Matmul.flops(shape)
         library = [("", lambda: cupy.matmul(a, b, out=c), work)]
+        want = {"": cupy.matmul(a, b)}          # (float32 sums, TF32 off)
+
+        def error(label):                       # (of the version's last output, in c)
+            return gpu_relative_error(c, want[label])
         ours, bf16_operands = {}, {}
         for name, module in modules.items():
             if not Matmul.bf16(module):
-                ours[name] = [("", lambda m=module: m.matmul(C, A, B), work)]
+                ours[name] = [("", lambda m=module: m.matmul(C, A, B), work,
+                               lambda: error(""))]
                 continue
             import torch
             from nanoandrea.kernels.tensorcores import pack_bf16
@@ -251,8 +267,10 @@ class Matmul:
                     ta_, tb_ = (ta_.T if ta else ta_), (tb_.T if tb else tb_)
                     library.append((label, lambda x=ta_, y=tb_: torch.matmul(x, y), work))
                     bf16_operands[label] = packed
+                    want[label] = cupy.asarray(torch.matmul(ta_.float(), tb_.float()))
                 ours[name].append((label, lambda m=module, p=bf16_operands[label], ta=ta, tb=tb:
-                                   Matmul.product(m, C, *p, ta, tb), work))
+                                   Matmul.product(m, C, *p, ta, tb), work,
+                                   lambda label=label: error(label)))
         return ("cuBLAS (cupy.matmul in float32, TF32 off; torch.matmul in bf16)", library,
                 ours)
 
@@ -352,6 +370,7 @@ class Attention:
 
     @staticmethod
     def timings(shape, modules):
+        import cupy
         import torch
         import torch.nn.functional as F
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -378,6 +397,19 @@ class Attention:
 
         library = list(zip(("fwd", "fwd+bwd"), sdpa(q, k, v, dout, (qs, ks, vs)),
                            (work, 3.5 * work)))
+        want = {}                               # (float32 SDPA of the inputs, as taken)
+
+        def wanted(bf16):
+            if bf16 not in want:
+                inputs = [t.bfloat16().float() if bf16 else t for t in (q, k, v, dout)]
+                leaves = tuple(t.clone().requires_grad_(True) for t in inputs[:3])
+                y = F.scaled_dot_product_attention(*leaves, is_causal=True)
+                want[bf16] = [y.detach(), *torch.autograd.grad(y, leaves, inputs[3])]
+            return want[bf16]
+
+        def error(bf16, arrays):                # (the worst of the version's last outputs)
+            return max(gpu_relative_error(cupy.asarray(x), cupy.asarray(w))
+                       for x, w in zip(arrays, wanted(bf16)))
         ours = {}
         for name, module in modules.items():
             bf16 = Attention.bf16(module)
@@ -391,12 +423,13 @@ class Attention:
                 m.forward(out, lse, Q, K, V)
 
             prefix = "bf16 " if bf16 else ""
-            cases = [(prefix + "fwd", forward, work)]
+            cases = [(prefix + "fwd", forward, work, lambda bf16=bf16: error(bf16, [out]))]
             if getattr(module, "backward", None) is not None:
                 def both(m=module, forward=forward):
                     forward()
                     m.backward(dq, dk, dv, DOUT, Q, K, V, out, lse)
-                cases.append((prefix + "fwd+bwd", both, 3.5 * work))
+                cases.append((prefix + "fwd+bwd", both, 3.5 * work,
+                              lambda bf16=bf16: error(bf16, [out, dq, dk, dv])))
             ours[name] = cases
         return ("SDPA (torch, float32, TF32 off; bf16 passes on bf16 tensors)", library, ours)
 
@@ -501,7 +534,16 @@ def time_all(op, shape, modules, rows, repeat):
     library = {name: gpu_ms(fn, repeat) for name, fn, _ in library_cases}
     timed = []
     for row in rows:
-        for name, fn, work in ours.get(row["version"], []):
+        for name, fn, work, error_of_last in ours.get(row["version"], []):
+            fn()                                # (on the timing's inputs: checked first)
+            cuda.synchronize()
+            error = error_of_last()
+            if not error < op.tolerance(modules[row["version"]]):
+                note = f"FAILED on the timing's inputs: relative error {error:.1e}, not timed"
+                print(f"{row['version']} {name}: {note}", flush=True)
+                timed.append(dict(row, ok=False, note=note,
+                                  **{"pass": name, "ms": None, "tflops": None, "ratio": None}))
+                continue
             ms = gpu_ms(fn, repeat)
             timed.append(dict(row, **{"pass": name, "ms": ms, "tflops": work / ms / 1e9,
                                       "ratio": library[name] / ms}))
