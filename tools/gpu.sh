@@ -76,8 +76,8 @@ for step in "${steps[@]}"; do
       grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" "$OUT/pytest-attention.log" | tail -20
       for shape in $([ "${LADDER:-}" = none ] || echo 16,12,1024,64 64,12,256,32); do
         limit python3 tools/dev/run.py attention --only ${LADDER:-v9,v10,v11,v12} --shape $shape \
-            --json "$OUT/dev-attention-$shape.json" > "$OUT/dev-attention-$shape.log" 2>&1
-        tail -6 "$OUT/dev-attention-$shape.log"
+            --json "$OUT/dev-attention-${shape//,/x}.json" > "$OUT/dev-attention-${shape//,/x}.log" 2>&1
+        tail -6 "$OUT/dev-attention-${shape//,/x}.log"
       done
       limit python3 tools/bench.py --only attention --precision bf16 --json "$OUT/bench-attention-bf16.json" \
           > "$OUT/bench-attention-bf16.log" 2>&1
@@ -96,8 +96,8 @@ for step in "${steps[@]}"; do
       grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" "$OUT/pytest-wgmma.log" | tail -10
       for shape in 16384,3072,768 16384,768,768 16384,768,3072; do
         limit python3 tools/dev/run.py matmul --only ${WGMMA:-v12,v13,v14,v15,v16} --shape $shape \
-            --json "$OUT/dev-wgmma-$shape.json" > "$OUT/dev-wgmma-$shape.log" 2>&1
-        tail -12 "$OUT/dev-wgmma-$shape.log"
+            --json "$OUT/dev-wgmma-${shape//,/x}.json" > "$OUT/dev-wgmma-${shape//,/x}.log" 2>&1
+        tail -12 "$OUT/dev-wgmma-${shape//,/x}.log"
       done ;;
     profile)
       limit python3 tools/bench.py --only profile --precision ${PRECISION:-bf16} \
