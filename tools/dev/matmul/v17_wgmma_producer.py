@@ -147,14 +147,14 @@ def wait_phase(words, word, parity):
 
 
 @inlined
-def start_block(tiles, out, a, full_arrivals):
+def start_block(tiles, out, a, full_arrivals, more_words):
     """The block's layout and work, its barriers made: (first, the stages' first word;
     barriers, full[s]'s word barriers + 2 s and empty[s]'s barriers + 2 (STAGES + s), 8 bytes
-    each; tiles_m, items and slices, the tiles down m, all the tiles and a tile's K slices;
-    this thread's group and its thread in it). full[s] completes at `full_arrivals`
-    arrivals, empty[s] at the consumers' 2 x 128."""
+    each, after the stages and `more_words` of the kernel's own; tiles_m, items and slices,
+    the tiles down m, all the tiles and a tile's K slices; this thread's group and its thread
+    in it). full[s] completes at `full_arrivals` arrivals, empty[s] at the consumers' 2 x 128."""
     first = atom_start(tiles)
-    barriers = first + STAGES * STAGE_WORDS
+    barriers = first + STAGES * STAGE_WORDS + more_words
     M, N, K = out.shape[0], out.shape[1], 2 * a.shape[1]
     tiles_m = M // BM
     tid = int32(cuda.threadIdx.x)
@@ -174,7 +174,7 @@ def wgmma_producer_kernel(out, a, b):
     # 1024-byte boundary, then the barriers (start_block); full[s] counts the producer's
     # threads' copies
     tiles = dynamic_shared_words()
-    first, barriers, tiles_m, items, slices, group, thread = start_block(tiles, out, a, GROUP)
+    first, barriers, tiles_m, items, slices, group, thread = start_block(tiles, out, a, GROUP, 0)
     if group == 0:
         n = int32(0)                            # the block's slice count, over its tiles
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
@@ -194,33 +194,42 @@ def wgmma_producer_kernel(out, a, b):
 def consume(out, tiles, sums, first, barriers, group, thread, tiles_m, items, slices,
             generic_copies):
     """Consumer warpgroup `group` (1 or 2): its 64 rows of each of the block's tiles (see the
-    module's doc), its sums in `sums`. generic_copies: the stages were written through the
-    generic proxy (cp.async), so a proxy fence comes between the wait and the wgmma's (TMA
-    writes through the async proxy, as wgmma reads: v18 passes False)."""
+    module's doc), its sums in `sums`, each tile stored from its registers."""
     n = int32(0)                                # the block's slice count, over its tiles
-    rows = (group - 1) * 64 * ROW_WORDS         # the consumer's 64 rows of a's slice
     for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
         m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
-        for e in range(SUMS):
-            sums[e] = float32(0.0)
-        for s in range(slices):
-            stage = n % STAGES
-            wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
-            if generic_copies:
-                fence_proxy_async()
-            at = first + stage * STAGE_WORDS
-            fence_sums(sums)
-            for kk in range(BK // 16):          # a: 32 bytes on along its rows; b: 16 rows
-                multiply(sums, tiles, at + rows + 8 * kk, tiles,
-                         at + A_WORDS + 16 * kk * ROW_WORDS)
-            wgmma_commit()
-            wait_but_one(sums)                  # (slice n - 1's wgmma's are done)
-            if s > 0:
-                mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
-            n += 1
-        wait_all(sums)
-        mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+        n = multiply_tile(tiles, sums, first, barriers, group, n, slices, generic_copies)
         store_tile(out, sums, m0 + (group - 1) * 64, n0, thread)
+
+
+@inlined
+def multiply_tile(tiles, sums, first, barriers, group, n, slices, generic_copies):
+    """Consumer `group`'s sums of one tile, slices n .. n + slices - 1 of the block's count
+    (returned: the count after them), each slice's stage released once its wgmma's are done.
+    generic_copies: the stages were written through the generic proxy (cp.async), so a proxy
+    fence comes between the wait and the wgmma's (TMA writes through the async proxy, as
+    wgmma reads: v18 passes False)."""
+    rows = (group - 1) * 64 * ROW_WORDS         # the consumer's 64 rows of a's slice
+    for e in range(SUMS):
+        sums[e] = float32(0.0)
+    for s in range(slices):
+        stage = n % STAGES
+        wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
+        if generic_copies:
+            fence_proxy_async()
+        at = first + stage * STAGE_WORDS
+        fence_sums(sums)
+        for kk in range(BK // 16):              # a: 32 bytes on along its rows; b: 16 rows
+            multiply(sums, tiles, at + rows + 8 * kk, tiles,
+                     at + A_WORDS + 16 * kk * ROW_WORDS)
+        wgmma_commit()
+        wait_but_one(sums)                      # (slice n - 1's wgmma's are done)
+        if s > 0:
+            mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+        n += 1
+    wait_all(sums)
+    mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+    return n
 
 
 @inlined
