@@ -53,11 +53,13 @@ def test_version_launches_are_recorded(op, path):
     assert launched and all(isinstance(types, tuple) for _, types in launched)
 
 
-@pytest.mark.parametrize("stem", ["v17_wgmma_producer", "v18_wgmma_tma"])
+@pytest.mark.parametrize("stem", ["v17_wgmma_producer", "v18_wgmma_tma",
+                                  "v19_wgmma_tma_store"])
 def test_producer_versions_run_their_stages_round(rng, stem):
-    """v17's and v18's mbarrier pipelines through more slices than stages and more than one
-    tile a block (the simulator's one resident block takes both of its tiles; on the GPU
-    about two a block): each stage's barriers go through several phases, and the producer
-    runs on into the block's next tile while the consumers store the last."""
+    """v17's, v18's and v19's mbarrier pipelines through more slices than stages and more
+    than one tile a block (the simulator's one resident block takes both of its tiles; on
+    the GPU about two a block): each stage's barriers go through several phases, the
+    producer runs on into the block's next tile while the consumers store the last, and
+    v19's consumers take their two box buffers round more than once."""
     path = next(p for p in run.versions("matmul") if p.stem == stem)
     check(run.Matmul, path, (4096, 2048, 512) if GPU else (256, 256, 192), rng)

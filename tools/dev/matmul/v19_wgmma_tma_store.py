@@ -1,0 +1,199 @@
+"""v18 with each tile stored through shared memory by TMA: the consumers go on while it lands.
+Not yet run on a GPU (2026-12-03: checked in the simulator)
+
+    out[M,N] = a[M,K] @ b[K,N]     as v18: a, b bf16 (uint32 pairs), out float32;
+                                   M multiple of 128, N of 256, K of 64
+
+v18's mainloop runs at cuBLAS's speed: with its epilogue cut to one store a thread it took
+0.101 ms at 16384 x 3072 x 768 (cuBLAS bf16 0.111), against 0.254 ms with it (docs/perf.md,
+2026-12-03). Its consumers store each tile from their registers, 128 float32s a thread in
+64 stores of 8 bytes, each warp's store 8 rows of 32 bytes; the tensor cores wait until the
+last one has left. Here a consumer hands its 64 x 256 to the copy engine a box at a time:
+  - the tile goes out in 8 passes of 32 columns, each a box of 64 rows x 32 float32 (8 KB,
+    one 128-byte row a row of the box), through two such buffers of the consumer's own (16
+    KB: with the 4 stages, 224 KB of shared memory): the consumer writes its sums of the
+    box into a buffer in the 128-byte swizzle (16-byte chunk c of row r at c ^ r % 8, as
+    the operands lie: a warp's 8 rows land in 8 different bank groups), fences them for
+    the async proxy, meets its other threads at a named barrier, and one thread issues
+    cp.async.bulk.tensor's store of the box (the `out` tensor map) and commits it as a
+    bulk group;
+  - before a buffer is written again, that thread waits until at most one group is still
+    reading shared memory (cp.async.bulk.wait_group.read 1: the group of the other buffer),
+    and a named barrier tells the others;
+  - the writes to global memory run on while the consumer multiplies the next tile (it
+    waits for them, wait_group 0, only before the kernel ends).
+Under the simulator the store's twin reads the box from the buffer, unswizzles it into `out`
+at once, and the waits and the fence do nothing.
+"""
+import numpy as np
+from numba import cuda, float32, int32, uint64
+
+from nanoandrea.kernels.launch import MULTIPROCESSORS, SIMULATOR, inlined, launch
+from nanoandrea.kernels.sharedmem import dynamic_shared_floats
+from nanoandrea.kernels.wgmma import ATOM_BYTES, dynamic_shared_words, fence_proxy_async
+from named_barriers import barrier_sync
+from v17_wgmma_producer import (BM, BN, GROUP, STAGE_WORDS, STAGES, SUMS, THREADS,
+                                multiply_tile, start_block)
+from v18_wgmma_tma import FLOAT32, encode_tensor_map, produce, tensor_map
+
+PRECISION = "bf16"
+MULTIPLE_OF = (128, 256, 64)
+EXTRA_ARGUMENTS = (uint64[:, ::1],)             # the kernel's after (out, a, b): the maps
+BOX_COLUMNS, BOX_ROWS = 32, 64                  # a box of out: 32 float32s (128 bytes) x 64
+BOX_WORDS = BOX_ROWS * BOX_COLUMNS              # 8 KB
+OUT_WORDS = 2 * 2 * BOX_WORDS                   # the two consumers' two buffers each: 32 KB
+RESIDENT = 1 if SIMULATOR else MULTIPROCESSORS
+BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
+
+if SIMULATOR:
+    def bulk_commit():
+        pass
+
+    def bulk_wait_read_but_one():
+        pass
+
+    def bulk_wait_all():
+        pass
+
+    @cuda.jit(device=True)
+    def store_box(values, word, maps, which, out, x, y):
+        """The twin of the copy engine's store of the box at values[word:] (swizzled) to
+        out[y:+64, x:+32] (`out`: the array the tensor map describes)."""
+        for r in range(BOX_ROWS):
+            for chunk in range(BOX_COLUMNS // 4):
+                for w in range(4):
+                    out[y + r, x + 4 * chunk + w] = values[word + r * BOX_COLUMNS
+                                                           + 4 * (chunk ^ (r % 8)) + w]
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    from v18_wgmma_tma import _map_address, _shared
+
+    I32, I64 = ir.IntType(32), ir.IntType(64)
+
+    def _statement(text):
+        """An intrinsic f() running the PTX statement `text`."""
+        @intrinsic
+        def statement(typingctx):
+            def codegen(context, builder, signature, args):
+                function = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}",
+                                        side_effect=True)
+                builder.call(function, [])
+
+            return types.void(), codegen
+        return statement
+
+    bulk_commit = _statement("cp.async.bulk.commit_group;")
+    bulk_wait_read_but_one = _statement("cp.async.bulk.wait_group.read 1;")
+    bulk_wait_all = _statement("cp.async.bulk.wait_group 0;")
+
+    @intrinsic
+    def store_box(typingctx, values, word, maps, which, out, x, y):
+        """The copy engine's store of the box at values[word:] to out's element (y, x), by
+        tensor map `which` (`out` is the array the twin writes)."""
+        def codegen(context, builder, signature, args):
+            kinds = signature.args
+            source = _shared(context, builder, kinds[0], args[0], kinds[1], args[1])
+            address = _map_address(context, builder, kinds[2], args[2], kinds[3], args[3])
+            x_, y_ = (context.cast(builder, v, t, types.int32)
+                      for v, t in zip(args[5:7], kinds[5:7]))
+            function = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [I64, I32, I32, I32]),
+                "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];",
+                "l,r,r,r,~{memory}", side_effect=True)
+            builder.call(function, [address, x_, y_, source])
+
+        return types.void(values, word, maps, which, out, x, y), codegen
+
+
+@cuda.jit(**BOUNDS)
+def wgmma_tma_store_kernel(out, a, b, maps):
+    # out[M,N] = a . b; maps: [3, 16] uint64, a's, b's and out's tensor maps; as v18, with
+    # OUT_WORDS of buffers for out's boxes between the stages and the barriers
+    tiles = dynamic_shared_words()
+    first, barriers, tiles_m, items, slices, group, thread = start_block(tiles, out, a, 1,
+                                                                         OUT_WORDS)
+    if group == 0 and thread == 0:
+        produce(tiles, a, b, maps, first, barriers, tiles_m, items, slices)
+    elif group > 0:
+        values = dynamic_shared_floats()        # (the same shared memory, as float32s)
+        buffers = first + STAGES * STAGE_WORDS + (group - 1) * 2 * BOX_WORDS
+        sums = cuda.local.array(SUMS, float32)
+        n = int32(0)                            # the block's slice count, over its tiles
+        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
+            m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
+            n = multiply_tile(tiles, sums, first, barriers, group, n, slices, False)
+            store_by_boxes(values, buffers, maps, out, sums, m0 + (group - 1) * 64, n0, group,
+                           thread)
+        if thread == 0:
+            bulk_wait_all()                     # (out's last boxes written)
+
+
+@inlined
+def store_by_boxes(values, buffers, maps, out, sums, row0, col0, group, thread):
+    """out[row0:+64, col0:+256] = a consumer's sums, in 8 boxes of 32 columns through the
+    consumer's two buffers. (One call a box, each with its number a constant: the sums are
+    registers only while every index into them is a constant, and a loop over the boxes
+    this long is not unrolled.)"""
+    store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, 0)
+    store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, 1)
+    store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, 2)
+    store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, 3)
+    store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, 4)
+    store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, 5)
+    store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, 6)
+    store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, 7)
+
+
+@inlined
+def store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, p):
+    """Box p (columns 32 p .. 32 p + 31) of the consumer's 64 x 256: written into buffer p % 2
+    once its last box has been read, then stored. wgmma's D layout: thread `thread` holds
+    rows 16 warp + lane / 4 and 8 more, columns 8 j + 2 (lane % 4) and the next, in sums[4 j ..
+    4 j + 3]."""
+    warp, lane = thread // 32, thread % 32
+    row = 16 * warp + lane // 4                 # in the box; and row + 8
+    buffer = buffers + (p % 2) * BOX_WORDS
+    if thread == 0:
+        bulk_wait_read_but_one()                # (this buffer's last box has been read)
+    barrier_sync(group, GROUP)
+    for jj in range(BOX_COLUMNS // 8):
+        j = 4 * p + jj                          # columns 8 j .. 8 j + 7 of the 256
+        x = 8 * jj + 2 * (lane % 4)             # the thread's first column in the box
+        chunk, within = x // 4, x % 4
+        for h in range(2):
+            r = row + 8 * h
+            at = buffer + r * BOX_COLUMNS + 4 * (chunk ^ (r % 8)) + within
+            values[at], values[at + 1] = sums[4 * j + 2 * h], sums[4 * j + 2 * h + 1]
+    fence_proxy_async()                         # (the writes, seen by the copy engine)
+    barrier_sync(group, GROUP)
+    if thread == 0:
+        store_box(values, buffer, maps, 2, out, col0 + BOX_COLUMNS * p, row0)
+        bulk_commit()
+
+
+_maps = {}      # (a's, b's and out's addresses and shapes): their tensor maps on the device
+
+
+def maps_of(out, a, b):
+    """a's, b's and out's tensor maps, a [3, 16] uint64 device array, made once for the
+    arrays' memory (v18's maps_of, with out's: boxes of 32 float32s x 64 rows)."""
+    maps = np.zeros((3, 16), np.uint64)
+    if SIMULATOR:                   # (the twins read and write the arrays: no maps)
+        return cuda.to_device(maps)
+    key = tuple((x.device_ctypes_pointer.value, x.shape) for x in (out, a, b))
+    if key not in _maps:
+        maps[0], maps[1] = tensor_map(a, BM), tensor_map(b, 64)
+        maps[2] = encode_tensor_map(out, FLOAT32, out.shape[1], BOX_COLUMNS, BOX_ROWS)
+        _maps[key] = cuda.to_device(maps)
+    return _maps[key]
+
+
+def matmul(out, a, b):
+    M, N = out.shape
+    launch(wgmma_tma_store_kernel, min(RESIDENT, (M // BM) * (N // BN)), THREADS, out, a, b,
+           maps_of(out, a, b),
+           shared_bytes=4 * (STAGES * STAGE_WORDS + OUT_WORDS) + ATOM_BYTES + 16 * STAGES)
