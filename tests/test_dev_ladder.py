@@ -54,12 +54,12 @@ def test_version_launches_are_recorded(op, path):
 
 
 @pytest.mark.parametrize("stem", ["v17_wgmma_producer", "v18_wgmma_tma",
-                                  "v19_wgmma_tma_store"])
+                                  "v19_wgmma_tma_store", "v20_wgmma_registers"])
 def test_producer_versions_run_their_stages_round(rng, stem):
-    """v17's, v18's and v19's mbarrier pipelines through more slices than stages and more
+    """v17's to v20's mbarrier pipelines through more slices than stages and more
     than one tile a block (the simulator's one resident block takes both of its tiles; on
     the GPU about two a block): each stage's barriers go through several phases, the
     producer runs on into the block's next tile while the consumers store the last, and
-    v19's consumers take their two box buffers round more than once."""
+    v19's and v20's consumers take their two box buffers round more than once."""
     path = next(p for p in run.versions("matmul") if p.stem == stem)
     check(run.Matmul, path, (4096, 2048, 512) if GPU else (256, 256, 192), rng)
