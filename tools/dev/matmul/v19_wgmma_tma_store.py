@@ -119,17 +119,24 @@ def wgmma_tma_store_kernel(out, a, b, maps):
     if group == 0 and thread == 0:
         produce(tiles, a, b, maps, first, barriers, tiles_m, items, slices)
     elif group > 0:
-        values = dynamic_shared_floats()        # (the same shared memory, as float32s)
-        buffers = first + STAGES * STAGE_WORDS + (group - 1) * 2 * BOX_WORDS
-        sums = cuda.local.array(SUMS, float32)
-        n = int32(0)                            # the block's slice count, over its tiles
-        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
-            m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
-            n = multiply_tile(tiles, sums, first, barriers, group, n, slices, False)
-            store_by_boxes(values, buffers, maps, out, sums, m0 + (group - 1) * 64, n0, group,
-                           thread)
-        if thread == 0:
-            bulk_wait_all()                     # (out's last boxes written)
+        consume_by_boxes(out, tiles, maps, first, barriers, tiles_m, items, slices, group,
+                         thread)
+
+
+@inlined
+def consume_by_boxes(out, tiles, maps, first, barriers, tiles_m, items, slices, group, thread):
+    """Consumer `group`'s 64 rows of each of the block's tiles, each tile stored by boxes."""
+    values = dynamic_shared_floats()            # (the same shared memory, as float32s)
+    buffers = first + STAGES * STAGE_WORDS + (group - 1) * 2 * BOX_WORDS
+    sums = cuda.local.array(SUMS, float32)
+    n = int32(0)                                # the block's slice count, over its tiles
+    for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
+        m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
+        n = multiply_tile(tiles, sums, first, barriers, group, n, slices, False)
+        store_by_boxes(values, buffers, maps, out, sums, m0 + (group - 1) * 64, n0, group,
+                       thread)
+    if thread == 0:
+        bulk_wait_all()                         # (out's last boxes written)
 
 
 @inlined

@@ -15,16 +15,14 @@ to 40 a thread, the consumers rise to 232, (40 + 2 x 232) x 128 = 64,512 of the 
 allocates the code after each setmaxnreg within its count. Under the simulator they do
 nothing. The rest is v19's.
 """
-from numba import cuda, float32, int32
+from numba import cuda
 
 from nanoandrea.kernels.launch import SIMULATOR, launch
-from nanoandrea.kernels.sharedmem import dynamic_shared_floats
 from nanoandrea.kernels.wgmma import ATOM_BYTES, dynamic_shared_words
-from v17_wgmma_producer import (BM, BN, STAGE_WORDS, STAGES, SUMS, THREADS, multiply_tile,
-                                start_block)
+from v17_wgmma_producer import BM, BN, STAGE_WORDS, STAGES, THREADS, start_block
 from v18_wgmma_tma import produce
-from v19_wgmma_tma_store import (BOUNDS, BOX_WORDS, EXTRA_ARGUMENTS, MULTIPLE_OF, OUT_WORDS,
-                                 RESIDENT, bulk_wait_all, maps_of, store_by_boxes)
+from v19_wgmma_tma_store import (BOUNDS, EXTRA_ARGUMENTS, MULTIPLE_OF, OUT_WORDS, RESIDENT,
+                                 consume_by_boxes, maps_of)
 
 PRECISION = "bf16"
 EXTRA_ARGUMENTS, MULTIPLE_OF = EXTRA_ARGUMENTS, MULTIPLE_OF     # (as v19's: run.py reads them)
@@ -56,17 +54,8 @@ def wgmma_registers_kernel(out, a, b, maps):
             produce(tiles, a, b, maps, first, barriers, tiles_m, items, slices)
     else:
         registers_up()
-        values = dynamic_shared_floats()        # (the same shared memory, as float32s)
-        buffers = first + STAGES * STAGE_WORDS + (group - 1) * 2 * BOX_WORDS
-        sums = cuda.local.array(SUMS, float32)
-        n = int32(0)                            # the block's slice count, over its tiles
-        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
-            m0, n0 = (item % tiles_m) * BM, (item // tiles_m) * BN
-            n = multiply_tile(tiles, sums, first, barriers, group, n, slices, False)
-            store_by_boxes(values, buffers, maps, out, sums, m0 + (group - 1) * 64, n0, group,
-                           thread)
-        if thread == 0:
-            bulk_wait_all()                     # (out's last boxes written)
+        consume_by_boxes(out, tiles, maps, first, barriers, tiles_m, items, slices, group,
+                         thread)
 
 
 def matmul(out, a, b):
