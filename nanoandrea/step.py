@@ -49,7 +49,7 @@ import numpy as np
 
 from . import autograd, schedule
 from .batch import TokenBatch
-from .kernels import launch
+from .kernels import launch, tma
 
 
 class GraphedCall:
@@ -101,7 +101,7 @@ class GraphedCall:
     def _capture(self):
         import cupy
         self.arena = launch.Arena(self.arena_bytes)
-        with self.stream, launch.allocate_from(self.arena):
+        with self.stream, launch.allocate_from(self.arena), tma.made_while_capturing():
             self.stream.begin_capture()
             try:
                 if self.side_stream is None:

@@ -27,7 +27,7 @@ def split_k(monkeypatch, splits):
     """Every product split `splits` ways; returns the list of the products that asked."""
     asked = []
 
-    def split_count(M, N, K, slots, step, value_bytes):
+    def split_count(M, N, K, **rest):
         asked.append((M, N, K))
         return splits
     monkeypatch.setattr(matmul_wgmma, "split_count", split_count)
@@ -73,3 +73,16 @@ def test_matmul_wgmma_products_in_bf16(rng):
     M, N, K = (72, 136, 72) if not GPU else (1000, 1544, 392)
     check_products_in_bf16(rng, lambda out, a, b, bias, **rest: matmul_wgmma.matmul_wgmma(
         out, matmul_bf16.rounded(a), matmul_bf16.rounded(b), bias, **rest), M, N, K)
+
+
+@pytest.mark.skipif(not GPU, reason="the tensor maps are the GPU's (the simulator has none)")
+def test_matmul_wgmma_starts_a_new_table_of_maps_when_one_is_full(rng, monkeypatch):
+    """Tables of 6 rows: each product needs 4 maps, so every other product starts a table (the
+    ones before stay where a product's rows came from), and each product is still right."""
+    from nanoandrea.kernels import tma
+    monkeypatch.setattr(tma.TensorMaps, "SLOTS", 6)
+    monkeypatch.setattr(tma, "_tensor_maps", {})
+    split_k(monkeypatch, 1)
+    for M, N, K in [(200, 264, 72), (136, 512, 200), (72, 136, 392)]:
+        check(rng, False, False, M, N, K, True, False, precision="wgmma")
+    assert len(tma._tensor_maps[cuda.get_current_device().id].tables) == 3

@@ -38,6 +38,7 @@ DROP = (I1, int64, int64, float32)           # seed, site, threshold, keep
 MATMUL_ARGS = (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
 U2 = types.uint32[:, ::1]                   # a Bf16Matrix's words
 WGMMA_ARGS = (A3, U2, U2, A1, BOOL, BOOL, int64, A2)
+WGMMA_MAPS = (types.uint64[:, ::1], int64, int64, int64, int64)     # the tensor-map table, rows
 V4 = float32[:, :, :, :]        # heads views of [B,T,C] arrays (heads.heads_view)
 
 
@@ -65,7 +66,7 @@ def kernels():
                 yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
                        f"{f', {epilogue} epilogue' if epilogue else ''}{', bf16 out' if words else ''}",
                        matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue, words),
-                       out + WGMMA_ARGS[1:-1] + hidden)
+                       out + WGMMA_ARGS[1:-1] + hidden + WGMMA_MAPS)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits (16-byte)", matmul.sum_splits_kernel, (A1, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:

@@ -157,6 +157,11 @@ def recording():
         _recording = previous
 
 
+def is_recording():
+    """Whether launches are being recorded (`recording`), not made."""
+    return _recording is not None
+
+
 def current_stream():
     return _stream
 
@@ -355,8 +360,8 @@ def allocate_from(arena):
 _scratch = {}
 
 
-def scratch(name, shape):
-    """A float32 device array kept for the life of the process, one per (name, shape, device):
+def scratch(name, shape, dtype=np.float32):
+    """A device array kept for the life of the process, one per (name, shape, dtype, device):
     a launcher's temporary too large to allocate at every call (the attention backward's dq
     shares: 830 MB at andrea-120m, B=16, shared by its 12 layers). Its users launch on the
     first stream only (what runs beside it, on the second stream, takes none), so calls run
@@ -364,11 +369,12 @@ def scratch(name, shape):
     allocate_from, so a captured graph's arena does not hold a copy of it, and the graph may
     keep using it."""
     global _tally, _arena
-    key = (name, tuple(shape), 0 if SIMULATOR else cuda.get_current_device().id)
+    key = (name, tuple(shape), np.dtype(dtype).str,
+           0 if SIMULATOR else cuda.get_current_device().id)
     if key not in _scratch:
         saved, (_tally, _arena) = (_tally, _arena), (None, None)
         try:
-            _scratch[key] = cuda.device_array(shape, dtype=np.float32)
+            _scratch[key] = cuda.device_array(shape, dtype=dtype)
         finally:
             _tally, _arena = saved
     return _scratch[key]

@@ -377,7 +377,8 @@ def k_per_slice(K, splits, step=BK):
     return blocks(blocks(K, splits), step) * step
 
 
-def split_count(M, N, K, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES, step=BK, value_bytes=4):
+def split_count(M, N, K, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES, step=BK, value_bytes=4,
+                tile=(BM, BN)):
     """How many slices of K to compute in parallel (split-K). Only when the M x N grid alone
     leaves multiprocessors idle (the weight gradients: M x N = C x C or C x 4C, K = B*T), and
     never slices thinner than 256. A grid runs in waves of `slots` blocks, so 288 blocks take
@@ -386,8 +387,8 @@ def split_count(M, N, K, slots=RESIDENT_BLOCKS, l2_bytes=L2_BYTES, step=BK, valu
     (float32 here, bf16 for the tensor-core kernels), fits in half the L2
     (else the smallest well-filled one; else the one that fills its waves best). Slices whose
     rows overflow the L2 leave it before all the blocks that read them have (docs/perf.md
-    gives the measurements behind both rules)."""
-    output_blocks = blocks(M, BM) * blocks(N, BN)
+    gives the measurements behind both rules). tile: a block's tile of out."""
+    output_blocks = blocks(M, tile[0]) * blocks(N, tile[1])
     if output_blocks >= slots:
         return 1
 
@@ -496,7 +497,7 @@ def bias_argument(out, bias):
 
 def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, transpose_a,
                    transpose_b, accumulate, gelu_out, gelu_input, blocks_at_once=None,
-                   shared_bytes=0, words=False):
+                   shared_bytes=0, words=False, more_arguments=None):
     """The product on `grid` (N tiles, M tiles, slices of K) by the kernel
     make_kernel(transpose_a, transpose_b, epilogue) makes (this module's, matmul_bf16's or
     matmul_wgmma's: the same arguments): one pass whose epilogue does the rest, or, split-K
@@ -504,7 +505,10 @@ def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, tra
     then GELU. blocks_at_once: a persistent kernel's, whose blocks each take several tiles:
     launched on that many blocks, or on one a tile where there are fewer. bias: None, or
     the bias [N]. words: out and GELU's array are Bf16Matrix words [M, N/2], which
-    matmul_wgmma's bf16 epilogue writes and reads (make_kernel(..., words=True); K unsplit)."""
+    matmul_wgmma's bf16 epilogue writes and reads (make_kernel(..., words=True); K unsplit).
+    more_arguments(out, hidden): what the kernel takes after those of matmul_kernel, for the
+    out [S, M, N] it writes and its GELU array (None if it has none): matmul_wgmma's tensor
+    maps."""
     M, N = out.shape
     bias, has_bias = bias_argument(out, bias)
     hidden = gelu_out if gelu_out is not None else gelu_input
@@ -515,14 +519,16 @@ def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, tra
             "gelu_grad" if gelu_input is not None else None)
         kernel = (make_kernel(bool(transpose_a), bool(transpose_b), epilogue, True) if words
                   else make_kernel(bool(transpose_a), bool(transpose_b), epilogue))
-        launch(kernel, launch_grid, threads, out.reshape(1, M, N), a, b, bias, has_bias,
-               accumulate, k_per_split, a if hidden is None else hidden,
-               shared_bytes=shared_bytes)
+        out = out.reshape(1, M, N)
+        more = () if more_arguments is None else more_arguments(out, hidden)
+        launch(kernel, launch_grid, threads, out, a, b, bias, has_bias, accumulate, k_per_split,
+               a if hidden is None else hidden, *more, shared_bytes=shared_bytes)
         return
     check(not words, "launch_product: a product in bf16 is the epilogue's: K unsplit")
     partials = cuda.device_array((grid[2], M, N), dtype=np.float32, stream=current_stream())
+    more = () if more_arguments is None else more_arguments(partials, None)
     launch(make_kernel(bool(transpose_a), bool(transpose_b)), launch_grid, threads, partials, a,
-           b, bias, False, False, k_per_split, a, shared_bytes=shared_bytes)
+           b, bias, False, False, k_per_split, a, *more, shared_bytes=shared_bytes)
     if gelu_input is None:
         sum_splits(out, partials, bias, has_bias, accumulate)
     else:

@@ -588,7 +588,7 @@ def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
     hidden = gelu_out if gelu_out is not None else gelu_input
     words = isinstance(out, Bf16Matrix)
     alike = hidden is None or isinstance(hidden, Bf16Matrix) == words
-    if alike and matmul_wgmma.takes(out, bias, hidden):
+    if alike and matmul_wgmma.takes(out, bias, hidden, a, b):
         matmul_wgmma.matmul_wgmma(out, a, b, bias, transpose_a, transpose_b, accumulate,
                                   gelu_out, gelu_input)      # (Hopper: wgmma, faster)
     elif words or isinstance(hidden, Bf16Matrix):

@@ -1,5 +1,5 @@
-"""Matrix multiply on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a): bf16
-operands, float32 sums.
+"""Matrix multiply on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a), fed and
+emptied by its copy engine (TMA): bf16 operands, float32 sums.
 
     out[M,N]  (+)=  op(a)[M,K] . op(b)[K,N]  (+ bias[N])      op(x) = x or x^T
 
@@ -10,81 +10,91 @@ products here (`takes` says which). Its NumPy twin is matmul_bf16's, matmul_bf16
 Why a second tensor-core kernel: mma.sync (matmul_bf16.py) is a warp's instruction on operands
 in its registers; every fragment comes from shared memory through ldmatrix first, and from
 Numba it reaches about 530-570 TFLOP/s on the H200 at best. wgmma is one instruction for a
-warpgroup of 4 warps (128 threads), D [64,128] += A [64,16] B [16,128], with A and B read by
+warpgroup of 4 warps (128 threads), D [64,256] += A [64,16] B [16,256], with A and B read by
 the tensor cores themselves straight from shared memory, named by matrix descriptors
-(kernels/wgmma.py): no ldmatrix, no fragment registers, and either operand read as it lies,
-k-contiguous or not (the instruction's transpose flags), so a transposed operand costs nothing.
-The ladder's v12-v15 (tools/dev/matmul/) are its first steps; docs/perf.md their numbers.
+(kernels/wgmma.py), either operand as it lies, k-contiguous or not. The ladder
+tools/dev/matmul/v12-v20 builds this kernel a step at a time, each step measured
+(docs/perf.md): v16 is the last with the threads copying (cp.async), v17 splits the block into
+a producer and consumers, v18 gives the copies to TMA, v19 the stores, v20 the registers.
 
-The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue):
-  block tile   a 128 x 128 tile of out, 2 warpgroups (256 threads), each 64 rows x 128
-               columns: one m64n128 accumulator, 64 float32 a thread
-  operands     each K slice of 64 copied by cp.async as it lies in memory, 16 bytes a copy,
-               into shared rows of 128 bytes whose 16-byte chunks are swizzled (chunk c of row
-               r at c ^ r % 8, the layout wgmma reads without bank conflicts): an operand whose
-               rows run along k as 128 rows of 64 k (K-major), one whose rows run along m or n
-               as 64 rows of k in two blocks of 64 columns (MN-major); zeros where the tile
-               passes the operand's edge
-  pipeline     3 stages of 32 KB in dynamic shared memory (two blocks an SM). A slice: wait for
-               this thread's copies, fence.proxy.async (cp.async writes through the generic
-               proxy, wgmma reads through the async one), the block's barrier, 4 wgmma's,
-               commit, the copies two slices ahead into the stage the last slice freed (their
-               addressing while the tensor cores work), wait
-  persistent   the grid is the blocks the GPU holds at once (2 an SM); each block takes tiles
-               blockIdx.x, + grid, ... and its copies run on from one tile into the next: while
-               it multiplies a tile's last slices and stores the tile, the next tile's first
-               slices are on their way. (A block a tile would wait for them at every tile's
-               start: at K = 768 a tile is only 12 slices)
-  epilogue     bias, GELU or its backward, and what out holds (accumulate), as matmul.py's,
-               GELU's exp and division on the special-function unit (gelu_value_sfu: exact
-               ones would be a third of a tile's instructions); pairs of floats, 8-byte loads
-               and stores. Or, `words`, the bf16 epilogue: out
-               is written as the next products read it (a Bf16Matrix's words: half float32's
-               bytes, and no rounding pass after), GELU's output too, and GELU's backward reads
-               its input so (the MLP's pre-activation in bf16). A lane's pair is one 4-byte
-               word; lane pairs swap one so that each stores 8 bytes (store_exchanged), a
-               row's 32-byte sector in one instruction
+The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words):
+  block        one an SM, persistent (it takes tiles blockIdx.x, + grid, ...; down m first,
+               so that the blocks at work at once share op(b)'s columns), 384 threads in 3
+               warpgroups with roles (CUTLASS's "warp-specialized" kernels):
+  producer     warpgroup 0: one thread copies every K slice of 64 of each of the block's
+               128 x 256 tiles into one of 4 stages of shared memory (48 KB each), by TMA
+               (kernels/tma.py): op(a)'s slice as one box of 128 rows of 64 k (a, K-major)
+               or two of 64 rows of k by 64 m (a^T, MN-major), op(b)'s as one box of 256 rows
+               of 64 k (b^T) or four of 64 k by 64 n (b), each into wgmma's 128-byte swizzle,
+               zeros past the operands' edges. It waits until a stage is released (`empty`,
+               an mbarrier), then tells its `full` mbarrier the 48 KB to expect
+  consumers    warpgroups 1 and 2: each 64 rows x 256 columns of the tile, 128 float32 sums a
+               thread. A slice: wait for its stage's `full` phase, 4 wgmma's (m64n256k16),
+               commit, wait for all groups but this one, release the LAST slice's stage: the
+               next slice's wgmma's queue behind this one's, the tensor cores never run dry
+  epilogue     a consumer hands its 64 x 256 to the copy engine a box at a time (64 rows of
+               128 bytes: 32 float32 or 64 bf16 columns) through two 8 KB buffers of its own:
+               it waits until the buffer's last box has been read (a bulk group), writes its
+               sums there with the epilogue applied (swizzled: a warp's 8 rows in 8 bank
+               groups), fences them for the async proxy, meets its warpgroup at a named
+               barrier, and one thread stores the box (cp.async.bulk.tensor; `accumulate`:
+               the engine's reduce-add, out += box, so out is never read here). The stores
+               land while the consumer multiplies its next tile.
+               bias: from memory into the sums. GELU (the MLP up): out and GELU's output
+               both, a box of each per pass, the two buffers one of each. GELU's backward:
+               its input's box is loaded into the buffer first (TMA, an mbarrier a buffer,
+               two boxes ahead) and the product times gelu' written over it. GELU's exp and
+               division on the special-function unit (gelu_value_sfu). `words`, the bf16
+               epilogue: out is written as the next products read it (a Bf16Matrix's words:
+               half float32's bytes, no rounding pass after), GELU's output too (of out as
+               rounded), and GELU's backward reads its input so
+  registers    setmaxnreg: the producer warpgroup drops to 40 registers a thread, the
+               consumers rise to 232 (the block's 65,536 / 384 = 168 each would spill the
+               epilogue's addresses)
   split-K      as matmul.py: the tiles of every slice of K are the blocks' work; their partial
                sums are added in a fixed order (matmul.sum_splits)
-Operands and offsets are 32-bit: the launcher checks that an operand has fewer than 2^31 words.
+Operands and out are named by tensor maps (kernels/tma.py: a device table, made once for each
+array's memory). Offsets are 32-bit: the launcher checks that an operand has fewer than 2^31
+words.
 """
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32
 
-from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_derivative_sfu, gelu_value_sfu
-from .launch import MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined, kernel_factory
+from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined,
+                     kernel_factory)
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split_count
-from .reduce import pair_exchange
-from .tensorcores import bf16_pair, bf16_unpair, store2_u32
-from .vector import aligned16, flat, load2, store2
-from .wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
-                    dynamic_shared_words, fence_proxy_async, hopper, wgmma_commit, wgmma_fence,
-                    wgmma_m64n128k16, wgmma_wait)
+from .sharedmem import dynamic_shared_floats
+from .tensorcores import bf16_pair, bf16_unpair
+from .tma import (ROW_WORDS, arrive_expect_tx, barrier_sync, box_add, box_load, box_store,
+                  bulk_commit, bulk_reads_done, bulk_wait_all, mbarrier_arrive, mbarrier_init,
+                  registers_down, registers_up, tensor_maps, tensormap_acquire, wait_phase)
+from .vector import aligned16, load2
+from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start, dynamic_shared_words,
+                    fence_for, fence_proxy_async, hopper, wait_for, wgmma_commit,
+                    wgmma_m64nNk16)
 
-BM, BN, BK = 128, 128, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
-THREADS = 256                   # 2 warpgroups, each 64 rows of the tile
-STAGES = 3                      # slices in shared memory: one multiplied, two on their way
-ROW_WORDS = 32                  # a shared row: 128 bytes, 32 uint32 words (8 chunks of 4)
-BLOCK_WORDS = BK * ROW_WORDS    # an MN-major slice's block of 64 columns: 64 rows of k, 8 KB
-OPERAND_WORDS = BM * ROW_WORDS  # a slice of one operand, either way: 16 KB
-STAGE_WORDS = 2 * OPERAND_WORDS                 # op(a)'s slice, then op(b)'s: 32 KB
-SHARED_BYTES = 4 * STAGES * STAGE_WORDS + ATOM_BYTES    # (tiles from the first 1024-byte
-                                                        # boundary on: atom_start)
-COPIES = OPERAND_WORDS // 4 // THREADS  # 16-byte copies a thread makes of an operand's slice
-K_APART = THREADS // (BK // 8)  # a K-major slice: 8 chunks a row, so a thread's copies are
-MN_APART = THREADS // (BN // 8)  # 32 rows apart; an MN-major one: 16 chunks, 16 rows apart
-BLOCKS_PER_SM = 2               # 2 x 97 KB of shared memory; at most 128 registers a thread
-RESIDENT_BLOCKS = (2 if SIMULATOR else BLOCKS_PER_SM * MULTIPROCESSORS)   # (the simulator:
-                                                        # few blocks, each taking several tiles)
-BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, BLOCKS_PER_SM))
-WAIT_FOR_OLDEST = wait_copies(STAGES - 2)   # (until the oldest slice's copies have landed)
+BM, BN, BK = 128, 256, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
+GROUP = 128                     # threads a warpgroup
+THREADS = 3 * GROUP             # the producer, then two consumers of 64 rows each
+STAGES = 4
+A_WORDS = BM * ROW_WORDS        # op(a)'s slice: 128 rows x 64 k, or 64 k x 2 x 64 m   16 KB
+BLOCK_WORDS = BK * ROW_WORDS    # an MN-major box: 64 rows of k x 64 columns            8 KB
+STAGE_WORDS = A_WORDS + BN * ROW_WORDS          # then op(b)'s: 256 x 64 k              48 KB
+STAGE_BYTES = 4 * STAGE_WORDS
+BOX_ROWS = 64                   # a box of out: a consumer's 64 rows x 128 bytes        8 KB
+BOX_WORDS = BOX_ROWS * ROW_WORDS
+OUT_WORDS = 2 * 2 * BOX_WORDS   # the two consumers' two buffers each                  32 KB
+BARRIERS = 2 * STAGES + 2 * 2   # full[s], empty[s]; each consumer's loaded[2]
+SHARED_BYTES = 4 * (STAGES * STAGE_WORDS + OUT_WORDS) + ATOM_BYTES + 8 * BARRIERS
+SUMS = BN // 2                  # a consumer thread's float32s of its 64 x 256
+RESIDENT_BLOCKS = 1 if SIMULATOR else MULTIPROCESSORS
+BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
+fence_sums, wait_all, wait_but_one = fence_for(SUMS), wait_for(SUMS), wait_for(SUMS, pending=1)
 
 
 @inlined
 def tile_of(item, tiles_m, tiles_n, k_per_split, K):
-    """Work item `item`'s tile: (first row m0, first column n0, split z, its k range): items
-    run down the m tiles first, so that the blocks at work at once share b's columns (the LM
-    head's [768, 50304] weight is read from memory about once, a's rows staying in the L2)."""
+    """Work item `item`'s tile: (first row m0, first column n0, split z, its k range)."""
     tm = item % tiles_m
     rest = item // tiles_m
     z = rest // tiles_n
@@ -93,309 +103,262 @@ def tile_of(item, tiles_m, tiles_n, k_per_split, K):
             int32(min(K, k_start + k_per_split)))
 
 
-@inlined
-def next_slice(item, m0, n0, k, k_end, step, tiles_m, tiles_n, k_per_split, K):
-    """The slice after (item's tile, k): the next k, or the block's next tile's first."""
-    k = int32(k + BK)
-    if k >= k_end:
-        item = int32(item + step)
-        m0, n0, _, k, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
-    return item, m0, n0, k, k_end
-
-
-@inlined
-def copy_start(tid, along_k):
-    """Thread tid's first copy of an operand's slice: (the word of a stage it goes to, the row
-    and chunk of the slice it reads). Its other copies are rows APART further down, where the
-    swizzle is the same (APART is a multiple of 8): their words are this one's plus r APART
-    rows."""
-    if along_k:                 # 128 rows (m or n) of 8 chunks of k
-        row, chunk = tid >> 3, tid & 7
-        return int32(row * ROW_WORDS + 4 * (chunk ^ (row & 7))), int32(row), int32(chunk)
-    row, chunk = tid >> 4, tid & 15         # 64 rows of k of 16 chunks, two blocks of 8
-    return (int32((chunk >> 3) * BLOCK_WORDS + row * ROW_WORDS + 4 * ((chunk & 7) ^ (row & 7))),
-            int32(row), int32(chunk))
-
-
-@inlined
-def copy_operand(tiles, at, words, pitch, start, along_k, first, size, k0, k_end):
-    """Start this thread's copies of op(x)'s slice at k0 for the tile whose rows (m or n)
-    begin at `first`, into the stage's operand at word `at`. words: flat(x's words), `pitch`
-    words a row; `size`: x's extent along m or n; zeros past it and past k_end. (Offsets in 32
-    bits, unsigned where they are widened to an address: one multiply-add)"""
-    place, row, chunk = start
-    if along_k:                 # x[size, K]: rows first + row + 32 r, k from k0 + 8 chunk
-        row = int32(first + row)
-        at_k = int32(k0 + 8 * chunk)
-        src = int32(row * pitch + (at_k >> 1))
-        rows_left = int32(size - row)
-        inside = at_k < k_end
-        for r in range(COPIES):
-            valid = inside and K_APART * r < rows_left
-            copy16_async(tiles, (at + place + K_APART * r * ROW_WORDS,), words,
-                         (uint32(src + K_APART * r * pitch) if valid else uint32(0),), valid)
-    else:                       # x[K, size]: rows k0 + row + 16 r, columns from first + 8 chunk
-        k = int32(k0 + row)
-        column = int32(first + 8 * chunk)
-        src = int32(k * pitch + (column >> 1))
-        rows_left = int32(k_end - k)
-        inside = column < size
-        for r in range(COPIES):
-            valid = inside and MN_APART * r < rows_left
-            copy16_async(tiles, (at + place + MN_APART * r * ROW_WORDS,), words,
-                         (uint32(src + MN_APART * r * pitch) if valid else uint32(0),), valid)
-
-
 @kernel_factory
 def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
     """The kernel (see the module's doc) for one (transpose_a, transpose_b) and epilogue: None,
     "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product, plus bias, times
-    gelu'(hidden)). words: out and hidden are the words of Bf16Matrix's, [S=1, M, N/2] and
-    [M, N/2]: out rounded to bf16, GELU of out as rounded (what the next products and the
-    backward read), rounded too; nothing accumulated."""
+    gelu'(hidden)). words: out and hidden are the words of Bf16Matrix's, [1, M, N/2] and
+    [M, N/2]: out rounded to bf16, GELU of out as rounded, rounded too; nothing accumulated."""
     check(epilogue in EPILOGUES, f"matmul_wgmma: unknown epilogue {epilogue!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
     WORDS = words
-    multiply = wgmma_m64n128k16(K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
-                                K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
+    multiply = wgmma_m64nNk16(BN, K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
+                              K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
+    load_a = box_load(BM if A_ALONG_K else BK, True)
+    load_b = box_load(BN if B_ALONG_K else BK, True)
+    load_box, store_box = box_load(BOX_ROWS, WORDS), box_store(WORDS)
+    shared_values = dynamic_shared_words if WORDS else dynamic_shared_floats
+    BOX_COLUMNS = 64 if WORDS else 32   # out's columns in a box
+    GROUPS = BOX_COLUMNS // 8           # wgmma's 8-column groups of D in a box
+    BOXES = BN // BOX_COLUMNS           # a consumer's boxes a tile: 4 or 8
+    # before a box is written: at most one group still reading (the other buffer's box); GELU
+    # writes both buffers each pass, so none
+    buffer_free = bulk_reads_done[0 if GELU else 1]
+    all_read = bulk_reads_done[0]
 
     @inlined
-    def operand_words(stage, group, kk):
-        # where wgmma finds k16 step kk of the slice in the stage at word `stage`: warpgroup
-        # `group`'s 64 rows of op(a) (K-major: rows 64 group on, 32 bytes a step along them;
-        # MN-major: block `group`, 16 rows of k a step), and all 128 columns of op(b)
-        a_word = (stage + group * 64 * ROW_WORDS + 8 * kk if A_ALONG_K else
-                  stage + group * BLOCK_WORDS + 16 * kk * ROW_WORDS)
-        b_word = (stage + OPERAND_WORDS + 8 * kk if B_ALONG_K else
-                  stage + OPERAND_WORDS + 16 * kk * ROW_WORDS)
-        return a_word, b_word
-
-    @inlined
-    def group_reads(out, hidden, bias, has_bias, accumulate, z, row, c, M, N):
-        # what the epilogue of the 8-column group at column c reads: bias[c:c + 2] and, for rows
-        # row and row + 8, gelu's input (gelu_grad; words: a word each, h1 and h3 unused, its
-        # pair unpacked where it is used) and what out holds (accumulate)
-        zero = float32(0.0)
-        b0 = b1 = o0 = o1 = o2 = o3 = zero
-        h0 = h1 = h2 = h3 = uint32(0) if WORDS else zero
-        if c < N:                       # (N is even: the pair's second column is in too)
-            if has_bias:
-                b0, b1 = load2(bias, (c,))
-            if GELU_GRAD:
-                if WORDS:
-                    if row < M:
-                        h0 = hidden[row, c >> 1]
-                    if row + 8 < M:
-                        h2 = hidden[row + 8, c >> 1]
+    def produce(tiles, a, b, maps, a_map, b_map, first, barriers, tiles_m, tiles_n, items,
+                k_per_split, K):
+        # the producer's one thread: each slice of each of the block's tiles into its stage
+        tensormap_acquire(maps, a_map)
+        tensormap_acquire(maps, b_map)
+        n = int32(0)                            # the block's slice count, over its tiles
+        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
+            m0, n0, _, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
+            for k in range(k_start, k_end, BK):
+                stage = n % STAGES
+                full = barriers + 2 * stage
+                wait_phase(tiles, barriers + 2 * (STAGES + stage), ((n // STAGES) & 1) ^ 1)
+                arrive_expect_tx(tiles, full, STAGE_BYTES)
+                at = first + stage * STAGE_WORDS
+                if A_ALONG_K:                   # (coordinates in words: a bf16 pair each)
+                    load_a(tiles, at, maps, a_map, a, k >> 1, m0, 0, full)
                 else:
-                    if row < M:
-                        h0, h1 = load2(hidden, (row, c))
-                    if row + 8 < M:
-                        h2, h3 = load2(hidden, (row + 8, c))
-            if accumulate and not WORDS:
-                if row < M:
-                    o0, o1 = load2(out, (z, row, c))
-                if row + 8 < M:
-                    o2, o3 = load2(out, (z, row + 8, c))
-        return b0, b1, h0, h1, h2, h3, o0, o1, o2, o3
+                    load_a(tiles, at, maps, a_map, a, m0 >> 1, k, 0, full)
+                    load_a(tiles, at + BLOCK_WORDS, maps, a_map, a, (m0 + 64) >> 1, k, 0, full)
+                if B_ALONG_K:
+                    load_b(tiles, at + A_WORDS, maps, b_map, b, k >> 1, n0, 0, full)
+                else:
+                    for j in range(BN // 64):
+                        load_b(tiles, at + A_WORDS + j * BLOCK_WORDS, maps, b_map, b,
+                               (n0 + 64 * j) >> 1, k, 0, full)
+                n += 1
 
     @inlined
-    def finish_pair(out, hidden, accumulate, z, row, col, x0, x1, h0, h1, o0, o1, M):
-        # out[z, row, col:col + 2] (+)= the epilogue of two sums (the bias added), given what
-        # it reads (group_reads)
-        if row < M:
-            if GELU_GRAD:
-                x0 *= gelu_derivative_sfu(h0)
-                x1 *= gelu_derivative_sfu(h1)
-            if accumulate:
-                x0 += o0
-                x1 += o1
-            store2(out, (z, row, col), x0, x1)
-            if GELU:
-                store2(hidden, (row, col), gelu_value_sfu(x0), gelu_value_sfu(x1))
+    def multiply_tile(tiles, sums, first, barriers, group, n, slices):
+        # consumer `group`'s sums of one tile, slices n .. n + slices - 1 of the block's count
+        # (returned: the count after them), each stage released once its wgmma's are done
+        a_rows = (group - 1) * (64 * ROW_WORDS if A_ALONG_K else BLOCK_WORDS)
+        for e in range(SUMS):
+            sums[e] = float32(0.0)
+        for s in range(slices):
+            stage = n % STAGES
+            wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
+            at = first + stage * STAGE_WORDS
+            fence_sums(sums)
+            for kk in range(BK // 16):          # K-major: 32 bytes on along the rows;
+                multiply(sums, tiles,           # MN-major: 16 rows of k on
+                         at + a_rows + (8 * kk if A_ALONG_K else 16 * kk * ROW_WORDS), tiles,
+                         at + A_WORDS + (8 * kk if B_ALONG_K else 16 * kk * ROW_WORDS))
+            wgmma_commit()
+            wait_but_one(sums)                  # (slice n - 1's wgmma's are done)
+            if s > 0:
+                mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+            n += 1
+        wait_all(sums)
+        if slices > 0:                          # (a split past K's end has none)
+            mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+        return n
 
     @inlined
-    def store_group(out, hidden, acc, j, reads, accumulate, z, row, col, M, N):
-        # the thread's sums of 8-column group j: out[z, row and row + 8, col + 8 j + (0, 1)]
-        c = col + 8 * j
-        if c < N:
-            b0, b1, h0, h1, h2, h3, o0, o1, o2, o3 = reads
-            finish_pair(out, hidden, accumulate, z, row, c, acc[4 * j] + b0,
-                        acc[4 * j + 1] + b1, h0, h1, o0, o1, M)
-            finish_pair(out, hidden, accumulate, z, row + 8, c, acc[4 * j + 2] + b0,
-                        acc[4 * j + 3] + b1, h2, h3, o2, o3, M)
+    def box_column(col0, p):
+        # the word of out's rows where box p of the tile's columns from col0 begins
+        return (col0 + BOX_COLUMNS * p) >> 1 if WORDS else col0 + BOX_COLUMNS * p
 
     @inlined
-    def words_of_group(acc, j, reads, e):
-        # words: group j's sums e, e + 1 (e = 0: the thread's first row, 2: its row + 8), the
-        # epilogue applied, as bf16 pairs: (out's word, GELU's word)
-        b0, b1, h0, h1, h2, h3, o0, o1, o2, o3 = reads
-        x0, x1 = acc[4 * j + e] + b0, acc[4 * j + e + 1] + b1
-        if GELU_GRAD:
-            g0, g1 = bf16_unpair(h0 if e == 0 else h2)
-            x0 *= gelu_derivative_sfu(g0)
-            x1 *= gelu_derivative_sfu(g1)
-        pair = bf16_pair(x0, x1)
-        activated = uint32(0)
-        if GELU:                        # (of the values as rounded: what backward reads)
-            r0, r1 = bf16_unpair(pair)
-            activated = bf16_pair(gelu_value_sfu(r0), gelu_value_sfu(r1))
-        return pair, activated
+    def load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, col0, p):
+        # GELU's backward: its input's box p into buffer p % 2, counted off loaded[p % 2]
+        barrier = loaded + 2 * (p % 2)
+        arrive_expect_tx(values, barrier, 4 * BOX_WORDS)
+        load_box(values, buffers + (p % 2) * BOX_WORDS, maps, hidden_map, hidden,
+                 box_column(col0, p), row0, 0, barrier)
 
     @inlined
-    def store_exchanged(x, row, c, odd, word_j, word_k, M, N):
-        # words: one row's words of groups j and k = j + 1 (this thread's at column c of group
-        # j, c + 8 of group k), two a lane pair: each lane gives the other the word it does not
-        # store, so that the even lane stores group j's 4 columns from c on and the odd one
-        # group k's from c + 6 on, 8 bytes each: a row's 32 bytes in one store instruction
-        # (a 4-byte store a pair would write half a 32-byte sector at a time)
-        other = pair_exchange(word_j if odd else word_k)
-        if row < M:
-            if odd:
-                if c + 8 < N:
-                    store2_u32(x, (row, (c + 6) >> 1), other, word_k)
-            elif c < N:
-                store2_u32(x, (row, c >> 1), word_j, other)
-
-    @inlined
-    def store_words(out, hidden, acc, j, reads_j, reads_k, z, row, col, M, N):
-        # words: groups j and j + 1, both rows of the thread, by store_exchanged (every lane
-        # calls it: the exchange is a shuffle)
-        c = col + 8 * j
-        odd = (col >> 1) & 1
-        out_rows = out[z]               # (written out twice, as store_groups says why)
-        pair_j, activated_j = words_of_group(acc, j, reads_j, 0)
-        pair_k, activated_k = words_of_group(acc, j + 1, reads_k, 0)
-        store_exchanged(out_rows, row, c, odd, pair_j, pair_k, M, N)
-        if GELU:
-            store_exchanged(hidden, row, c, odd, activated_j, activated_k, M, N)
-        pair_j, activated_j = words_of_group(acc, j, reads_j, 2)
-        pair_k, activated_k = words_of_group(acc, j + 1, reads_k, 2)
-        store_exchanged(out_rows, row + 8, c, odd, pair_j, pair_k, M, N)
-        if GELU:
-            store_exchanged(hidden, row + 8, c, odd, activated_j, activated_k, M, N)
-
-    @inlined
-    def store_groups(out, hidden, acc, j, bias, has_bias, accumulate, z, row, col, M, N):
-        # groups j .. j + 3, their loads first: a load after a store to out might read what
-        # the store wrote (the compiler cannot tell out from hidden or bias), so it stays
-        # behind it, and each group would wait a memory latency of its own for its reads.
-        # Written out: a loop over the groups would index acc at run time wherever its body is
-        # too long for the compiler to unroll (GELU's), and acc would move to local memory
-        reads0 = group_reads(out, hidden, bias, has_bias, accumulate, z, row, col + 8 * j, M, N)
-        reads1 = group_reads(out, hidden, bias, has_bias, accumulate, z, row, col + 8 * j + 8,
-                             M, N)
-        reads2 = group_reads(out, hidden, bias, has_bias, accumulate, z, row, col + 8 * j + 16,
-                             M, N)
-        reads3 = group_reads(out, hidden, bias, has_bias, accumulate, z, row, col + 8 * j + 24,
-                             M, N)
-        if WORDS:
-            store_words(out, hidden, acc, j, reads0, reads1, z, row, col, M, N)
-            store_words(out, hidden, acc, j + 2, reads2, reads3, z, row, col, M, N)
-        else:
-            store_group(out, hidden, acc, j, reads0, accumulate, z, row, col, M, N)
-            store_group(out, hidden, acc, j + 1, reads1, accumulate, z, row, col, M, N)
-            store_group(out, hidden, acc, j + 2, reads2, accumulate, z, row, col, M, N)
-            store_group(out, hidden, acc, j + 3, reads3, accumulate, z, row, col, M, N)
-
-    @inlined
-    def store_tile(out, hidden, acc, bias, has_bias, accumulate, z, row0, col0, thread, M, N):
-        # out[z, row0:+64, col0:+128] (+)= a warpgroup's sums, by wgmma's D layout: thread
-        # 32 w + 4 g + t holds rows 16 w + g and 16 w + g + 8, columns 8 j + 2 t and + 1
+    def store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, p):
+        # box p (a constant: the sums are registers while every index into them is one) of
+        # the consumer's 64 x 256 at (row0, col0): its epilogue written into a buffer, then
+        # stored. wgmma's D layout (kernels/wgmma.py): thread 32 w + 4 g + t holds rows
+        # 16 w + g and 8 more, columns 8 j + 2 t and the next, in sums[4 j .. 4 j + 3]
         warp, lane = thread >> 5, thread & 31
-        row = row0 + 16 * warp + (lane >> 2)
-        col = col0 + 2 * (lane & 3)
-        store_groups(out, hidden, acc, 0, bias, has_bias, accumulate, z, row, col, M, N)
-        store_groups(out, hidden, acc, 4, bias, has_bias, accumulate, z, row, col, M, N)
-        store_groups(out, hidden, acc, 8, bias, has_bias, accumulate, z, row, col, M, N)
-        store_groups(out, hidden, acc, 12, bias, has_bias, accumulate, z, row, col, M, N)
+        row, t = 16 * warp + (lane >> 2), lane & 3
+        buffer = buffers + (0 if GELU else (p % 2) * BOX_WORDS)
+        if GELU_GRAD:                           # (its input has landed in the buffer)
+            wait_phase(values, loaded + 2 * (p % 2), (p // 2) & 1)
+        else:
+            if thread == 0:
+                buffer_free()
+            barrier_sync(group, GROUP)
+        for jj in range(GROUPS):
+            j = GROUPS * p + jj                 # columns 8 j .. 8 j + 7 of the 256
+            c = col0 + 8 * j + 2 * t            # out's column of the thread's pair
+            b0 = b1 = float32(0.0)
+            if has_bias and c < N:
+                b0, b1 = load2(bias, (c,))
+            for h in range(2):
+                r = row + 8 * h
+                # the pair's place in the box: a word (words) or two floats, swizzled
+                if WORDS:
+                    at = buffer + r * ROW_WORDS + 4 * (jj ^ (r & 7)) + t
+                else:
+                    at = buffer + r * ROW_WORDS + 4 * ((2 * jj + (t >> 1)) ^ (r & 7)) + 2 * (t & 1)
+                x0, x1 = sums[4 * j + 2 * h] + b0, sums[4 * j + 2 * h + 1] + b1
+                if GELU_GRAD:
+                    if WORDS:
+                        g0, g1 = bf16_unpair(values[at])
+                    else:
+                        g0, g1 = values[at], values[at + 1]
+                    x0 *= gelu_derivative_sfu(g0)
+                    x1 *= gelu_derivative_sfu(g1)
+                if WORDS:
+                    pair = bf16_pair(x0, x1)
+                    values[at] = pair
+                    if GELU:                    # (of the values as rounded: what backward
+                        r0, r1 = bf16_unpair(pair)                              # reads)
+                        values[at + BOX_WORDS] = bf16_pair(gelu_value_sfu(r0),
+                                                           gelu_value_sfu(r1))
+                else:
+                    values[at], values[at + 1] = x0, x1
+                    if GELU:
+                        values[at + BOX_WORDS] = gelu_value_sfu(x0)
+                        values[at + BOX_WORDS + 1] = gelu_value_sfu(x1)
+        fence_proxy_async()                     # (the writes, seen by the copy engine)
+        barrier_sync(group, GROUP)
+        if thread == 0:
+            x = box_column(col0, p)
+            if accumulate:
+                box_add(values, buffer, maps, out_map, out, x, row0, z)
+            else:
+                store_box(values, buffer, maps, out_map, out, x, row0, z)
+            if GELU:
+                store_box(values, buffer + BOX_WORDS, maps, hidden_map, hidden, x, row0, 0)
+            bulk_commit()
+            if GELU_GRAD and p + 2 < BOXES:     # the box two on, once this one is read
+                all_read()
+                load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, col0, p + 2)
 
     @inlined
-    def copy_slice(tiles, at, a_words, a_pitch, a_start, b_words, b_pitch, b_start, m0, n0, k0,
-                   k_end, M, N):
-        # start this thread's copies of op(a)'s and op(b)'s slices at k0 for the tile (m0, n0)
-        # into the stage at word `at`
-        copy_operand(tiles, at, a_words, a_pitch, a_start, A_ALONG_K, m0, M, k0, k_end)
-        copy_operand(tiles, at + OPERAND_WORDS, b_words, b_pitch, b_start, B_ALONG_K, n0, N, k0,
-                     k_end)
+    def store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums, bias,
+                   has_bias, accumulate, z, row0, col0, N, thread, group):
+        # the consumer's boxes of the tile, one call each (a loop this long is not unrolled)
+        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 0)
+        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 1)
+        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 2)
+        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 3)
+        if BOXES > 4:
+            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 4)
+            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 5)
+            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 6)
+            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 7)
+
+    @inlined
+    def consume(tiles, first, barriers, out, hidden, bias, has_bias, accumulate, maps, out_map,
+                hidden_map, tiles_m, tiles_n, items, k_per_split, K, N, group, thread):
+        # consumer `group` (1 or 2): its 64 rows of each of the block's tiles
+        values = shared_values()                # (the same shared memory, as out's values)
+        buffers = first + STAGES * STAGE_WORDS + (group - 1) * 2 * BOX_WORDS
+        loaded = barriers + 2 * (2 * STAGES + 2 * (group - 1))
+        sums = cuda.local.array(SUMS, float32)
+        if thread == 0:
+            tensormap_acquire(maps, out_map)
+            if GELU or GELU_GRAD:
+                tensormap_acquire(maps, hidden_map)
+        n = int32(0)                            # the block's slice count, over its tiles
+        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
+            m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
+            row0 = m0 + 64 * (group - 1)
+            if GELU_GRAD and thread == 0:       # (the last tile's boxes read: the buffers
+                all_read()                      # are free)
+                load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, n0, 0)
+                load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, n0, 1)
+            n = multiply_tile(tiles, sums, first, barriers, group, n,
+                              (k_end - k_start + BK - 1) // BK)
+            store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                       bias, has_bias, accumulate, z, row0, n0, N, thread, group)
+        if thread == 0:
+            bulk_wait_all()                     # (out's last boxes written)
 
     @cuda.jit(**BOUNDS)
-    def wgmma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
+    def wgmma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden, maps,
+                            a_map, b_map, out_map, hidden_map):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
         # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
         # Bf16Matrix operands. hidden[M,N] (S = 1): GELU's output (gelu) or its input
         # (gelu_grad); else not read. (words: out [1, M, N/2] and hidden [M, N/2] in pairs)
-        # grid: up to RESIDENT_BLOCKS blocks, each taking tiles blockIdx.x, + grid, ...; block
-        # THREADS; dynamic shared memory SHARED_BYTES: STAGES stages from word `first` on
+        # maps: the tensor-map table; *_map: a's, b's, out's and hidden's rows in it.
+        # grid: up to RESIDENT_BLOCKS blocks; block THREADS; dynamic shared memory
+        # SHARED_BYTES: from word `first` on the stages, the buffers, the mbarriers
         tiles = dynamic_shared_words()
         first = atom_start(tiles)
-        acc = cuda.local.array(ACCUMULATORS, float32)
+        barriers = first + STAGES * STAGE_WORDS + OUT_WORDS
         S, M, N = out.shape[0], out.shape[1], out.shape[2] * (2 if WORDS else 1)
         # K: the rows of a k-major operand; with both along k, their padded width (its zeros
         # add nothing)
         K = int32(a.shape[0] if transpose_a else b.shape[0] if not transpose_b else 2 * a.shape[1])
-        a_pitch, b_pitch = int32(a.shape[1]), int32(b.shape[1])
-        a_words, b_words = flat(a), flat(b)
-        tid = int32(cuda.threadIdx.x)
-        group, thread = tid >> 7, tid & 127             # the warpgroup, the thread in it
         tiles_m, tiles_n = int32((M + BM - 1) // BM), int32((N + BN - 1) // BN)
-        items, step = int32(tiles_m * tiles_n * S), int32(cuda.gridDim.x)
-        a_start, b_start = copy_start(tid, A_ALONG_K), copy_start(tid, B_ALONG_K)
-
-        # the copies' cursor: the tile and k of the next slice to copy, STAGES - 1 slices
-        # ahead of the one multiplied, from tile to tile
-        load = int32(cuda.blockIdx.x)
-        load_m0, load_n0, _, load_k, load_k_end = tile_of(load, tiles_m, tiles_n, k_per_split, K)
-        for s in range(STAGES - 1):
-            if load < items:
-                copy_slice(tiles, first + s * STAGE_WORDS, a_words, a_pitch, a_start, b_words,
-                           b_pitch, b_start, load_m0, load_n0, load_k, load_k_end, M, N)
-                load, load_m0, load_n0, load_k, load_k_end = next_slice(
-                    load, load_m0, load_n0, load_k, load_k_end, step, tiles_m, tiles_n,
-                    k_per_split, K)
-            commit_copies()             # (a group each slice, empty ones too: wait counts them)
-        read, write = int32(0), int32(STAGES - 1)   # the stages of this slice and the copied
-        for item in range(cuda.blockIdx.x, items, step):
-            m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
-            for e in range(ACCUMULATORS):
-                acc[e] = float32(0.0)
-            for _ in range((k_end - k_start + BK - 1) // BK):
-                WAIT_FOR_OLDEST()       # this thread's copies of the slice have landed,
-                fence_proxy_async()     # are visible to wgmma's proxy,
-                cuda.syncthreads()      # and everyone's; and every warpgroup is done with
-                stage = first + read * STAGE_WORDS              # the last slice's stage
-                wgmma_fence(acc)
-                for kk in range(BK // 16):
-                    a_word, b_word = operand_words(stage, group, kk)
-                    multiply(acc, tiles, a_word, tiles, b_word)
-                wgmma_commit()
-                if load < items:        # the copies go to the last slice's stage, issued
-                    copy_slice(tiles, first + write * STAGE_WORDS, a_words, a_pitch, a_start,
-                               b_words, b_pitch, b_start, load_m0, load_n0, load_k, load_k_end,
-                               M, N)    # while this slice's wgmma's run
-                    load, load_m0, load_n0, load_k, load_k_end = next_slice(
-                        load, load_m0, load_n0, load_k, load_k_end, step, tiles_m, tiles_n,
-                        k_per_split, K)
-                commit_copies()
-                wgmma_wait(acc)
-                read = int32(read + 1) if read < STAGES - 1 else int32(0)
-                write = int32(write + 1) if write < STAGES - 1 else int32(0)
-            store_tile(out, hidden, acc, bias, has_bias, accumulate, z, m0 + 64 * group, n0,
-                       thread, M, N)
+        items = int32(tiles_m * tiles_n * S)
+        tid = int32(cuda.threadIdx.x)
+        if tid == 0:
+            for s in range(STAGES):
+                mbarrier_init(tiles, barriers + 2 * s, 1)           # the producer's arrival
+                mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)    # consumers'
+            for q in range(4):
+                mbarrier_init(tiles, barriers + 2 * (2 * STAGES + q), 1)
+        cuda.syncthreads()
+        group, thread = tid >> 7, tid & 127     # the warpgroup, the thread in it
+        if group == 0:
+            registers_down()
+            if thread == 0:
+                produce(tiles, a, b, maps, a_map, b_map, first, barriers, tiles_m, tiles_n,
+                        items, k_per_split, K)
+        else:
+            registers_up()
+            consume(tiles, first, barriers, out, hidden, bias, has_bias, accumulate, maps,
+                    out_map, hidden_map, tiles_m, tiles_n, items, k_per_split, K, N, group,
+                    thread)
 
     return wgmma_matmul_kernel
 
 
 # --- the launcher ----------------------------------------------------------------------------
 
-def takes(out, bias=None, hidden=None):
+def takes(out, bias=None, hidden=None, a=None, b=None):
     """Whether matmul_bf16 sends this product here: on a GPU of compute capability 9.0, when
-    out's rows are a multiple of 8 values (the epilogue's pairs, the split-K sum's fours; a
-    Bf16Matrix then has no padding to keep zero) and out, bias and hidden 16-byte aligned.
-    Any M and K. out and hidden are float32 arrays or Bf16Matrix's."""
-    arrays = [getattr(x, "words", x) for x in (out, bias, hidden) if x is not None]
+    out's rows are a multiple of 8 values (the split-K sum's fours; a Bf16Matrix then has no
+    padding to keep zero; the tensor maps' 16-byte row strides) and every array is 16-byte
+    aligned (the tensor maps' and the 8-byte bias loads'). Any M and K. out and hidden are
+    float32 arrays or Bf16Matrix's, a and b Bf16Matrix's."""
+    arrays = [getattr(x, "words", x) for x in (out, bias, hidden, a, b) if x is not None]
     return hopper() and out.shape[1] % 8 == 0 and all(aligned16(x) for x in arrays)
 
 
@@ -413,19 +376,28 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
         check_float32(out=out, gelu_out=gelu_out, gelu_input=gelu_input)
     check_float32(bias=bias)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
-    check(N % 2 == 0, f"matmul_wgmma: out's rows of {N}, an odd width (pairs are stored)")
+    check(N % 8 == 0, f"matmul_wgmma: out's rows of {N}, not a multiple of 8")
     check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
           f"matmul_wgmma: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
-    # (split-K's sum reads 4 floats at a time: rows of other widths are not split; a product
-    # in bf16 comes from the epilogue only: not split either)
-    can_split = not words and all(aligned16(x) for x in (out, bias, hidden) if x is not None)
-    splits = (split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK, value_bytes=2) if can_split
-              else 1)
+    # (a product in bf16 comes from the epilogue only: not split)
+    splits = 1 if words else split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK, value_bytes=2,
+                                         tile=(BM, BN))
     k_per_split = k_per_slice(K, splits, step=BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
+
+    def tensor_map_arguments(out, hidden):
+        # the table and a's, b's, out's and hidden's rows in it (out: [S, M, N] as the
+        # kernel writes it; hidden: None where there is none)
+        table, rows = tensor_maps((a.words, True, BK if transpose_a else BM),
+                                  (b.words, True, BN if transpose_b else BK),
+                                  (out, words, BOX_ROWS),
+                                  (out if hidden is None else hidden, words, BOX_ROWS))
+        return (table, *rows)
+
     words_of = (lambda x: x.words) if words else (lambda x: x)
     launch_product(wgmma_matmul_kernel, THREADS, grid, k_per_split, words_of(out), a.words,
                    b.words, bias, transpose_a, transpose_b, accumulate,
                    None if gelu_out is None else words_of(gelu_out),
                    None if gelu_input is None else words_of(gelu_input),
-                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES, words=words)
+                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES, words=words,
+                   more_arguments=tensor_map_arguments)
