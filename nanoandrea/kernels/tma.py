@@ -244,9 +244,10 @@ else:
     # bulk_reads_done[n](): until at most n of this thread's groups still read shared memory
     bulk_reads_done = {n: _statement(f"cp.async.bulk.wait_group.read {n};") for n in (0, 1)}
 
-    def _barrier(text, values=0, result=False):
+    def barrier_instruction(text, values=0, result=False):
         """An intrinsic f(words, word, *values) running `text` with $0 (or $1 after a result)
-        the shared address of words[word] and the int32 values after it."""
+        the shared address of words[word] and the int32 values after it (an mbarrier's
+        instructions; the ladder's v17 makes cp.async's arrival with it)."""
         def typer(words, word, *rest):
             if not (isinstance(words, types.Array) and isinstance(word, types.Integer)):
                 return None
@@ -265,13 +266,13 @@ else:
             return intrinsic(lambda typingctx, words, word: typer(words, word))
         return intrinsic(lambda typingctx, words, word, value: typer(words, word, value))
 
-    mbarrier_init = _barrier("mbarrier.init.shared::cta.b64 [$0], $1;", values=1)
-    mbarrier_arrive = _barrier("{ .reg .b64 state; "
+    mbarrier_init = barrier_instruction("mbarrier.init.shared::cta.b64 [$0], $1;", values=1)
+    mbarrier_arrive = barrier_instruction("{ .reg .b64 state; "
                                "mbarrier.arrive.shared::cta.b64 state, [$0]; }")
-    arrive_expect_tx = _barrier("{ .reg .b64 state; "
+    arrive_expect_tx = barrier_instruction("{ .reg .b64 state; "
                                 "mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1; }",
                                 values=1)
-    mbarrier_try_wait = _barrier("{ .reg .pred done; "
+    mbarrier_try_wait = barrier_instruction("{ .reg .pred done; "
                                  "mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
                                  "selp.u32 $0, 1, 0, done; }", values=1, result=True)
 
@@ -359,13 +360,14 @@ SWIZZLE_128B, L2_PROMOTION_256B = 3, 3
 
 
 def encode_tensor_map(x, pairs, box_rows):
-    """The 128 bytes of the tensor map of the C-contiguous 32-bit device array x [planes, R,
-    C] (planes optional), seen as bf16 pairs (`pairs`: 2C columns) or float32: boxes of 128
+    """The 128 bytes of the tensor map of the 32-bit device array x [planes, R, C] (planes
+    optional; its rows contiguous, their strides multiples of 16 bytes), seen as bf16 pairs (`pairs`: 2C columns) or float32: boxes of 128
     bytes x box_rows rows x 1 plane, the 128-byte swizzle, zeros past the edges."""
     import ctypes
     shape = (1,) * (3 - len(x.shape)) + tuple(x.shape)
     planes, rows, cols = shape
-    row_bytes = 4 * cols
+    row_bytes = x.strides[-2]
+    plane_bytes = x.strides[-3] if len(x.shape) == 3 else row_bytes * rows
     encode = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
     encode.restype = ctypes.c_int
     found = (ctypes.c_uint64 * 16)()
@@ -373,7 +375,7 @@ def encode_tensor_map(x, pairs, box_rows):
     status = encode(found, BFLOAT16 if pairs else FLOAT32, 3,
                     ctypes.c_void_p(x.device_ctypes_pointer.value),
                     (ctypes.c_uint64 * 3)(per_word * cols, rows, planes),
-                    (ctypes.c_uint64 * 2)(row_bytes, row_bytes * rows),
+                    (ctypes.c_uint64 * 2)(row_bytes, plane_bytes),
                     (ctypes.c_uint32 * 3)(per_word * ROW_WORDS, box_rows, 1),
                     (ctypes.c_uint32 * 3)(1, 1, 1), 0, SWIZZLE_128B, L2_PROMOTION_256B, 0)
     if status != 0:

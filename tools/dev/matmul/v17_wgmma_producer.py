@@ -28,14 +28,16 @@ n % 4 in its (n // 4)-th round: the consumers wait for `full` phase parity (n //
 producer for `empty` parity ((n // 4) & 1) ^ 1 (a fresh barrier counts its "previous" phase,
 parity 1, as complete: the first round does not wait).
 
-The mbarrier instructions are inline PTX (sm_80+; try_wait sm_90); under the simulator their
-twin keeps each barrier's pending count and phase in a dict, and a cp.async arrives at once
-(its copy already has).
+The mbarrier instructions are the package's (nanoandrea/kernels/tma.py: inline PTX, sm_80+,
+try_wait sm_90; under the simulator a twin keeps each barrier's pending count and phase in a
+dict), and the cp.async arrival this version's own; in the simulator it arrives at once (its
+copy already has).
 """
 from numba import cuda, float32, int32
 
 from nanoandrea.kernels.asynccopy import copy16_async
 from nanoandrea.kernels.launch import MULTIPROCESSORS, SIMULATOR, inlined, launch
+from nanoandrea.kernels.tma import mbarrier_arrive, mbarrier_init, wait_phase
 from nanoandrea.kernels.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
                                       dynamic_shared_words, fence_for, fence_proxy_async,
                                       wait_for, wgmma_commit, wgmma_m64nNk16)
@@ -58,92 +60,11 @@ multiply = wgmma_m64nNk16(BN, K_MAJOR, MN_MAJOR(4 * B_HALF_WORDS))
 fence_sums, wait_all, wait_but_one = fence_for(SUMS), wait_for(SUMS), wait_for(SUMS, pending=1)
 
 if SIMULATOR:
-    import threading
-    import time
-
-    _barriers, _lock = {}, threading.Lock()
-
-    @cuda.jit(device=True)
-    def mbarrier_init(words, word, count):
-        with _lock:
-            _barriers[(tuple(cuda.blockIdx), int(word))] = [int(count), int(count), 0]
-
-    @cuda.jit(device=True)
-    def mbarrier_arrive(words, word):
-        with _lock:
-            barrier = _barriers[(tuple(cuda.blockIdx), int(word))]   # [count, pending, phase]
-            barrier[1] -= 1
-            if barrier[1] == 0:
-                barrier[1], barrier[2] = barrier[0], barrier[2] + 1
-
     copies_arrive = mbarrier_arrive     # (the simulator's copies have landed already)
-
-    _waiting = threading.local()    # since when this thread's wait has found its phase open
-
-    @cuda.jit(device=True)
-    def mbarrier_try_wait(words, word, parity):
-        with _lock:
-            done = _barriers[(tuple(cuda.blockIdx), int(word))][2] % 2 != parity
-        if done:
-            _waiting.since = None
-        else:                           # (a phase that never completes fails, not hangs)
-            _waiting.since = getattr(_waiting, "since", None) or time.monotonic()
-            if time.monotonic() - _waiting.since > 120:
-                raise RuntimeError(f"mbarrier at word {word}: phase {parity} still open "
-                                   "after 120 s")
-            time.sleep(0)               # (let the other Python threads run)
-        return done
-
 else:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
+    from nanoandrea.kernels.tma import barrier_instruction
 
-    from nanoandrea.kernels.vector import item_pointer, shared_address
-
-    I32 = ir.IntType(32)
-
-    def _barrier(text, values=0, result=False):
-        """An intrinsic f(words, word, *values) running `text` with $0 (or $1 after a result)
-        the shared address of words[word] and the int32 values after it."""
-        def typer(words, word, *rest):
-            if not (isinstance(words, types.Array) and isinstance(word, types.Integer)):
-                return None
-
-            def codegen(context, builder, signature, args):
-                index = context.make_tuple(builder, types.UniTuple(signature.args[1], 1),
-                                           [args[1]])
-                address = shared_address(builder, item_pointer(
-                    context, builder, signature.args[0], args[0],
-                    types.UniTuple(signature.args[1], 1), index))
-                operands = [address] + [context.cast(builder, v, t, types.int32)
-                                        for v, t in zip(args[2:], signature.args[2:])]
-                kinds = [I32] * len(operands)
-                constraints = ",".join((["=r"] if result else []) + ["r"] * len(operands)
-                                       + ["~{memory}"])
-                function = ir.InlineAsm(ir.FunctionType(I32 if result else ir.VoidType(), kinds),
-                                        text, constraints, side_effect=True)
-                return builder.call(function, operands)
-
-            return (types.uint32 if result else types.void)(words, word, *rest), codegen
-
-        if values == 0:
-            return intrinsic(lambda typingctx, words, word: typer(words, word))
-        return intrinsic(lambda typingctx, words, word, value: typer(words, word, value))
-
-    mbarrier_init = _barrier("mbarrier.init.shared::cta.b64 [$0], $1;", values=1)
-    mbarrier_arrive = _barrier("{ .reg .b64 state; "
-                               "mbarrier.arrive.shared::cta.b64 state, [$0]; }")
-    copies_arrive = _barrier("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];")
-    mbarrier_try_wait = _barrier("{ .reg .pred done; "
-                                 "mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
-                                 "selp.u32 $0, 1, 0, done; }", values=1, result=True)
-
-
-@inlined
-def wait_phase(words, word, parity):
-    while not mbarrier_try_wait(words, word, parity):
-        pass
+    copies_arrive = barrier_instruction("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];")
 
 
 @inlined

@@ -30,11 +30,12 @@ from numba import cuda, float32, int32, uint64
 
 from nanoandrea.kernels.launch import MULTIPROCESSORS, SIMULATOR, inlined, launch
 from nanoandrea.kernels.sharedmem import dynamic_shared_floats
+from nanoandrea.kernels.tma import (barrier_sync, box_store, bulk_commit, bulk_reads_done,
+                                    bulk_wait_all, encode_tensor_map)
 from nanoandrea.kernels.wgmma import ATOM_BYTES, dynamic_shared_words, fence_proxy_async
-from named_barriers import barrier_sync
 from v17_wgmma_producer import (BM, BN, GROUP, STAGE_WORDS, STAGES, SUMS, THREADS,
                                 multiply_tile, start_block)
-from v18_wgmma_tma import FLOAT32, encode_tensor_map, produce, tensor_map
+from v18_wgmma_tma import produce
 
 PRECISION = "bf16"
 MULTIPLE_OF = (128, 256, 64)
@@ -45,68 +46,7 @@ OUT_WORDS = 2 * 2 * BOX_WORDS                   # the two consumers' two buffers
 RESIDENT = 1 if SIMULATOR else MULTIPROCESSORS
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
 
-if SIMULATOR:
-    def bulk_commit():
-        pass
-
-    def bulk_wait_read_but_one():
-        pass
-
-    def bulk_wait_all():
-        pass
-
-    @cuda.jit(device=True)
-    def store_box(values, word, maps, which, out, x, y):
-        """The twin of the copy engine's store of the box at values[word:] (swizzled) to
-        out[y:+64, x:+32] (`out`: the array the tensor map describes)."""
-        for r in range(BOX_ROWS):
-            for chunk in range(BOX_COLUMNS // 4):
-                for w in range(4):
-                    out[y + r, x + 4 * chunk + w] = values[word + r * BOX_COLUMNS
-                                                           + 4 * (chunk ^ (r % 8)) + w]
-
-else:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    from v18_wgmma_tma import _map_address, _shared
-
-    I32, I64 = ir.IntType(32), ir.IntType(64)
-
-    def _statement(text):
-        """An intrinsic f() running the PTX statement `text`."""
-        @intrinsic
-        def statement(typingctx):
-            def codegen(context, builder, signature, args):
-                function = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}",
-                                        side_effect=True)
-                builder.call(function, [])
-
-            return types.void(), codegen
-        return statement
-
-    bulk_commit = _statement("cp.async.bulk.commit_group;")
-    bulk_wait_read_but_one = _statement("cp.async.bulk.wait_group.read 1;")
-    bulk_wait_all = _statement("cp.async.bulk.wait_group 0;")
-
-    @intrinsic
-    def store_box(typingctx, values, word, maps, which, out, x, y):
-        """The copy engine's store of the box at values[word:] to out's element (y, x), by
-        tensor map `which` (`out` is the array the twin writes)."""
-        def codegen(context, builder, signature, args):
-            kinds = signature.args
-            source = _shared(context, builder, kinds[0], args[0], kinds[1], args[1])
-            address = _map_address(context, builder, kinds[2], args[2], kinds[3], args[3])
-            x_, y_ = (context.cast(builder, v, t, types.int32)
-                      for v, t in zip(args[5:7], kinds[5:7]))
-            function = ir.InlineAsm(
-                ir.FunctionType(ir.VoidType(), [I64, I32, I32, I32]),
-                "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];",
-                "l,r,r,r,~{memory}", side_effect=True)
-            builder.call(function, [address, x_, y_, source])
-
-        return types.void(values, word, maps, which, out, x, y), codegen
+store_box, bulk_wait_read_but_one = box_store(False), bulk_reads_done[1]
 
 
 @cuda.jit(**BOUNDS)
@@ -178,7 +118,7 @@ def store_box_of(values, buffers, maps, out, sums, row0, col0, group, thread, p)
     fence_proxy_async()                         # (the writes, seen by the copy engine)
     barrier_sync(group, GROUP)
     if thread == 0:
-        store_box(values, buffer, maps, 2, out, col0 + BOX_COLUMNS * p, row0)
+        store_box(values, buffer, maps, 2, out, col0 + BOX_COLUMNS * p, row0, 0)
         bulk_commit()
 
 
@@ -193,8 +133,8 @@ def maps_of(out, a, b):
         return cuda.to_device(maps)
     key = tuple((x.device_ctypes_pointer.value, x.shape) for x in (out, a, b))
     if key not in _maps:
-        maps[0], maps[1] = tensor_map(a, BM), tensor_map(b, 64)
-        maps[2] = encode_tensor_map(out, FLOAT32, out.shape[1], BOX_COLUMNS, BOX_ROWS)
+        maps[0], maps[1] = encode_tensor_map(a, True, BM), encode_tensor_map(b, True, 64)
+        maps[2] = encode_tensor_map(out, False, BOX_ROWS)
         _maps[key] = cuda.to_device(maps)
     return _maps[key]
 

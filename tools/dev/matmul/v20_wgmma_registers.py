@@ -17,7 +17,8 @@ nothing. The rest is v19's.
 """
 from numba import cuda
 
-from nanoandrea.kernels.launch import SIMULATOR, launch
+from nanoandrea.kernels.launch import launch
+from nanoandrea.kernels.tma import registers_down, registers_up
 from nanoandrea.kernels.wgmma import ATOM_BYTES, dynamic_shared_words
 from v17_wgmma_producer import BM, BN, STAGE_WORDS, STAGES, THREADS, start_block
 from v18_wgmma_tma import produce
@@ -26,21 +27,6 @@ from v19_wgmma_tma_store import (BOUNDS, EXTRA_ARGUMENTS, MULTIPLE_OF, OUT_WORDS
 
 PRECISION = "bf16"
 EXTRA_ARGUMENTS, MULTIPLE_OF = EXTRA_ARGUMENTS, MULTIPLE_OF     # (as v19's: run.py reads them)
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
-
-if SIMULATOR:
-    def registers_down():
-        pass
-
-    def registers_up():
-        pass
-
-else:
-    from v19_wgmma_tma_store import _statement
-
-    registers_down = _statement(f"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};")
-    registers_up = _statement(f"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};")
-
 
 @cuda.jit(**BOUNDS)
 def wgmma_registers_kernel(out, a, b, maps):
