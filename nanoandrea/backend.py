@@ -23,6 +23,8 @@ tf32 need no loss scaling: they keep float32's 8-bit exponent, so a gradient as 
 1e-38 is still a number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss
 scaling).
 """
+import functools
+
 import numpy as np
 
 from .kernels import (adamw, attention, attention_bf16, crossentropy, dropout, elementwise,
@@ -64,6 +66,11 @@ class Backend:
         if precision != "fp32":
             module = matmul_bf16 if precision == "bf16" else matmul_tf32
             self.matmul = getattr(module, f"matmul_{precision}{suffix}")
+        # out (+)= a sum of products (the gradient of x that attention's q, k and v send
+        # back): one product after another, or, bf16 on the GPU, all of them in one pass
+        self.matmul_sum = functools.partial(matmul.products_in_turn, self.matmul)
+        if precision == "bf16" and name == "cuda":
+            self.matmul_sum = matmul_bf16.matmul_sum_bf16
         # q, k, v as attention reads them (in bf16 rounded once, for forward and backward),
         # and whether attention rounds heads x so (then split_heads need not copy them)
         self.heads_operand, self.attention_rounds = (lambda x: x), (lambda x: False)

@@ -56,14 +56,16 @@ def takes_matvec(x, weight, transpose_weight=False):
     return x.backend.takes_matvec(x.data.reshape(-1, x.shape[-1]), weight.data, transpose_weight)
 
 
-def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_operand=None):
+def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_operand=None,
+           x_grad=None):
     """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight).
     activation="gelu": gelu of that (the MLP's first layer), computed in the matmul's epilogue
     and recorded as two ops, the linear layer then GELU: returns a GeluOutput.
     The products read their operands as the backend's matmul takes them (`backend.operand`:
     in bf16 rounded once, here, and the same copies in backward); x_operand: x's rows so made
-    already (linears). A product of few rows without gradients runs as matvec (takes_matvec),
-    which rounds x's values itself as it reads them."""
+    already (linears). x_grad: an InputGradient that makes dX (linears' products of one x);
+    backward hands it its pair (dY, W) instead. A product of few rows without gradients runs
+    as matvec (takes_matvec), which rounds x's values itself as it reads them."""
     backend = x.backend
     K = x.shape[-1]
     N = weight.shape[0] if transpose_weight else weight.shape[1]
@@ -112,6 +114,9 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
         if not x.requires_grad:
             return
         product = dict(transpose_b=not transpose_weight, b_transposed=weight_t)
+        if x_grad is not None:                      # dX += dY . W^T, summed with the others
+            x_grad.add(dy_operand, w, weight_t)
+            return
         if not isinstance(x, GeluOutput):                           # dX = dY . W^T
             dx, accumulate = grad_slot(x)
             backend.matmul(dx.reshape(-1, K), dy_operand, w, accumulate=accumulate, **product)
@@ -155,13 +160,16 @@ def linears(x, *weights_and_biases, heads=None):
     a captured step all but the first run beside it on the second stream, joined before this
     returns (schedule.py): the grids' last waves overlap, and their splits (memory-bound
     copies) the first product (compute-bound). (Recorded last to first.) Products of few
-    rows (takes_matvec) make no operand of x: matvec reads x itself."""
+    rows (takes_matvec) make no operand of x: matvec reads x itself. Backward: x's gradient
+    is the sum of what each product sends back, dX = sum of dY_j . W_j^T, one call of
+    backend.matmul_sum once all are in (InputGradient)."""
     rows = getattr(x, "operand", None)              # (bf16: written so: an OperandTensor)
     if rows is None and not takes_matvec(x, weights_and_biases[0][0]):
         rows = x.backend.operand(x.data.reshape(-1, x.shape[-1]))
+    x_grad = InputGradient(x)
 
     def product(w, b):
-        y = linear(x, w, b, x_operand=rows)
+        y = linear(x, w, b, x_operand=rows, x_grad=x_grad)
         return y if heads is None else split_heads(y, heads)
 
     (w, b), rest = weights_and_biases[0], weights_and_biases[1:]
@@ -170,6 +178,30 @@ def linears(x, *weights_and_biases, heads=None):
     first = product(w, b)
     schedule.join()
     return [first, *others]
+
+
+class InputGradient(Tensor):
+    """The gradient of x that several linear layers of x send back (linears'), as the pairs
+    (dY_j, W_j) of its products: each layer's backward adds its pair (`add`), and this node,
+    recorded before those layers, so run after them all, makes dX = sum of dY_j . W_j^T in one
+    call (backend.matmul_sum). Its `grad` is the list of pairs: None until one arrives, and a
+    node whose output has no gradient does not run."""
+    __slots__ = ("x", "transposed")
+
+    def __init__(self, x):
+        super().__init__(None, x.backend)
+        self.x, self.transposed = x, []
+        record(self, [x], self.backward)
+
+    def add(self, dy, w, w_transposed):
+        self.grad = (self.grad or []) + [(dy, w)]
+        self.transposed.append(w_transposed)
+
+    def backward(self):
+        dx, accumulate = grad_slot(self.x)
+        transposed = None if all(t is None for t in self.transposed) else self.transposed
+        self.backend.matmul_sum(dx.reshape(-1, self.x.shape[-1]), self.grad, transpose_b=True,
+                                accumulate=accumulate, b_transposed=transposed)
 
 
 def _values_of(backend, operand, shape):

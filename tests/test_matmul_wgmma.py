@@ -11,9 +11,10 @@ import pytest
 from numba import cuda
 
 from conftest import GPU
-from nanoandrea.kernels import matmul_bf16, matmul_wgmma
-from test_matmul_bf16 import check, check_products_in_bf16
-from test_kernels import device
+from conftest import relative_error
+from nanoandrea.kernels import matmul, matmul_bf16, matmul_wgmma
+from test_matmul_bf16 import TOLERANCE, check, check_products_in_bf16
+from test_kernels import device, output_and_prior
 
 if GPU and cuda.get_current_device().compute_capability != (9, 0):
     pytest.skip("wgmma needs compute capability 9.0 (sm_90a)", allow_module_level=True)
@@ -58,6 +59,48 @@ def test_matmul_wgmma_epilogues(rng, monkeypatch, gelu, transpose_b, accumulate,
     split_k(monkeypatch, splits)
     M, N, K = (72, 136, 72) if not GPU else (1000, 1544, 392)
     check(rng, False, transpose_b, M, N, K, gelu == "out", accumulate, gelu, precision="wgmma")
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b,accumulate,splits", [
+    (False, True, False, 1), (True, False, True, 2)] + ([] if not GPU else [
+        (False, False, True, 1), (False, True, True, 2), (False, True, False, 3)]))
+def test_matmul_wgmma_sums_three_products_in_one_pass(rng, monkeypatch, transpose_a,
+                                                        transpose_b, accumulate, splits):
+    """out (+)= a_0 b_0 + a_1 b_1 + a_2 b_2 (attention's dX = dQ W_Q^T + dK W_K^T + dV W_V^T):
+    one product over the three K's one after another, each padded to a whole slice (K is
+    not a multiple of 64 here: the padding's zeros add nothing), against the product of the
+    operands concatenated along K, in float64, and against each pair's product added in turn
+    (matmul_sum_bf16's other path, the twin's order)."""
+    asked = split_k(monkeypatch, splits)
+    M, N, K = (72, 136, 40) if not GPU else (1000, 1544, 392)
+    pairs = [(rng.standard_normal((K, M) if transpose_a else (M, K)),
+              rng.standard_normal((N, K) if transpose_b else (K, N))) for _ in range(3)]
+    out, prior = output_and_prior(rng, (M, N), accumulate)
+    (a, b), *more = [(matmul_bf16.rounded(device(a)), matmul_bf16.rounded(device(b)))
+                     for a, b in pairs]
+    matmul_wgmma.matmul_wgmma(out, a, b, transpose_a=transpose_a, transpose_b=transpose_b,
+                              accumulate=accumulate, more_pairs=more)
+    assert asked == [(M, N, 3 * 64 * -(-K // 64))]      # (each K padded to slices of 64)
+    got = out.copy_to_host()
+    concatenated = (np.concatenate([a for a, _ in pairs], axis=0 if transpose_a else 1),
+                    np.concatenate([b for _, b in pairs], axis=1 if transpose_b else 0))
+    rounded = [matmul_bf16.bf16_matrix_values(x).astype(np.float64) for x in concatenated]
+    exact = prior.astype(np.float64)
+    matmul.matmul_numpy(exact, *rounded, None, transpose_a, transpose_b, accumulate)
+    assert relative_error(got, exact) < TOLERANCE
+    if not transpose_a:                         # (not products_in_turn's case)
+        in_turn = prior.astype(np.float32)
+        matmul.products_in_turn(matmul_bf16.matmul_bf16_numpy, in_turn, pairs, transpose_b,
+                                accumulate)
+        assert relative_error(got, in_turn) < TOLERANCE
+
+
+def test_matmul_wgmma_refuses_pairs_of_other_shapes(rng):
+    a, b = (matmul_bf16.rounded(device(rng.standard_normal((72, 64)))) for _ in range(2))
+    other = matmul_bf16.rounded(device(rng.standard_normal((72, 72))))
+    with pytest.raises(ValueError, match="pairs"):
+        matmul_wgmma.matmul_wgmma(device(np.zeros((72, 72))), a, b, transpose_b=True,
+                                  more_pairs=[(a, other)])
 
 
 @pytest.mark.skipif(not GPU, reason="which kernel matmul_bf16 picks is the GPU's question")

@@ -598,26 +598,31 @@ def bench_products(args):
     for preset, B, T, config, ours, baselines in e2e_cases(args):
         step = ours(False)
         step()                                  # (compiled, warm)
-        calls = []
+        calls = []                              # (out, [a], [b], bias, flags)
 
         def recorded(out, a, b, bias=None, **flags):
-            calls.append((out, a, b, bias, flags))
+            calls.append((out, [a], [b], bias, flags))
             backend_matmul(out, a, b, bias, **flags)
+
+        def recorded_sum(out, pairs, **flags):  # (a sum of products: one call, one pass)
+            calls.append((out, [a for a, _ in pairs], [b for _, b in pairs], None, flags))
+            backend_matmul_sum(out, pairs, **flags)
         backend = ours.model.backend
-        backend_matmul = backend.matmul
-        backend.matmul = recorded
+        backend_matmul, backend_matmul_sum = backend.matmul, backend.matmul_sum
+        backend.matmul, backend.matmul_sum = recorded, recorded_sum
         try:
             step()
         finally:
-            backend.matmul = backend_matmul
+            backend.matmul, backend.matmul_sum = backend_matmul, backend_matmul_sum
         cuda.synchronize()
         groups = {}                             # signature -> (count, first call)
         for out, a, b, bias, flags in calls:
             ta, tb = flags.get("transpose_a", False), flags.get("transpose_b", False)
             epilogue = ("gelu" if flags.get("gelu_out") is not None else "gelu'" if
                         flags.get("gelu_input") is not None else "")
-            key = (tuple(out.shape), tuple(a.shape), tuple(b.shape), ta, tb, bias is not None,
-                   bool(flags.get("accumulate")), epilogue, hasattr(out, "words"))
+            key = (tuple(out.shape), tuple(a[0].shape), tuple(b[0].shape), ta, tb,
+                   bias is not None, bool(flags.get("accumulate")), epilogue,
+                   hasattr(out, "words"), len(a))
             count, first = groups.get(key, (0, None))
             groups[key] = (count + 1, first or (out, a, b, bias, flags))
 
@@ -626,16 +631,21 @@ def bench_products(args):
             return t[:, :x.shape[1]]
         print(f"products: {preset} B={B} T={T}, {len(calls)} a step in {len(groups)} kinds, "
               f"each timed alone (ours: out as the step writes it, float32 or bf16; cuBLAS "
-              f"bf16: out bf16, same orientation)")
+              f"bf16: out bf16, same orientation; a sum of products: cuBLAS's one product of "
+              f"the operands concatenated along K, as a fused [C, 3C] projection's dX is)")
         ours_total = theirs_total = 0.0
         for key, (count, (out, a, b, bias, flags)) in sorted(
                 groups.items(), key=lambda kv: -kv[1][0] * np.prod(kv[0][0])):
             ta, tb = key[3], key[4]
-            A, Bm = (x if isinstance(x, matmul_bf16.Bf16Matrix) else matmul_bf16.rounded(x)
-                     for x in (a, b))
-            ta_t, tb_t = as_torch(A), as_torch(Bm)
-            opa = ta_t.t() if ta else ta_t
-            opb = tb_t.t() if tb else tb_t
+            ops_a, ops_b = [], []
+            for x, y in zip(a, b):
+                A, Bm = (z if isinstance(z, matmul_bf16.Bf16Matrix) else matmul_bf16.rounded(z)
+                         for z in (x, y))
+                ops_a.append(as_torch(A).t() if ta else as_torch(A))
+                ops_b.append(as_torch(Bm).t() if tb else as_torch(Bm))
+            opa, opb = torch.cat(ops_a, dim=1), torch.cat(ops_b, dim=0)
+            if len(a) == 1:                      # (as it lies: cuBLAS's own orientation)
+                opa, opb = ops_a[0], ops_b[0]
             M, K = opa.shape
             N = opb.shape[1]
             bias_t = torch.as_tensor(bias, device="cuda").bfloat16() if bias is not None else None
@@ -644,11 +654,15 @@ def bench_products(args):
                 return torch.addmm(bias_t, opa, opb) if bias_t is not None else opa @ opb
 
             def mine(out=out, a=a, b=b, bias=bias, flags=flags):
-                backend_matmul(out, a, b, bias, **flags)
+                if len(a) == 1:
+                    backend_matmul(out, a[0], b[0], bias, **flags)
+                else:
+                    backend_matmul_sum(out, list(zip(a, b)), **flags)
             mine_ms, theirs_ms = kernel_ms(mine, args), kernel_ms(theirs, args)
             ours_total += count * mine_ms
             theirs_total += count * theirs_ms
             name = (f"{count:3d} x {M}x{N}x{K} {'T' if ta else 'N'}{'T' if tb else 'N'}"
+                    f"{f' sum of {len(a)}' if len(a) > 1 else ''}"
                     f"{' +bias' if key[5] else ''}{' +=' if key[6] else ''}"
                     f"{' ' + key[7] if key[7] else ''}{' bf16 out' if key[8] else ''}")
             row("products", f"{preset} {name}", mine_ms, 2.0 * M * N * K, "TFLOP/s", theirs_ms,

@@ -11,6 +11,8 @@ Every linear layer of the model is one call (activations [B,T,C] are viewed as [
     MLP up       H[M,4C] = X . W + b, G = gelu(H)       gelu_out=G: GELU in the epilogue
     MLP down     dH[M,4C] = (dY . W^T) * gelu'(H)       gelu_input=H: GELU's backward in the
                                                         epilogue (the product is dG)
+    q, k, v      dX = dQ . W_Q^T + dK . W_K^T           products_in_turn (backend.matmul_sum):
+                      + dV . W_V^T                      one input, three products' gradients
 `accumulate` says whether out is overwritten (=) or added to (+=): gradients of parameters
 accumulate into the flat gradient buffer, and a tensor used twice sums its two gradients.
 
@@ -537,6 +539,17 @@ def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, tra
         gelu_backward(out, product, gelu_input, accumulate)
     if gelu_out is not None:
         gelu_forward(gelu_out, out)
+
+
+def products_in_turn(matmul, out, pairs, transpose_b=False, accumulate=False,
+                     b_transposed=None):
+    """out (+)= op(a_0) . op(b_0) + op(a_1) . op(b_1) + ... for pairs [(a_j, b_j)], by
+    `matmul` (any backend's) once a pair, each after the first added to out: the gradient of
+    an input that several products read (attention's q, k and v of one x). b_transposed: each
+    pair's copy of b^T, or None. (matmul_bf16's matmul_sum_bf16 sums them in one pass.)"""
+    for j, (a, b) in enumerate(pairs):
+        matmul(out, a, b, transpose_b=transpose_b, accumulate=accumulate or j > 0,
+               b_transposed=None if b_transposed is None else b_transposed[j])
 
 
 def _reference(out, a, b, bias, has_bias, transpose_a, transpose_b, accumulate):

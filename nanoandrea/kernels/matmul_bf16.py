@@ -61,7 +61,8 @@ from .asynccopy import commit_copies, copy16_async, wait_copies
 from .gelu import gelu_derivative_sfu, gelu_forward, gelu_forward_numpy, gelu_value_sfu
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
                      inlined, kernel_factory, launch)
-from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul_numpy, split_count
+from .matmul import (EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul_numpy,
+                     products_in_turn, split_count)
 from .tensorcores import (bf16_pair, bf16_unpair, ldmatrix_x4, ldmatrix_x4_trans,
                           load_shared_u32, mma_bf16, mma_tf32, pack_bf16, store4_u32, unpack_bf16)
 from .vector import aligned16, flat, load4
@@ -597,6 +598,22 @@ def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
     else:
         mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
                    "bf16")
+
+
+def matmul_sum_bf16(out, pairs, transpose_b=False, accumulate=False, b_transposed=None):
+    """matmul.products_in_turn of matmul_bf16: out (+)= the sum of op(a_j) . op(b_j). On wgmma
+    one pass over the pairs' K's, one after another (matmul_wgmma's more_pairs): the sums stay
+    in float32 registers, and out is written once where each product in turn would write it
+    and the next read and write it again. (b_transposed is not needed, as in matmul_bf16.)"""
+    pairs = [tuple(x if isinstance(x, Bf16Matrix) else rounded(x) for x in pair)
+             for pair in pairs]
+    if (matmul_wgmma.takes_pairs(pairs)
+            and all(matmul_wgmma.takes(out, None, None, a, b) for a, b in pairs)):
+        (a, b), *more = pairs
+        matmul_wgmma.matmul_wgmma(out, a, b, transpose_b=transpose_b, accumulate=accumulate,
+                                  more_pairs=more)
+    else:
+        products_in_turn(matmul_bf16, out, pairs, transpose_b, accumulate)
 
 
 def through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,

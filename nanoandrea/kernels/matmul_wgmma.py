@@ -57,6 +57,7 @@ Operands and out are named by tensor maps (kernels/tma.py: a device table, made 
 array's memory). Offsets are 32-bit: the launcher checks that an operand has fewer than 2^31
 words.
 """
+import numba
 from numba import cuda, float32, int32
 
 from .gelu import gelu_derivative_sfu, gelu_value_sfu
@@ -77,6 +78,7 @@ BM, BN, BK = 128, 256, 64       # the block tile of out; k a slice (one 128-byte
 GROUP = 128                     # threads a warpgroup
 THREADS = 3 * GROUP             # the producer, then two consumers of 64 rows each
 STAGES = 4
+PAIRS = 3                       # products summed in one pass at most (attention's q, k, v dX)
 A_WORDS = BM * ROW_WORDS        # op(a)'s slice: 128 rows x 64 k, or 64 k x 2 x 64 m   16 KB
 BLOCK_WORDS = BK * ROW_WORDS    # an MN-major box: 64 rows of k x 64 columns            8 KB
 STAGE_WORDS = A_WORDS + BN * ROW_WORDS          # then op(b)'s: 256 x 64 k              48 KB
@@ -129,15 +131,20 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
     all_read = bulk_reads_done[0]
 
     @inlined
-    def produce(tiles, a, b, maps, a_map, b_map, first, barriers, tiles_m, tiles_n, items,
-                k_per_split, K):
-        # the producer's one thread: each slice of each of the block's tiles into its stage
-        tensormap_acquire(maps, a_map)
-        tensormap_acquire(maps, b_map)
+    def produce(tiles, a_parts, b_parts, maps, a_maps, b_maps, pairs, k_pair, first, barriers,
+                tiles_m, tiles_n, items, k_per_split, K):
+        # the producer's one thread: each slice of each of the block's tiles into its stage;
+        # slice k of the pairs' K is pair k // k_pair's slice k % k_pair
+        for j in range(pairs):
+            tensormap_acquire(maps, a_maps[j])
+            tensormap_acquire(maps, b_maps[j])
         n = int32(0)                            # the block's slice count, over its tiles
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
             m0, n0, _, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
-            for k in range(k_start, k_end, BK):
+            for pair_k in range(k_start, k_end, BK):
+                j = pair_k // k_pair
+                k = pair_k - j * k_pair
+                a, b, a_map, b_map = a_parts[j], b_parts[j], a_maps[j], b_maps[j]
                 stage = n % STAGES
                 full = barriers + 2 * stage
                 wait_phase(tiles, barriers + 2 * (STAGES + stage), ((n // STAGES) & 1) ^ 1)
@@ -310,12 +317,15 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
 
     @cuda.jit(**BOUNDS)
     def wgmma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden, maps,
-                            a_map, b_map, out_map, hidden_map):
+                            a_maps, b_maps, out_map, hidden_map, pairs, a_parts, b_parts):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
         # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
         # Bf16Matrix operands. hidden[M,N] (S = 1): GELU's output (gelu) or its input
         # (gelu_grad); else not read. (words: out [1, M, N/2] and hidden [M, N/2] in pairs)
-        # maps: the tensor-map table; *_map: a's, b's, out's and hidden's rows in it.
+        # pairs > 1: out (+)= the sum of the products op(a_parts[j]) . op(b_parts[j]), j <
+        # pairs, of one shape (a, b: the first): one product over their K's one after
+        # another, each padded to a whole slice. maps: the tensor-map table; a_maps[j],
+        # b_maps[j], out_map, hidden_map: the rows of a_parts[j], b_parts[j], out, hidden.
         # grid: up to RESIDENT_BLOCKS blocks; block THREADS; dynamic shared memory
         # SHARED_BYTES: from word `first` on the stages, the buffers, the mbarriers
         tiles = dynamic_shared_words()
@@ -325,6 +335,8 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         # K: the rows of a k-major operand; with both along k, their padded width (its zeros
         # add nothing)
         K = int32(a.shape[0] if transpose_a else b.shape[0] if not transpose_b else 2 * a.shape[1])
+        k_pair = K if pairs == 1 else (K + BK - 1) // BK * BK
+        K = int32(pairs * k_pair)
         tiles_m, tiles_n = int32((M + BM - 1) // BM), int32((N + BN - 1) // BN)
         items = int32(tiles_m * tiles_n * S)
         tid = int32(cuda.threadIdx.x)
@@ -339,8 +351,8 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         if group == 0:
             registers_down()
             if thread == 0:
-                produce(tiles, a, b, maps, a_map, b_map, first, barriers, tiles_m, tiles_n,
-                        items, k_per_split, K)
+                produce(tiles, a_parts, b_parts, maps, a_maps, b_maps, pairs, k_pair, first,
+                        barriers, tiles_m, tiles_n, items, k_per_split, K)
         else:
             registers_up()
             consume(tiles, first, barriers, out, hidden, bias, has_bias, accumulate, maps,
@@ -363,10 +375,12 @@ def takes(out, bias=None, hidden=None, a=None, b=None):
 
 
 def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-                 gelu_out=None, gelu_input=None):
+                 gelu_out=None, gelu_input=None, more_pairs=()):
     """out[M,N] (+)= op(a) . op(b) (+ bias), matmul_bf16's arguments and epilogues; a, b
     Bf16Matrix operands (already rounded). out, gelu_out and gelu_input all float32 arrays, or
-    all Bf16Matrix's (the bf16 epilogue: nothing accumulated)."""
+    all Bf16Matrix's (the bf16 epilogue: nothing accumulated). more_pairs: up to PAIRS - 1
+    more (a, b) of a's and b's shapes and orientation, their products added in the same pass
+    (`takes_pairs`): the sums stay in the registers, out is written once."""
     hidden = gelu_out if gelu_out is not None else gelu_input
     words = hasattr(out, "words")                       # (a Bf16Matrix: matmul_bf16 imports us)
     check(hidden is None or hasattr(hidden, "words") == words,
@@ -377,22 +391,31 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     check_float32(bias=bias)
     M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     check(N % 8 == 0, f"matmul_wgmma: out's rows of {N}, not a multiple of 8")
-    check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
-          f"matmul_wgmma: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
+    pairs = [(a, b), *more_pairs]
+    check(takes_pairs(pairs) and (len(pairs) == 1 or hidden is None and not words),
+          f"matmul_wgmma: {len(pairs)} pairs, not all of one shape and kind (at most {PAIRS})")
+    check(max(x.words.size for pair in pairs for x in pair) < 2**31,    # (32-bit offsets)
+          "matmul_wgmma: an operand of 2^31 words or more")
+    # the pairs' K one after another, each padded to whole slices
+    K_all = K if len(pairs) == 1 else len(pairs) * blocks(K, BK) * BK
     # (a product in bf16 comes from the epilogue only: not split)
-    splits = 1 if words else split_count(M, N, K, slots=RESIDENT_BLOCKS, step=BK, value_bytes=2,
-                                         tile=(BM, BN))
-    k_per_split = k_per_slice(K, splits, step=BK)
-    grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
+    splits = 1 if words else split_count(M, N, K_all, slots=RESIDENT_BLOCKS, step=BK,
+                                         value_bytes=2, tile=(BM, BN))
+    k_per_split = k_per_slice(K_all, splits, step=BK)
+    grid = (blocks(N, BN), blocks(M, BM), blocks(K_all, k_per_split))
+    filled = pairs + [pairs[0]] * (PAIRS - len(pairs))     # (the kernel's tuples: PAIRS each)
 
     def tensor_map_arguments(out, hidden):
-        # the table and a's, b's, out's and hidden's rows in it (out: [S, M, N] as the
-        # kernel writes it; hidden: None where there is none)
-        table, rows = tensor_maps((a.words, True, BK if transpose_a else BM),
-                                  (b.words, True, BN if transpose_b else BK),
+        # the table, each pair's rows in it, out's and hidden's (out: [S, M, N] as the
+        # kernel writes it; hidden: None where there is none), then the pairs themselves
+        table, rows = tensor_maps(*[(a.words, True, BK if transpose_a else BM)
+                                    for a, _ in filled],
+                                  *[(b.words, True, BN if transpose_b else BK)
+                                    for _, b in filled],
                                   (out, words, BOX_ROWS),
                                   (out if hidden is None else hidden, words, BOX_ROWS))
-        return (table, *rows)
+        return (table, rows[:PAIRS], rows[PAIRS:2 * PAIRS], *rows[2 * PAIRS:], len(pairs),
+                tuple(a.words for a, _ in filled), tuple(b.words for _, b in filled))
 
     words_of = (lambda x: x.words) if words else (lambda x: x)
     launch_product(wgmma_matmul_kernel, THREADS, grid, k_per_split, words_of(out), a.words,
@@ -401,3 +424,12 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
                    None if gelu_input is None else words_of(gelu_input),
                    blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES, words=words,
                    more_arguments=tensor_map_arguments)
+
+
+def takes_pairs(pairs):
+    """Whether one pass can sum the products of these (a, b) pairs: at most PAIRS, every a of
+    one shape and array type (the kernel indexes a tuple of them), every b likewise."""
+    def alike(xs):
+        return (len({x.shape for x in xs}) == 1
+                and len({numba.typeof(x.words) for x in xs}) == 1)
+    return len(pairs) <= PAIRS and alike([a for a, _ in pairs]) and alike([b for _, b in pairs])
