@@ -66,6 +66,16 @@ def pytest_report_header(config):
             "kernels run in Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1): tiny sizes")
 
 
+@pytest.fixture(autouse=True)
+def empty_tape():
+    """Each test starts with an empty autograd tape: a test that runs a forward with gradients
+    and no backward (comparing outputs only) leaves its nodes there, and the next test in the
+    same worker would find them."""
+    from nanoandrea.autograd import clear_tape
+    clear_tape()
+    yield
+
+
 @pytest.fixture
 def rng(request):
     """A fresh random generator per test (seeded from the test's name, so a failure repeats)."""
