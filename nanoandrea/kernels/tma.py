@@ -50,14 +50,14 @@ written once the capture has ended, before the graph first runs (made_while_capt
 table is allocated outside any captured step's arena and kept for the life of the process.
 
 On the GPU these are inline PTX (sm_90). Under the simulator, whose threads are Python
-threads, each mbarrier and named barrier is a counter in a dict, a box copy happens at once
-(reading or writing the array itself, swizzling as the engine does), and the waits for bulk
-groups, the fence and setmaxnreg do nothing. The simulator runs a block's threads in turn,
-so a block cannot wait on another: there are no clusters here.
+threads, each mbarrier and named barrier is a counter in a dict that its waiters sleep on
+(a wait that lasts STUCK_S fails: a phase that never completes is a bug, not a hang), a
+box copy happens at once (reading or writing the array itself, swizzling as the engine does),
+and the waits for bulk groups, the fence and setmaxnreg do nothing. The simulator runs a
+block's threads in turn, so a block cannot wait on another: there are no clusters here.
 """
 import functools
 import threading
-import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -70,19 +70,24 @@ BOX_BYTES_ROW = 4 * ROW_WORDS
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232    # (40 + 2 x 232) x 128 <= 65,536
 
 if SIMULATOR:
+    # Each barrier has a condition (all on one lock): a thread that finds its phase open
+    # sleeps on it until that barrier changes, as try_wait suspends a thread on the GPU,
+    # instead of spinning for the interpreter against the block's hundreds of threads.
     _lock = threading.Lock()
-    _mbarriers = {}             # (block, word): [count, pending arrivals, phase, bytes due]
-    _named = {}                 # (block, b): [arrived, generation, Condition]
-    _waiting = threading.local()    # since when this thread's wait has found its phase open
+    _mbarriers = {}     # (block, word): [count, pending arrivals, phase, bytes due, Condition]
+    _named = {}         # (block, b): [arrived, generation, Condition]
+    STUCK_S = 600       # a wait this long is a barrier that never completes: fail, not hang
 
     def _complete(barrier):
         if barrier[1] == 0 and barrier[3] == 0:
             barrier[1], barrier[2] = barrier[0], barrier[2] + 1
+            barrier[4].notify_all()
 
     @cuda.jit(device=True)
     def mbarrier_init(words, word, count):
         with _lock:
-            _mbarriers[(tuple(cuda.blockIdx), int(word))] = [int(count), int(count), 0, 0]
+            _mbarriers[(tuple(cuda.blockIdx), int(word))] = [
+                int(count), int(count), 0, 0, threading.Condition(_lock)]
 
     @cuda.jit(device=True)
     def mbarrier_arrive(words, word):
@@ -108,30 +113,24 @@ if SIMULATOR:
     @cuda.jit(device=True)
     def mbarrier_try_wait(words, word, parity):
         with _lock:
-            done = _mbarriers[(tuple(cuda.blockIdx), int(word))][2] % 2 != parity
-        if done:
-            _waiting.since = None
-        else:                           # (a phase that never completes fails, not hangs)
-            _waiting.since = getattr(_waiting, "since", None) or time.monotonic()
-            if time.monotonic() - _waiting.since > 120:
+            barrier = _mbarriers[(tuple(cuda.blockIdx), int(word))]
+            if not barrier[4].wait_for(lambda: barrier[2] % 2 != parity, STUCK_S):
                 raise RuntimeError(f"mbarrier at word {word}: phase {parity} still open "
-                                   "after 120 s")
-            time.sleep(0)               # (let the other Python threads run)
-        return done
+                                   f"after {STUCK_S} s")
+        return True
 
     @cuda.jit(device=True)
     def barrier_sync(b, count):
         key = (tuple(cuda.blockIdx), int(b))
         with _lock:
-            state = _named.setdefault(key, [0, 0, threading.Condition()])
-        with state[2]:
+            state = _named.setdefault(key, [0, 0, threading.Condition(_lock)])
             generation = state[1]
             state[0] += 1
             if state[0] == count:
                 state[0], state[1] = 0, generation + 1
                 state[2].notify_all()
-            elif not state[2].wait_for(lambda: state[1] != generation, timeout=120):
-                raise RuntimeError(f"barrier {b}: {state[0]} of {count} threads in 120 s")
+            elif not state[2].wait_for(lambda: state[1] != generation, STUCK_S):
+                raise RuntimeError(f"barrier {b}: {state[0]} of {count} threads in {STUCK_S} s")
 
     def tensormap_acquire(maps, index):
         pass
