@@ -1,10 +1,11 @@
 """The wgmma matmul (kernels/matmul_wgmma.py) against matmul_bf16's NumPy twin and against
 float64, in every orientation and epilogue, with split-K. Its blocks are persistent: in the
-simulator 2 blocks (RESIDENT_BLOCKS) take 4 tiles, so that each carries its copies from one
-tile into the next; on the GPU the largest case gives each block about 3 tiles. Sizes are
-multiples of 8 in N (the kernel's pairs), none a multiple of its 128 x 128 tile, and K passes
+simulator one block (RESIDENT_BLOCKS) takes CASES' 2 tiles, so that it carries its copies
+and barriers from one tile into the next; on the GPU the largest case gives each block about
+3 tiles. Sizes are
+multiples of 8 in N (the kernel's pairs), none a multiple of its 128 x 256 tile, and K passes
 the end of a 64-wide slice (the copies' zeros past K). The simulator runs the GPU's own block
-(256 threads, the wgmma twin of kernels/wgmma.py), so its cases are few and small.
+(384 threads, the wgmma twin of kernels/wgmma.py), so its cases are few and small.
 """
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ if GPU and cuda.get_current_device().compute_capability != (9, 0):
     pytest.skip("wgmma needs compute capability 9.0 (sm_90a)", allow_module_level=True)
 
 ORIENTATIONS = [(False, False), (False, True), (True, False)]   # x W, dY W^T, x^T dY
-# (M, N, K): in the simulator 2 x 2 tiles; on the GPU 104 tiles, then 768 (3 a block)
+# (M, N, K): in the simulator 2 tiles; on the GPU 56 tiles, then 384 (about 3 a block)
 CASES = [(136, 136, 72)] if not GPU else [(1000, 1544, 392), (8192, 1536, 200)]
 
 
@@ -112,10 +113,11 @@ def test_matmul_bf16_takes_wgmma_on_hopper():
 
 def test_matmul_wgmma_products_in_bf16(rng):
     """The bf16 epilogue (words): out, GELU's output and GELU's backward's input as Bf16Matrix
-    words, the rounded float32 results to the bit."""
-    M, N, K = (72, 136, 72) if not GPU else (1000, 1544, 392)
-    check_products_in_bf16(rng, lambda out, a, b, bias, **rest: matmul_wgmma.matmul_wgmma(
-        out, matmul_bf16.rounded(a), matmul_bf16.rounded(b), bias, **rest), M, N, K)
+    words, the rounded float32 results to the bit; with blocks of several tiles (each GELU
+    buffer's mbarrier then counts one phase a tile)."""
+    for M, N, K in CASES:
+        check_products_in_bf16(rng, lambda out, a, b, bias, **rest: matmul_wgmma.matmul_wgmma(
+            out, matmul_bf16.rounded(a), matmul_bf16.rounded(b), bias, **rest), M, N, K)
 
 
 @pytest.mark.skipif(not GPU, reason="the tensor maps are the GPU's (the simulator has none)")

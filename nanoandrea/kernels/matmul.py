@@ -510,7 +510,9 @@ def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, tra
     matmul_wgmma's bf16 epilogue writes and reads (make_kernel(..., words=True); K unsplit).
     more_arguments(out, hidden): what the kernel takes after those of matmul_kernel, for the
     out [S, M, N] it writes and its GELU array (None if it has none): matmul_wgmma's tensor
-    maps."""
+    maps. shared_bytes: the kernel's dynamic shared memory, or a function of its epilogue that
+    says it."""
+    bytes_for = shared_bytes if callable(shared_bytes) else (lambda epilogue: shared_bytes)
     M, N = out.shape
     bias, has_bias = bias_argument(out, bias)
     hidden = gelu_out if gelu_out is not None else gelu_input
@@ -524,13 +526,13 @@ def launch_product(make_kernel, threads, grid, k_per_split, out, a, b, bias, tra
         out = out.reshape(1, M, N)
         more = () if more_arguments is None else more_arguments(out, hidden)
         launch(kernel, launch_grid, threads, out, a, b, bias, has_bias, accumulate, k_per_split,
-               a if hidden is None else hidden, *more, shared_bytes=shared_bytes)
+               a if hidden is None else hidden, *more, shared_bytes=bytes_for(epilogue))
         return
     check(not words, "launch_product: a product in bf16 is the epilogue's: K unsplit")
     partials = cuda.device_array((grid[2], M, N), dtype=np.float32, stream=current_stream())
     more = () if more_arguments is None else more_arguments(partials, None)
     launch(make_kernel(bool(transpose_a), bool(transpose_b)), launch_grid, threads, partials, a,
-           b, bias, False, False, k_per_split, a, *more, shared_bytes=shared_bytes)
+           b, bias, False, False, k_per_split, a, *more, shared_bytes=bytes_for(None))
     if gelu_input is None:
         sum_splits(out, partials, bias, has_bias, accumulate)
     else:

@@ -22,7 +22,8 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words):
                so that the blocks at work at once share op(b)'s columns), 384 threads in 3
                warpgroups with roles (CUTLASS's "warp-specialized" kernels):
   producer     warpgroup 0: one thread copies every K slice of 64 of each of the block's
-               128 x 256 tiles into one of 4 stages of shared memory (48 KB each), by TMA
+               128 x 256 tiles into one of 4 stages of shared memory (48 KB each; 3 with
+               GELU's epilogue, whose buffers take the fourth: shared_layout), by TMA
                (kernels/tma.py): op(a)'s slice as one box of 128 rows of 64 k (a, K-major)
                or two of 64 rows of k by 64 m (a^T, MN-major), op(b)'s as one box of 256 rows
                of 64 k (b^T) or four of 64 k by 64 n (b), each into wgmma's 128-byte swizzle,
@@ -41,9 +42,10 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words):
                the engine's reduce-add, out += box, so out is never read here). The stores
                land while the consumer multiplies its next tile.
                bias: from memory into the sums. GELU (the MLP up): out and GELU's output
-               both, a box of each per pass, the two buffers one of each. GELU's backward:
-               its input's box is loaded into the buffer first (TMA, an mbarrier a buffer,
-               two boxes ahead) and the product times gelu' written over it. GELU's exp and
+               both, a box of each per pass, in two pairs of buffers (four), so that a pass
+               waits for the stores of the pass two before, not the one just issued. GELU's
+               backward: its input's box is loaded into the buffer first (TMA, an mbarrier a
+               buffer, two boxes ahead) and the product times gelu' written over it. GELU's exp and
                division on the special-function unit (gelu_value_sfu). `words`, the bf16
                epilogue: out is written as the next products read it (a Bf16Matrix's words:
                half float32's bytes, no rounding pass after), GELU's output too (of out as
@@ -77,7 +79,6 @@ from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start, dynamic_shared_wo
 BM, BN, BK = 128, 256, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
 GROUP = 128                     # threads a warpgroup
 THREADS = 3 * GROUP             # the producer, then two consumers of 64 rows each
-STAGES = 4
 PAIRS = 3                       # products summed in one pass at most (attention's q, k, v dX)
 A_WORDS = BM * ROW_WORDS        # op(a)'s slice: 128 rows x 64 k, or 64 k x 2 x 64 m   16 KB
 BLOCK_WORDS = BK * ROW_WORDS    # an MN-major box: 64 rows of k x 64 columns            8 KB
@@ -85,13 +86,24 @@ STAGE_WORDS = A_WORDS + BN * ROW_WORDS          # then op(b)'s: 256 x 64 k      
 STAGE_BYTES = 4 * STAGE_WORDS
 BOX_ROWS = 64                   # a box of out: a consumer's 64 rows x 128 bytes        8 KB
 BOX_WORDS = BOX_ROWS * ROW_WORDS
-OUT_WORDS = 2 * 2 * BOX_WORDS   # the two consumers' two buffers each                  32 KB
-BARRIERS = 2 * STAGES + 2 * 2   # full[s], empty[s]; each consumer's loaded[2]
-SHARED_BYTES = 4 * (STAGES * STAGE_WORDS + OUT_WORDS) + ATOM_BYTES + 8 * BARRIERS
 SUMS = BN // 2                  # a consumer thread's float32s of its 64 x 256
 RESIDENT_BLOCKS = 1 if SIMULATOR else MULTIPROCESSORS
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
 fence_sums, wait_all, wait_but_one = fence_for(SUMS), wait_for(SUMS), wait_for(SUMS, pending=1)
+
+
+def shared_layout(epilogue):
+    """(stages, buffers, bytes): the K slices in shared memory, each consumer's buffers of out
+    (a box each), and the block's dynamic shared memory. GELU's epilogue writes two boxes a
+    pass: with 2 buffers each pass would wait for the last one's stores to have read them, so
+    it takes 4 (two passes in flight) and gives up a stage for them (of the 227 KB an SM gives
+    a block, 4 x 48 KB + 2 x 4 x 8 KB do not fit, 3 x 48 + 2 x 4 x 8 KB do): 0.57x -> 0.60x
+    cuBLAS at andrea-120m's MLP up. GELU's backward measured slower so (0.58x -> 0.55x:
+    docs/perf.md), and keeps 4 stages and 2 buffers."""
+    stages, buffers = (3, 4) if epilogue == "gelu" else (4, 2)
+    barriers = 2 * stages + 2 * buffers     # full[s], empty[s]; each consumer's loaded[b]
+    return stages, buffers, (4 * (stages * STAGE_WORDS + 2 * buffers * BOX_WORDS) + ATOM_BYTES
+                             + 8 * barriers)
 
 
 @inlined
@@ -116,6 +128,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
     WORDS = words
+    STAGES, BUFFERS, _ = shared_layout(epilogue)
     multiply = wgmma_m64nNk16(BN, K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
                               K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
     load_a = box_load(BM if A_ALONG_K else BK, True)
@@ -125,9 +138,9 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
     BOX_COLUMNS = 64 if WORDS else 32   # out's columns in a box
     GROUPS = BOX_COLUMNS // 8           # wgmma's 8-column groups of D in a box
     BOXES = BN // BOX_COLUMNS           # a consumer's boxes a tile: 4 or 8
-    # before a box is written: at most one group still reading (the other buffer's box); GELU
-    # writes both buffers each pass, so none
-    buffer_free = bulk_reads_done[0 if GELU else 1]
+    # before a box is written: at most one group still reading (the other buffer's box, or
+    # GELU's other pair of buffers)
+    buffer_free = bulk_reads_done[1]
     all_read = bulk_reads_done[0]
 
     @inlined
@@ -196,24 +209,27 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
 
     @inlined
     def load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, col0, p):
-        # GELU's backward: its input's box p into buffer p % 2, counted off loaded[p % 2]
-        barrier = loaded + 2 * (p % 2)
+        # GELU's backward: its input's box p into buffer p % BUFFERS, counted off its loaded
+        barrier = loaded + 2 * (p % BUFFERS)
         arrive_expect_tx(values, barrier, 4 * BOX_WORDS)
-        load_box(values, buffers + (p % 2) * BOX_WORDS, maps, hidden_map, hidden,
+        load_box(values, buffers + (p % BUFFERS) * BOX_WORDS, maps, hidden_map, hidden,
                  box_column(col0, p), row0, 0, barrier)
 
     @inlined
     def store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, p):
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, p):
         # box p (a constant: the sums are registers while every index into them is one) of
         # the consumer's 64 x 256 at (row0, col0): its epilogue written into a buffer, then
         # stored. wgmma's D layout (kernels/wgmma.py): thread 32 w + 4 g + t holds rows
         # 16 w + g and 8 more, columns 8 j + 2 t and the next, in sums[4 j .. 4 j + 3]
         warp, lane = thread >> 5, thread & 31
         row, t = 16 * warp + (lane >> 2), lane & 3
-        buffer = buffers + (0 if GELU else (p % 2) * BOX_WORDS)
+        # GELU: out's box in buffer 2 (p % 2), GELU's in the next; else buffer p % BUFFERS
+        buffer = buffers + ((p % 2) * 2 if GELU else p % BUFFERS) * BOX_WORDS
         if GELU_GRAD:                           # (its input has landed in the buffer)
-            wait_phase(values, loaded + 2 * (p % 2), (p // 2) & 1)
+            # (each buffer's load of the tile-th tile, for the block's boxes one after another)
+            wait_phase(values, loaded + 2 * (p % BUFFERS),
+                       (tile * (BOXES // BUFFERS) + p // BUFFERS) & 1)
         else:
             if thread == 0:
                 buffer_free()
@@ -262,56 +278,64 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
             if GELU:
                 store_box(values, buffer + BOX_WORDS, maps, hidden_map, hidden, x, row0, 0)
             bulk_commit()
-            if GELU_GRAD and p + 2 < BOXES:     # the box two on, once this one is read
+            if GELU_GRAD and p + BUFFERS < BOXES:   # the box BUFFERS on, once this one is read
                 all_read()
-                load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, col0, p + 2)
+                load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, col0,
+                           p + BUFFERS)
 
     @inlined
     def store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums, bias,
-                   has_bias, accumulate, z, row0, col0, N, thread, group):
-        # the consumer's boxes of the tile, one call each (a loop this long is not unrolled)
+                   has_bias, accumulate, z, row0, col0, N, thread, group, tile):
+        # the consumer's boxes of its tile-th tile, one call each (a loop this long is not
+        # unrolled)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 0)
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, 0)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 1)
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, 1)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 2)
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, 2)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 3)
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, 3)
         if BOXES > 4:
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 4)
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group,
+                         tile, 4)
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 5)
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group,
+                         tile, 5)
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 6)
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group,
+                         tile, 6)
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 7)
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group,
+                         tile, 7)
 
     @inlined
     def consume(tiles, first, barriers, out, hidden, bias, has_bias, accumulate, maps, out_map,
                 hidden_map, tiles_m, tiles_n, items, k_per_split, K, N, group, thread):
         # consumer `group` (1 or 2): its 64 rows of each of the block's tiles
         values = shared_values()                # (the same shared memory, as out's values)
-        buffers = first + STAGES * STAGE_WORDS + (group - 1) * 2 * BOX_WORDS
-        loaded = barriers + 2 * (2 * STAGES + 2 * (group - 1))
+        buffers = first + STAGES * STAGE_WORDS + (group - 1) * BUFFERS * BOX_WORDS
+        loaded = barriers + 2 * (2 * STAGES + BUFFERS * (group - 1))
         sums = cuda.local.array(SUMS, float32)
         if thread == 0:
             tensormap_acquire(maps, out_map)
             if GELU or GELU_GRAD:
                 tensormap_acquire(maps, hidden_map)
         n = int32(0)                            # the block's slice count, over its tiles
+        tile = int32(0)                         # and its tiles
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
             m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
             row0 = m0 + 64 * (group - 1)
             if GELU_GRAD and thread == 0:       # (the last tile's boxes read: the buffers
                 all_read()                      # are free)
-                load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, n0, 0)
-                load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, n0, 1)
+                for p in range(min(BUFFERS, BOXES)):
+                    load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, n0, p)
             n = multiply_tile(tiles, sums, first, barriers, group, n,
                               (k_end - k_start + BK - 1) // BK)
             store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                       bias, has_bias, accumulate, z, row0, n0, N, thread, group)
+                       bias, has_bias, accumulate, z, row0, n0, N, thread, group, tile)
+            tile += 1
         if thread == 0:
             bulk_wait_all()                     # (out's last boxes written)
 
@@ -327,10 +351,11 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         # another, each padded to a whole slice. maps: the tensor-map table; a_maps[j],
         # b_maps[j], out_map, hidden_map: the rows of a_parts[j], b_parts[j], out, hidden.
         # grid: up to RESIDENT_BLOCKS blocks; block THREADS; dynamic shared memory
-        # SHARED_BYTES: from word `first` on the stages, the buffers, the mbarriers
+        # shared_layout(epilogue)'s bytes: from word `first` on the stages, the buffers, the
+        # mbarriers
         tiles = dynamic_shared_words()
         first = atom_start(tiles)
-        barriers = first + STAGES * STAGE_WORDS + OUT_WORDS
+        barriers = first + STAGES * STAGE_WORDS + 2 * BUFFERS * BOX_WORDS
         S, M, N = out.shape[0], out.shape[1], out.shape[2] * (2 if WORDS else 1)
         # K: the rows of a k-major operand; with both along k, their padded width (its zeros
         # add nothing)
@@ -344,7 +369,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
             for s in range(STAGES):
                 mbarrier_init(tiles, barriers + 2 * s, 1)           # the producer's arrival
                 mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)    # consumers'
-            for q in range(4):
+            for q in range(2 * BUFFERS):
                 mbarrier_init(tiles, barriers + 2 * (2 * STAGES + q), 1)
         cuda.syncthreads()
         group, thread = tid >> 7, tid & 127     # the warpgroup, the thread in it
@@ -422,7 +447,8 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
                    b.words, bias, transpose_a, transpose_b, accumulate,
                    None if gelu_out is None else words_of(gelu_out),
                    None if gelu_input is None else words_of(gelu_input),
-                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=SHARED_BYTES, words=words,
+                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=lambda epilogue: shared_layout(epilogue)[2],
+                   words=words,
                    more_arguments=tensor_map_arguments)
 
 
