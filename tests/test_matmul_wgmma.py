@@ -2,10 +2,10 @@
 float64, in every orientation and epilogue, with split-K. Its blocks are persistent: in the
 simulator one block (RESIDENT_BLOCKS) takes CASES' 2 tiles, so that it carries its copies
 and barriers from one tile into the next; on the GPU the largest case gives each block about
-3 tiles. Sizes are
-multiples of 8 in N (the kernel's pairs), none a multiple of its 128 x 256 tile, and K passes
-the end of a 64-wide slice (the copies' zeros past K). The simulator runs the GPU's own block
-(384 threads, the wgmma twin of kernels/wgmma.py), so its cases are few and small.
+3 tiles. Sizes are multiples of 8 in N (the kernel's pairs), none a multiple of its 128 x 256
+tile, and K passes the end of a 64-wide slice (the copies' zeros past K). The simulator runs
+the GPU's own block (384 threads, the wgmma twin of kernels/wgmma.py), so its cases are few
+and small.
 """
 import numpy as np
 import pytest
@@ -113,8 +113,8 @@ def test_matmul_bf16_takes_wgmma_on_hopper():
 
 def test_matmul_wgmma_products_in_bf16(rng):
     """The bf16 epilogue (words): out, GELU's output and GELU's backward's input as Bf16Matrix
-    words, the rounded float32 results to the bit; with blocks of several tiles (each GELU
-    buffer's mbarrier then counts one phase a tile)."""
+    words, the rounded float32 results to the bit; with blocks of several tiles (GELU's
+    buffers and their mbarriers carried from one tile into the next)."""
     for M, N, K in CASES:
         check_products_in_bf16(rng, lambda out, a, b, bias, **rest: matmul_wgmma.matmul_wgmma(
             out, matmul_bf16.rounded(a), matmul_bf16.rounded(b), bias, **rest), M, N, K)

@@ -45,8 +45,8 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words):
                both, a box of each per pass, in two pairs of buffers (four), so that a pass
                waits for the stores of the pass two before, not the one just issued. GELU's
                backward: its input's box is loaded into the buffer first (TMA, an mbarrier a
-               buffer, two boxes ahead) and the product times gelu' written over it. GELU's exp and
-               division on the special-function unit (gelu_value_sfu). `words`, the bf16
+               buffer, two boxes ahead) and the product times gelu' written over it. GELU's
+               exp and division on the special-function unit (gelu_value_sfu). `words`, the bf16
                epilogue: out is written as the next products read it (a Bf16Matrix's words:
                half float32's bytes, no rounding pass after), GELU's output too (of out as
                rounded), and GELU's backward reads its input so
@@ -97,9 +97,9 @@ def shared_layout(epilogue):
     (a box each), and the block's dynamic shared memory. GELU's epilogue writes two boxes a
     pass: with 2 buffers each pass would wait for the last one's stores to have read them, so
     it takes 4 (two passes in flight) and gives up a stage for them (of the 227 KB an SM gives
-    a block, 4 x 48 KB + 2 x 4 x 8 KB do not fit, 3 x 48 + 2 x 4 x 8 KB do): 0.57x -> 0.60x
-    cuBLAS at andrea-120m's MLP up. GELU's backward measured slower so (0.58x -> 0.55x:
-    docs/perf.md), and keeps 4 stages and 2 buffers."""
+    a block, 4 x 48 KB + 2 x 4 x 8 KB do not fit, 3 x 48 + 2 x 4 x 8 KB do): 0.57x -> 0.597x
+    cuBLAS at andrea-120m's MLP up. GELU's backward is slower so (0.58x -> 0.55x:
+    docs/perf.md) and keeps 4 stages and 2 buffers."""
     stages, buffers = (3, 4) if epilogue == "gelu" else (4, 2)
     barriers = 2 * stages + 2 * buffers     # full[s], empty[s]; each consumer's loaded[b]
     return stages, buffers, (4 * (stages * STAGE_WORDS + 2 * buffers * BOX_WORDS) + ATOM_BYTES
@@ -138,6 +138,10 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
     BOX_COLUMNS = 64 if WORDS else 32   # out's columns in a box
     GROUPS = BOX_COLUMNS // 8           # wgmma's 8-column groups of D in a box
     BOXES = BN // BOX_COLUMNS           # a consumer's boxes a tile: 4 or 8
+    # GELU's backward loads each buffer an even number of times a tile, so that every tile's
+    # first load into it completes a phase of parity 0
+    check(not GELU_GRAD or BOXES // BUFFERS % 2 == 0,
+          "matmul_wgmma: GELU's backward needs an even count of boxes a buffer")
     # before a box is written: at most one group still reading (the other buffer's box, or
     # GELU's other pair of buffers)
     buffer_free = bulk_reads_done[1]
@@ -217,7 +221,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
 
     @inlined
     def store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, p):
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, p):
         # box p (a constant: the sums are registers while every index into them is one) of
         # the consumer's 64 x 256 at (row0, col0): its epilogue written into a buffer, then
         # stored. wgmma's D layout (kernels/wgmma.py): thread 32 w + 4 g + t holds rows
@@ -227,9 +231,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         # GELU: out's box in buffer 2 (p % 2), GELU's in the next; else buffer p % BUFFERS
         buffer = buffers + ((p % 2) * 2 if GELU else p % BUFFERS) * BOX_WORDS
         if GELU_GRAD:                           # (its input has landed in the buffer)
-            # (each buffer's load of the tile-th tile, for the block's boxes one after another)
-            wait_phase(values, loaded + 2 * (p % BUFFERS),
-                       (tile * (BOXES // BUFFERS) + p // BUFFERS) & 1)
+            wait_phase(values, loaded + 2 * (p % BUFFERS), (p // BUFFERS) & 1)
         else:
             if thread == 0:
                 buffer_free()
@@ -285,30 +287,25 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
 
     @inlined
     def store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums, bias,
-                   has_bias, accumulate, z, row0, col0, N, thread, group, tile):
-        # the consumer's boxes of its tile-th tile, one call each (a loop this long is not
-        # unrolled)
+                   has_bias, accumulate, z, row0, col0, N, thread, group):
+        # the consumer's boxes of the tile, one call each (a loop this long is not unrolled)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, 0)
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 0)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, 1)
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 1)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, 2)
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 2)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, tile, 3)
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 3)
         if BOXES > 4:
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group,
-                         tile, 4)
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 4)
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group,
-                         tile, 5)
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 5)
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group,
-                         tile, 6)
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 6)
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group,
-                         tile, 7)
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 7)
 
     @inlined
     def consume(tiles, first, barriers, out, hidden, bias, has_bias, accumulate, maps, out_map,
@@ -323,7 +320,6 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
             if GELU or GELU_GRAD:
                 tensormap_acquire(maps, hidden_map)
         n = int32(0)                            # the block's slice count, over its tiles
-        tile = int32(0)                         # and its tiles
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
             m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
             row0 = m0 + 64 * (group - 1)
@@ -334,8 +330,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
             n = multiply_tile(tiles, sums, first, barriers, group, n,
                               (k_end - k_start + BK - 1) // BK)
             store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                       bias, has_bias, accumulate, z, row0, n0, N, thread, group, tile)
-            tile += 1
+                       bias, has_bias, accumulate, z, row0, n0, N, thread, group)
         if thread == 0:
             bulk_wait_all()                     # (out's last boxes written)
 
@@ -447,8 +442,8 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
                    b.words, bias, transpose_a, transpose_b, accumulate,
                    None if gelu_out is None else words_of(gelu_out),
                    None if gelu_input is None else words_of(gelu_input),
-                   blocks_at_once=RESIDENT_BLOCKS, shared_bytes=lambda epilogue: shared_layout(epilogue)[2],
-                   words=words,
+                   blocks_at_once=RESIDENT_BLOCKS, words=words,
+                   shared_bytes=lambda epilogue: shared_layout(epilogue)[2],
                    more_arguments=tensor_map_arguments)
 
 
