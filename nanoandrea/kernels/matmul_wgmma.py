@@ -21,9 +21,9 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words):
   block        one an SM, persistent (it takes tiles blockIdx.x, + grid, ...; down m first,
                so that the blocks at work at once share op(b)'s columns), 384 threads in 3
                warpgroups with roles (CUTLASS's "warp-specialized" kernels):
-  producer     warpgroup 0's first thread copies every K slice of 64 of each of the block's
+  producer     warpgroup 0: one thread copies every K slice of 64 of each of the block's
                128 x 256 tiles into one of 4 stages of shared memory (48 KB each; 3 with
-               GELU's epilogue, whose boxes take the fourth: shared_layout), by TMA
+               GELU's epilogue, whose buffers take the fourth: shared_layout), by TMA
                (kernels/tma.py): op(a)'s slice as one box of 128 rows of 64 k (a, K-major)
                or two of 64 rows of k by 64 m (a^T, MN-major), op(b)'s as one box of 256 rows
                of 64 k (b^T) or four of 64 k by 64 n (b), each into wgmma's 128-byte swizzle,
@@ -32,31 +32,27 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words):
   consumers    warpgroups 1 and 2: each 64 rows x 256 columns of the tile, 128 float32 sums a
                thread. A slice: wait for its stage's `full` phase, 4 wgmma's (m64n256k16),
                commit, wait for all groups but this one, release the LAST slice's stage: the
-               next slice's wgmma's queue behind this one's, the tensor cores never run dry.
-               Then a consumer writes its 64 x 256 a box at a time (64 rows of 128 bytes: 32
-               float32 or 64 bf16 columns) into slots of its own, the bias added (from
-               memory) and, for GELU's backward, times gelu'(its input), swizzled (a warp's
-               8 rows in 8 bank groups): it waits until the slot is free (an mbarrier),
-               writes, fences its writes for the async proxy and arrives at the slot's
-               `ready` mbarrier, and goes on to its next tile's mainloop
-  epilogue     warpgroup 0's other three warps: the rest of the epilogue, while the
-               consumers multiply again (CUTLASS's epilogue pipeline, with warps of its own).
-               For each box in the order the consumers write them, one thread waits for it
-               to be ready and hands it to the copy engine (cp.async.bulk.tensor; a store, or
-               with `accumulate` the engine's reduce-add, out += box, so out is never read
-               here), then frees the box before it once its store has read it (a bulk
-               group). GELU (the MLP up): all 96 threads first write GELU of the box into one
-               of two boxes of their own, stored beside it (of out as rounded: what the
-               backward reads); exp and division on the special-function unit
-               (gelu_value_sfu) — the work that, done by the consumers, left the tensor cores
-               idle. GELU's backward: the thread loads its input's boxes into the slots
-               ahead (TMA; the slot is then free once they have landed). `words`, the bf16
+               next slice's wgmma's queue behind this one's, the tensor cores never run dry
+  epilogue     a consumer hands its 64 x 256 to the copy engine a box at a time (64 rows of
+               128 bytes: 32 float32 or 64 bf16 columns) through two 8 KB buffers of its own:
+               it waits until the buffer's last box has been read (a bulk group), writes its
+               sums there with the epilogue applied (swizzled: a warp's 8 rows in 8 bank
+               groups), fences them for the async proxy, meets its warpgroup at a named
+               barrier, and one thread stores the box (cp.async.bulk.tensor; `accumulate`:
+               the engine's reduce-add, out += box, so out is never read here). The stores
+               land while the consumer multiplies its next tile.
+               bias: from memory into the sums. GELU (the MLP up): out and GELU's output
+               both, a box of each per pass, in two pairs of buffers (four), so that a pass
+               waits for the stores of the pass two before, not the one just issued. GELU's
+               backward: its input's box is loaded into the buffer first (TMA, an mbarrier a
+               buffer, two boxes ahead) and the product times gelu' written over it. GELU's
+               exp and division on the special-function unit (gelu_value_sfu). `words`, the bf16
                epilogue: out is written as the next products read it (a Bf16Matrix's words:
-               half float32's bytes, no rounding pass after), GELU's output too, and GELU's
-               backward reads its input so
-  registers    setmaxnreg: the producer's warpgroup drops to 72 registers a thread (the
-               epilogue warps' GELU spills in 64), the consumers rise to 216 (the block's
-               65,536 / 384 = 168 each would spill the mainloop's addresses)
+               half float32's bytes, no rounding pass after), GELU's output too (of out as
+               rounded), and GELU's backward reads its input so
+  registers    setmaxnreg: the producer warpgroup drops to 40 registers a thread, the
+               consumers rise to 232 (the block's 65,536 / 384 = 168 each would spill the
+               epilogue's addresses)
   split-K      as matmul.py: the tiles of every slice of K are the blocks' work; their partial
                sums are added in a fixed order (matmul.sum_splits)
 Operands and out are named by tensor maps (kernels/tma.py: a device table, made once for each
@@ -74,7 +70,7 @@ from .sharedmem import dynamic_shared_floats
 from .tensorcores import bf16_pair, bf16_unpair
 from .tma import (ROW_WORDS, arrive_expect_tx, barrier_sync, box_add, box_load, box_store,
                   bulk_commit, bulk_reads_done, bulk_wait_all, mbarrier_arrive, mbarrier_init,
-                  fewer_registers, more_registers, tensor_maps, tensormap_acquire, wait_phase)
+                  registers_down, registers_up, tensor_maps, tensormap_acquire, wait_phase)
 from .vector import aligned16, load2
 from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start, dynamic_shared_words,
                     fence_for, fence_proxy_async, hopper, wait_for, wgmma_commit,
@@ -83,7 +79,6 @@ from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start, dynamic_shared_wo
 BM, BN, BK = 128, 256, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
 GROUP = 128                     # threads a warpgroup
 THREADS = 3 * GROUP             # the producer, then two consumers of 64 rows each
-EPILOGUE_THREADS = GROUP - 32   # the producer's warpgroup but its first warp: the epilogue
 PAIRS = 3                       # products summed in one pass at most (attention's q, k, v dX)
 A_WORDS = BM * ROW_WORDS        # op(a)'s slice: 128 rows x 64 k, or 64 k x 2 x 64 m   16 KB
 BLOCK_WORDS = BK * ROW_WORDS    # an MN-major box: 64 rows of k x 64 columns            8 KB
@@ -93,30 +88,22 @@ BOX_ROWS = 64                   # a box of out: a consumer's 64 rows x 128 bytes
 BOX_WORDS = BOX_ROWS * ROW_WORDS
 SUMS = BN // 2                  # a consumer thread's float32s of its 64 x 256
 RESIDENT_BLOCKS = 1 if SIMULATOR else MULTIPROCESSORS
-# setmaxnreg: the producer's warpgroup (its copies, then the epilogue warps' GELU) and the
-# consumers (128 sums and the mainloop's addresses). setmaxnreg moves registers between the
-# block's warpgroups, no more: the launch gives the block 168 a thread (65,536 / 384, down to
-# a multiple of 8), so (72 + 2 x 216) x 128 = 168 x 384. Asking for more, a consumer's
-# setmaxnreg.inc would wait forever
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 72, 216
-BLOCK_REGISTERS = 65536 // THREADS // 8 * 8 * THREADS
-check((PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) * GROUP <= BLOCK_REGISTERS,
-      "matmul_wgmma: the warpgroups' registers exceed the block's")
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
 fence_sums, wait_all, wait_but_one = fence_for(SUMS), wait_for(SUMS), wait_for(SUMS, pending=1)
 
 
 def shared_layout(epilogue):
-    """(stages, slots, bytes): the K slices in shared memory, each consumer's slots for boxes
-    of out, and the block's dynamic shared memory (of the 227 KB an SM gives a block). GELU
-    takes a slot for each of a tile's boxes (its epilogue warps, with most to do, then keep
-    up over a whole mainloop) and two boxes for its output: 3 stages. The others keep 4
-    stages and 2 slots."""
-    stages, slots = (3, 4) if epilogue == "gelu" else (4, 2)
-    boxes = 2 * slots + (2 if epilogue == "gelu" else 0)
-    barriers = 2 * stages + 2 * 2 * slots   # full[s], empty[s]; each slot's ready, free
-    return stages, slots, (4 * (stages * STAGE_WORDS + boxes * BOX_WORDS) + ATOM_BYTES
-                           + 8 * barriers)
+    """(stages, buffers, bytes): the K slices in shared memory, each consumer's buffers of out
+    (a box each), and the block's dynamic shared memory. GELU's epilogue writes two boxes a
+    pass: with 2 buffers each pass would wait for the last one's stores to have read them, so
+    it takes 4 (two passes in flight) and gives up a stage for them (of the 227 KB an SM gives
+    a block, 4 x 48 KB + 2 x 4 x 8 KB do not fit, 3 x 48 + 2 x 4 x 8 KB do): 0.57x -> 0.597x
+    cuBLAS at andrea-120m's MLP up. GELU's backward is slower so (0.58x -> 0.55x:
+    docs/perf.md) and keeps 4 stages and 2 buffers."""
+    stages, buffers = (3, 4) if epilogue == "gelu" else (4, 2)
+    barriers = 2 * stages + 2 * buffers     # full[s], empty[s]; each consumer's loaded[b]
+    return stages, buffers, (4 * (stages * STAGE_WORDS + 2 * buffers * BOX_WORDS) + ATOM_BYTES
+                             + 8 * barriers)
 
 
 @inlined
@@ -141,8 +128,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
     WORDS = words
-    STAGES, SLOTS, _ = shared_layout(epilogue)
-    GELU_BUFFERS = 2 if GELU else 0     # GELU's output: the epilogue warps' two boxes
+    STAGES, BUFFERS, _ = shared_layout(epilogue)
     multiply = wgmma_m64nNk16(BN, K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
                               K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
     load_a = box_load(BM if A_ALONG_K else BK, True)
@@ -152,17 +138,14 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
     BOX_COLUMNS = 64 if WORDS else 32   # out's columns in a box
     GROUPS = BOX_COLUMNS // 8           # wgmma's 8-column groups of D in a box
     BOXES = BN // BOX_COLUMNS           # a consumer's boxes a tile: 4 or 8
-    check(BOXES % SLOTS == 0, "matmul_wgmma: a tile's boxes fill whole rounds of the slots")
-    last_read, all_read = bulk_reads_done[1], bulk_reads_done[0]
-    producer_registers = fewer_registers(PRODUCER_REGISTERS)
-    consumer_registers = more_registers(CONSUMER_REGISTERS)
-    # the mbarriers, from word `barriers` on, 2 words each: full[s] and empty[s] of each stage,
-    # then each consumer's ready[q] and free[q] of each of its slots
-    READY, FREE = 2 * STAGES, 2 * STAGES + 2 * SLOTS
-    # a consumer waits for a slot's phase of this parity ^ its use's: GELU's backward for its
-    # input to have landed there (each use's own load), else for its last store to have read
-    # it (a fresh barrier's "previous" phase counts as complete: the first use waits for none)
-    FREE_PARITY = 0 if GELU_GRAD else 1
+    # GELU's backward loads each buffer an even number of times a tile, so that every tile's
+    # first load into it completes a phase of parity 0
+    check(not GELU_GRAD or BOXES // BUFFERS % 2 == 0,
+          "matmul_wgmma: GELU's backward needs an even count of boxes a buffer")
+    # before a box is written: at most one group still reading (the other buffer's box, or
+    # GELU's other pair of buffers)
+    buffer_free = bulk_reads_done[1]
+    all_read = bulk_reads_done[0]
 
     @inlined
     def produce(tiles, a_parts, b_parts, maps, a_maps, b_maps, pairs, k_pair, first, barriers,
@@ -229,17 +212,30 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         return (col0 + BOX_COLUMNS * p) >> 1 if WORDS else col0 + BOX_COLUMNS * p
 
     @inlined
-    def write_box(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0, p):
+    def load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, col0, p):
+        # GELU's backward: its input's box p into buffer p % BUFFERS, counted off its loaded
+        barrier = loaded + 2 * (p % BUFFERS)
+        arrive_expect_tx(values, barrier, 4 * BOX_WORDS)
+        load_box(values, buffers + (p % BUFFERS) * BOX_WORDS, maps, hidden_map, hidden,
+                 box_column(col0, p), row0, 0, barrier)
+
+    @inlined
+    def store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, p):
         # box p (a constant: the sums are registers while every index into them is one) of
-        # the consumer's 64 x 256 at column col0, the block's box u0 + p of this consumer,
-        # into its slot once the slot is free, the epilogue applied; then ready for the
-        # epilogue warps to store. wgmma's D layout (kernels/wgmma.py): thread 32 w + 4 g + t
-        # holds rows 16 w + g and 8 more, columns 8 j + 2 t and the next, in sums[4 j .. +3]
-        q = p % SLOTS
-        slot = slots + q * BOX_WORDS
-        wait_phase(values, free + 2 * q, (((u0 + p) // SLOTS) & 1) ^ FREE_PARITY)
+        # the consumer's 64 x 256 at (row0, col0): its epilogue written into a buffer, then
+        # stored. wgmma's D layout (kernels/wgmma.py): thread 32 w + 4 g + t holds rows
+        # 16 w + g and 8 more, columns 8 j + 2 t and the next, in sums[4 j .. 4 j + 3]
         warp, lane = thread >> 5, thread & 31
         row, t = 16 * warp + (lane >> 2), lane & 3
+        # GELU: out's box in buffer 2 (p % 2), GELU's in the next; else buffer p % BUFFERS
+        buffer = buffers + ((p % 2) * 2 if GELU else p % BUFFERS) * BOX_WORDS
+        if GELU_GRAD:                           # (its input has landed in the buffer)
+            wait_phase(values, loaded + 2 * (p % BUFFERS), (p // BUFFERS) & 1)
+        else:
+            if thread == 0:
+                buffer_free()
+            barrier_sync(group, GROUP)
         for jj in range(GROUPS):
             j = GROUPS * p + jj                 # columns 8 j .. 8 j + 7 of the 256
             c = col0 + 8 * j + 2 * t            # out's column of the thread's pair
@@ -250,11 +246,11 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                 r = row + 8 * h
                 # the pair's place in the box: a word (words) or two floats, swizzled
                 if WORDS:
-                    at = slot + r * ROW_WORDS + 4 * (jj ^ (r & 7)) + t
+                    at = buffer + r * ROW_WORDS + 4 * (jj ^ (r & 7)) + t
                 else:
-                    at = slot + r * ROW_WORDS + 4 * ((2 * jj + (t >> 1)) ^ (r & 7)) + 2 * (t & 1)
+                    at = buffer + r * ROW_WORDS + 4 * ((2 * jj + (t >> 1)) ^ (r & 7)) + 2 * (t & 1)
                 x0, x1 = sums[4 * j + 2 * h] + b0, sums[4 * j + 2 * h + 1] + b1
-                if GELU_GRAD:                   # (its input, landed in the slot)
+                if GELU_GRAD:
                     if WORDS:
                         g0, g1 = bf16_unpair(values[at])
                     else:
@@ -262,131 +258,80 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                     x0 *= gelu_derivative_sfu(g0)
                     x1 *= gelu_derivative_sfu(g1)
                 if WORDS:
-                    values[at] = bf16_pair(x0, x1)
+                    pair = bf16_pair(x0, x1)
+                    values[at] = pair
+                    if GELU:                    # (of the values as rounded: what backward
+                        r0, r1 = bf16_unpair(pair)                              # reads)
+                        values[at + BOX_WORDS] = bf16_pair(gelu_value_sfu(r0),
+                                                           gelu_value_sfu(r1))
                 else:
                     values[at], values[at + 1] = x0, x1
+                    if GELU:
+                        values[at + BOX_WORDS] = gelu_value_sfu(x0)
+                        values[at + BOX_WORDS + 1] = gelu_value_sfu(x1)
         fence_proxy_async()                     # (the writes, seen by the copy engine)
-        mbarrier_arrive(values, ready + 2 * q)
+        barrier_sync(group, GROUP)
+        if thread == 0:
+            x = box_column(col0, p)
+            if accumulate:
+                box_add(values, buffer, maps, out_map, out, x, row0, z)
+            else:
+                store_box(values, buffer, maps, out_map, out, x, row0, z)
+            if GELU:
+                store_box(values, buffer + BOX_WORDS, maps, hidden_map, hidden, x, row0, 0)
+            bulk_commit()
+            if GELU_GRAD and p + BUFFERS < BOXES:   # the box BUFFERS on, once this one is read
+                all_read()
+                load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, col0,
+                           p + BUFFERS)
 
     @inlined
-    def write_tile(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0):
+    def store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums, bias,
+                   has_bias, accumulate, z, row0, col0, N, thread, group):
         # the consumer's boxes of the tile, one call each (a loop this long is not unrolled)
-        write_box(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0, 0)
-        write_box(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0, 1)
-        write_box(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0, 2)
-        write_box(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0, 3)
+        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 0)
+        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 1)
+        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 2)
+        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 3)
         if BOXES > 4:
-            write_box(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0, 4)
-            write_box(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0, 5)
-            write_box(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0, 6)
-            write_box(values, slots, ready, free, sums, bias, has_bias, col0, N, thread, u0, 7)
+            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 4)
+            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 5)
+            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 6)
+            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 7)
 
     @inlined
-    def consume(tiles, first, barriers, bias, has_bias, tiles_m, tiles_n, items, k_per_split,
-                K, N, group, thread):
+    def consume(tiles, first, barriers, out, hidden, bias, has_bias, accumulate, maps, out_map,
+                hidden_map, tiles_m, tiles_n, items, k_per_split, K, N, group, thread):
         # consumer `group` (1 or 2): its 64 rows of each of the block's tiles
         values = shared_values()                # (the same shared memory, as out's values)
-        slots = first + STAGES * STAGE_WORDS + (group - 1) * SLOTS * BOX_WORDS
-        ready = barriers + 2 * (READY + (group - 1) * SLOTS)
-        free = barriers + 2 * (FREE + (group - 1) * SLOTS)
+        buffers = first + STAGES * STAGE_WORDS + (group - 1) * BUFFERS * BOX_WORDS
+        loaded = barriers + 2 * (2 * STAGES + BUFFERS * (group - 1))
         sums = cuda.local.array(SUMS, float32)
-        n, u0 = int32(0), int32(0)              # the block's slices and boxes so far
-        for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
-            _, n0, _, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
-            n = multiply_tile(tiles, sums, first, barriers, group, n,
-                              (k_end - k_start + BK - 1) // BK)
-            write_tile(values, slots, ready, free, sums, bias, has_bias, n0, N, thread, u0)
-            u0 += BOXES
-
-    @inlined
-    def load_input(values, slots, free, maps, hidden_map, hidden, tiles_m, tiles_n, items,
-                   k_per_split, K, c, u):
-        # GELU's backward: consumer c's box u of the block (if the block has it) of its input
-        # into the box's slot, counted off the slot's free barrier
-        item = cuda.blockIdx.x + (u // BOXES) * cuda.gridDim.x
-        if item < items:
-            m0, n0, _, _, _ = tile_of(item, tiles_m, tiles_n, k_per_split, K)
-            q = c * SLOTS + u % SLOTS
-            arrive_expect_tx(values, free + 2 * q, 4 * BOX_WORDS)
-            load_box(values, slots + q * BOX_WORDS, maps, hidden_map, hidden,
-                     box_column(n0, u % BOXES), m0 + 64 * c, 0, free + 2 * q)
-
-    @inlined
-    def gelu_of_box(values, slot, gelu_buffer, e):
-        # GELU of each value of the box at `slot` into the same place of the box at
-        # gelu_buffer (both in the swizzle: a value's place is the same in each), thread e of
-        # the epilogue warps taking words e, e + 96, ...: four at a time, independent
-        for w0 in range(0, BOX_WORDS, 4 * EPILOGUE_THREADS):
-            for i in range(4):
-                w = w0 + i * EPILOGUE_THREADS + e
-                if w < BOX_WORDS:
-                    if WORDS:                   # (of the values as rounded: what backward
-                        r0, r1 = bf16_unpair(values[slot + w])                   # reads)
-                        values[gelu_buffer + w] = bf16_pair(gelu_value_sfu(r0),
-                                                            gelu_value_sfu(r1))
-                    else:
-                        values[gelu_buffer + w] = gelu_value_sfu(values[slot + w])
-
-    @inlined
-    def finish(tiles, first, barriers, out, hidden, accumulate, maps, out_map, hidden_map,
-               tiles_m, tiles_n, items, k_per_split, K, e):
-        # the epilogue warps (e: their thread, 0 .. 95): each box the consumers write, in the
-        # order they write them, stored by thread 0 (GELU of it computed by all, and stored
-        # too); each slot freed for its consumer once its store has read it (GELU's backward:
-        # its next input loaded there)
-        values = shared_values()
-        slots = first + STAGES * STAGE_WORDS
-        gelu_buffers = slots + 2 * SLOTS * BOX_WORDS
-        ready, free = barriers + 2 * READY, barriers + 2 * FREE
-        leader = e == 0
-        if leader:
+        if thread == 0:
             tensormap_acquire(maps, out_map)
             if GELU or GELU_GRAD:
                 tensormap_acquire(maps, hidden_map)
-            if GELU_GRAD:                       # (the first tile's first inputs)
-                for u in range(SLOTS):
-                    for c in range(2):
-                        load_input(values, slots, free, maps, hidden_map, hidden, tiles_m,
-                                   tiles_n, items, k_per_split, K, c, u)
-        stored = int32(0)                       # boxes stored: GELU's buffer alternates
-        last_free = int32(-1)                   # the slot of the last box stored
-        u0 = int32(0)
+        n = int32(0)                            # the block's slice count, over its tiles
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
-            m0, n0, z, _, _ = tile_of(item, tiles_m, tiles_n, k_per_split, K)
-            for p in range(BOXES):
-                x = box_column(n0, p)
-                for c in range(2):
-                    q = c * SLOTS + p % SLOTS
-                    slot = slots + q * BOX_WORDS
-                    if GELU or leader:
-                        wait_phase(values, ready + 2 * q, ((u0 + p) // SLOTS) & 1)
-                    gelu_buffer = gelu_buffers + (stored % 2) * BOX_WORDS
-                    if GELU:                    # (its last store has read it: thread 0's
-                        barrier_sync(1, EPILOGUE_THREADS)       # wait, a box ago)
-                        gelu_of_box(values, slot, gelu_buffer, e)
-                        fence_proxy_async()
-                        barrier_sync(1, EPILOGUE_THREADS)
-                    if leader:
-                        if accumulate:
-                            box_add(values, slot, maps, out_map, out, x, m0 + 64 * c, z)
-                        else:
-                            store_box(values, slot, maps, out_map, out, x, m0 + 64 * c, z)
-                        if GELU:
-                            store_box(values, gelu_buffer, maps, hidden_map, hidden, x,
-                                      m0 + 64 * c, 0)
-                        bulk_commit()
-                        if GELU_GRAD:           # the box SLOTS on, once this one is read
-                            all_read()
-                            load_input(values, slots, free, maps, hidden_map, hidden, tiles_m,
-                                       tiles_n, items, k_per_split, K, c, u0 + p + SLOTS)
-                        else:                   # the last box's slot: its store has read it
-                            last_read()
-                            if last_free >= 0:
-                                mbarrier_arrive(values, free + 2 * last_free)
-                            last_free = q
-                    stored += 1
-            u0 += BOXES
-        if leader:
+            m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
+            row0 = m0 + 64 * (group - 1)
+            if GELU_GRAD and thread == 0:       # (the last tile's boxes read: the buffers
+                all_read()                      # are free)
+                for p in range(min(BUFFERS, BOXES)):
+                    load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, n0, p)
+            n = multiply_tile(tiles, sums, first, barriers, group, n,
+                              (k_end - k_start + BK - 1) // BK)
+            store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                       bias, has_bias, accumulate, z, row0, n0, N, thread, group)
+        if thread == 0:
             bulk_wait_all()                     # (out's last boxes written)
 
     @cuda.jit(**BOUNDS)
@@ -401,11 +346,11 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
         # another, each padded to a whole slice. maps: the tensor-map table; a_maps[j],
         # b_maps[j], out_map, hidden_map: the rows of a_parts[j], b_parts[j], out, hidden.
         # grid: up to RESIDENT_BLOCKS blocks; block THREADS; dynamic shared memory
-        # shared_layout(epilogue)'s bytes: from word `first` on the stages, the consumers'
-        # slots, GELU's buffers, the mbarriers
+        # shared_layout(epilogue)'s bytes: from word `first` on the stages, the buffers, the
+        # mbarriers
         tiles = dynamic_shared_words()
         first = atom_start(tiles)
-        barriers = first + STAGES * STAGE_WORDS + (2 * SLOTS + GELU_BUFFERS) * BOX_WORDS
+        barriers = first + STAGES * STAGE_WORDS + 2 * BUFFERS * BOX_WORDS
         S, M, N = out.shape[0], out.shape[1], out.shape[2] * (2 if WORDS else 1)
         # K: the rows of a k-major operand; with both along k, their padded width (its zeros
         # add nothing)
@@ -419,23 +364,20 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
             for s in range(STAGES):
                 mbarrier_init(tiles, barriers + 2 * s, 1)           # the producer's arrival
                 mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)    # consumers'
-            for q in range(2 * SLOTS):
-                mbarrier_init(tiles, barriers + 2 * (READY + q), GROUP)         # a consumer's
-                mbarrier_init(tiles, barriers + 2 * (FREE + q), 1)      # the epilogue's leader
+            for q in range(2 * BUFFERS):
+                mbarrier_init(tiles, barriers + 2 * (2 * STAGES + q), 1)
         cuda.syncthreads()
         group, thread = tid >> 7, tid & 127     # the warpgroup, the thread in it
         if group == 0:
-            producer_registers()
+            registers_down()
             if thread == 0:
                 produce(tiles, a_parts, b_parts, maps, a_maps, b_maps, pairs, k_pair, first,
                         barriers, tiles_m, tiles_n, items, k_per_split, K)
-            elif thread >= 32:
-                finish(tiles, first, barriers, out, hidden, accumulate, maps, out_map,
-                       hidden_map, tiles_m, tiles_n, items, k_per_split, K, thread - 32)
         else:
-            consumer_registers()
-            consume(tiles, first, barriers, bias, has_bias, tiles_m, tiles_n, items,
-                    k_per_split, K, N, group, thread)
+            registers_up()
+            consume(tiles, first, barriers, out, hidden, bias, has_bias, accumulate, maps,
+                    out_map, hidden_map, tiles_m, tiles_n, items, k_per_split, K, N, group,
+                    thread)
 
     return wgmma_matmul_kernel
 

@@ -22,7 +22,6 @@ a simulator twin.
                                                  threads of the block have reached it
     registers_down(); registers_up()             setmaxnreg: this warpgroup's registers to
                                                  PRODUCER_REGISTERS / CONSUMER_REGISTERS
-    fewer_registers(n)(); more_registers(n)()    ... to n (a multiple of 8)
 
 A TENSOR MAP is 128 bytes the CUDA driver encodes (cuTensorMapEncodeTiled) that describe a
 tensor in global memory (here always 3-D: columns, rows, planes; its base, sizes and strides)
@@ -68,7 +67,12 @@ from .launch import SIMULATOR, inlined, is_recording, scratch
 
 ROW_WORDS = 32                  # a box's row in shared memory: 128 bytes
 BOX_BYTES_ROW = 4 * ROW_WORDS
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232    # (40 + 2 x 232) x 128 = 168 x 384
+# setmaxnreg moves registers between a block's warpgroups, no more: a block of 3 warpgroups is
+# launched with 168 a thread (65,536 / 384, down to a multiple of 8), so (40 + 2 x 232) x 128
+# = 168 x 384. A warpgroup asking for more would wait in setmaxnreg.inc forever
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
+BLOCK_REGISTERS = 65536 // 384 // 8 * 8 * 384
+assert (PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) * 128 <= BLOCK_REGISTERS
 
 if SIMULATOR:
     # Each barrier has a condition (all on one lock): a thread that finds its phase open
@@ -147,12 +151,8 @@ if SIMULATOR:
     def registers_down():
         pass
 
-    registers_up = registers_down
-
-    def fewer_registers(count):
-        return registers_down
-
-    more_registers = fewer_registers
+    def registers_up():
+        pass
 
     @functools.cache
     def box_load(rows, pairs):
@@ -243,18 +243,8 @@ else:
 
     bulk_commit = _statement("cp.async.bulk.commit_group;")
     bulk_wait_all = _statement("cp.async.bulk.wait_group 0;")
-    @functools.cache
-    def fewer_registers(count):
-        """setmaxnreg: this warpgroup's registers down to `count` a thread."""
-        return _statement(f"setmaxnreg.dec.sync.aligned.u32 {count};")
-
-    @functools.cache
-    def more_registers(count):
-        """setmaxnreg: this warpgroup's registers up to `count` a thread."""
-        return _statement(f"setmaxnreg.inc.sync.aligned.u32 {count};")
-
-    registers_down = fewer_registers(PRODUCER_REGISTERS)
-    registers_up = more_registers(CONSUMER_REGISTERS)
+    registers_down = _statement(f"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};")
+    registers_up = _statement(f"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};")
     # bulk_reads_done[n](): until at most n of this thread's groups still read shared memory
     bulk_reads_done = {n: _statement(f"cp.async.bulk.wait_group.read {n};") for n in (0, 1)}
 
