@@ -11,8 +11,9 @@ One exp and one division instead of tanh, and more accurate: 1 + tanh(u) cancels
 is tiny (x << 0) and 1 - tanh(u)^2 where tanh(u) is close to 1, while 1 + exp(-2u) does not and
 1 - s = e s with e = exp(-2u). The NumPy twin uses the same form; tests/test_kernels.py checks
 both element by element against float64. gelu_value_sfu and gelu_derivative_sfu are the same
-formulas with exp and the division on the special-function unit (kernels/sfu.py): the bf16
-products' epilogues, where a result is rounded to 8 bits of mantissa.
+formulas with exp and the division on the special-function unit (kernels/sfu.py) and their
+constants folded: the bf16 products' epilogues, where a result is rounded to 8 bits of
+mantissa.
 
 The work is four bytes read and four written per element, so the kernels are bound by memory
 bandwidth: when every array is 16-byte aligned and the size a multiple of 4 (always so for
@@ -35,8 +36,12 @@ CUBIC = float32(0.044715)
 # so the clamp costs no accuracy and keeps e finite: e s is never inf * 0 (and the simulator runs
 # Python's math.exp, which raises where the GPU's would give inf).
 EXP_LIMIT = float32(88.0)
-MINUS_2_LOG2E = float32(-2.0 / math.log(2.0))     # e^(-2u) = 2^(-2u log2 e)
 EXP2_LIMIT = float32(88.0 / math.log(2.0))
+# e^(-2u) = 2^t, t = -2u log2 e = x (EXPONENT + EXPONENT_CUBIC x^2); 2 du = SLOPE + SLOPE_CUBIC x^2
+EXPONENT = float32(-2.0 / math.log(2.0) * math.sqrt(2.0 / math.pi))
+EXPONENT_CUBIC = float32(-2.0 / math.log(2.0) * math.sqrt(2.0 / math.pi) * 0.044715)
+SLOPE = float32(2.0 * math.sqrt(2.0 / math.pi))
+SLOPE_CUBIC = float32(2.0 * math.sqrt(2.0 / math.pi) * 3 * 0.044715)
 
 
 @inlined
@@ -49,11 +54,14 @@ def sigmoid_parts(x):
 
 @inlined
 def sigmoid_parts_sfu(x):
-    # sigmoid_parts on the special-function unit (kernels/sfu.py): e = 2^(-2u log2 e), one
-    # MUFU.EX2 where math.exp is ten instructions, and s by one MUFU.RCP where a division is a
-    # dozen. Each errs by ~2^-22, 1/30,000 of bf16's rounding; past the clamp s flushes to 0
-    u = SQRT_2_OVER_PI * (x + CUBIC * x * x * x)
-    e = exp2_fast(min(MINUS_2_LOG2E * u, EXP2_LIMIT))
+    # sigmoid_parts on the special-function unit (kernels/sfu.py): e = 2^t, one MUFU.EX2 where
+    # math.exp is ten instructions, and s by one MUFU.RCP where a division is a dozen. Each
+    # errs by ~2^-22, 1/30,000 of bf16's rounding; past the clamp s flushes to 0. The
+    # exponent t = -2u log2 e = x (a + b x^2) with its constants folded: three instructions,
+    # where -2 log2 e sqrt(2/pi) (x + 0.044715 x^3) as written is five (float32's products are
+    # not reassociated for us)
+    t = x * (EXPONENT + EXPONENT_CUBIC * (x * x))
+    e = exp2_fast(min(t, EXP2_LIMIT))
     return reciprocal_fast(float32(1.0) + e), e
 
 
@@ -87,8 +95,9 @@ def gelu_value_sfu(x):
 
 @inlined
 def gelu_derivative_sfu(x):
+    # derivative_of_parts with 2 du = c + d x^2 folded likewise
     s, e = sigmoid_parts_sfu(x)
-    return derivative_of_parts(x, s, e)
+    return s + x * (SLOPE + SLOPE_CUBIC * (x * x)) * s * (e * s)
 
 
 @cuda.jit
