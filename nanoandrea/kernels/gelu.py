@@ -57,9 +57,9 @@ def sigmoid_parts_sfu(x):
     # sigmoid_parts on the special-function unit (kernels/sfu.py): e = 2^t, one MUFU.EX2 where
     # math.exp is ten instructions, and s by one MUFU.RCP where a division is a dozen. Each
     # errs by ~2^-22, 1/30,000 of bf16's rounding; past the clamp s flushes to 0. The
-    # exponent t = -2u log2 e = x (a + b x^2) with its constants folded: three instructions,
-    # where -2 log2 e sqrt(2/pi) (x + 0.044715 x^3) as written is five (float32's products are
-    # not reassociated for us)
+    # exponent t = -2u log2 e = x (EXPONENT + EXPONENT_CUBIC x^2), its constants folded: three
+    # instructions, where -2 log2 e sqrt(2/pi) (x + 0.044715 x^3) as written is five
+    # (float32's products are not reassociated for us)
     t = x * (EXPONENT + EXPONENT_CUBIC * (x * x))
     e = exp2_fast(min(t, EXP2_LIMIT))
     return reciprocal_fast(float32(1.0) + e), e
@@ -95,7 +95,7 @@ def gelu_value_sfu(x):
 
 @inlined
 def gelu_derivative_sfu(x):
-    # derivative_of_parts with 2 du = c + d x^2 folded likewise
+    # derivative_of_parts with 2 du = SLOPE + SLOPE_CUBIC x^2 folded likewise
     s, e = sigmoid_parts_sfu(x)
     return s + x * (SLOPE + SLOPE_CUBIC * (x * x)) * s * (e * s)
 

@@ -97,9 +97,8 @@ def shared_layout(epilogue):
     (a box each), and the block's dynamic shared memory. GELU's epilogue writes two boxes a
     pass: with 2 buffers each pass would wait for the last one's stores to have read them, so
     it takes 4 (two passes in flight) and gives up a stage for them (of the 227 KB an SM gives
-    a block, 4 x 48 KB + 2 x 4 x 8 KB do not fit, 3 x 48 + 2 x 4 x 8 KB do): 0.57x -> 0.597x
-    cuBLAS at andrea-120m's MLP up. GELU's backward is slower so (0.58x -> 0.55x:
-    docs/perf.md) and keeps 4 stages and 2 buffers."""
+    a block, 4 x 48 KB + 2 x 4 x 8 KB do not fit, 3 x 48 + 2 x 4 x 8 KB do). GELU's backward
+    measures slower so and keeps 4 stages and 2 buffers (docs/perf.md)."""
     stages, buffers = (3, 4) if epilogue == "gelu" else (4, 2)
     barriers = 2 * stages + 2 * buffers     # full[s], empty[s]; each consumer's loaded[b]
     return stages, buffers, (4 * (stages * STAGE_WORDS + 2 * buffers * BOX_WORDS) + ATOM_BYTES

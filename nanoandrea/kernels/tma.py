@@ -71,8 +71,9 @@ BOX_BYTES_ROW = 4 * ROW_WORDS
 # launched with 168 a thread (65,536 / 384, down to a multiple of 8), so (40 + 2 x 232) x 128
 # = 168 x 384. A warpgroup asking for more would wait in setmaxnreg.inc forever
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
-BLOCK_REGISTERS = 65536 // 384 // 8 * 8 * 384
-assert (PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) * 128 <= BLOCK_REGISTERS
+_GROUP = 128                    # threads a warpgroup; the block: a producer, two consumers
+_LAUNCHED = 65536 // (3 * _GROUP) // 8 * 8 * (3 * _GROUP)
+assert (PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) * _GROUP <= _LAUNCHED
 
 if SIMULATOR:
     # Each barrier has a condition (all on one lock): a thread that finds its phase open
