@@ -414,6 +414,10 @@ def bench_attention(args):
                 row("attention", name + " fwd+bwd, q k v bf16",
                     kernel_ms(lambda: (forward_bf16(), backward_bf16()), args), flops_fwd * 3.5,
                     "TFLOP/s", kernel_ms(torch_both, args), "SDPA")
+                for side, fn in (("ours", lambda: (forward_bf16(), backward_bf16())),
+                                 ("SDPA", torch_both)):
+                    print(f"  {label} fwd+bwd, q k v bf16, the kernels of {side}:")
+                    print_kernel_times(kernel_times(fn, 10), 12)
 
 
 def head_errors(q, k, v, dout, out, dq, dk, dv, b, h):
@@ -551,34 +555,44 @@ def kernel_name(name):
     return ".".join(name.split("::")[2:])
 
 
-def bench_profile(args):
-    """Each kernel's GPU time in one training step, ours and PyTorch's side by side, recorded
-    by the CUDA profiling interface (through torch.profiler: it sees every kernel of the
-    process, Numba's too). Our step runs eagerly here: the same kernels a graph replays."""
+def kernel_times(fn, calls):
+    """{kernel: (launches a call, ms a call)} of fn's GPU kernels, recorded by the CUDA
+    profiling interface (through torch.profiler: it sees every kernel of the process, Numba's
+    too), fn run 3 times first."""
     from torch.profiler import ProfilerActivity, profile
-    steps = 3
+    for _ in range(3):
+        fn()
+    cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        cuda.synchronize()
+    totals = {}
+    for event in prof.events():
+        if event.device_type.name != "CUDA":
+            continue
+        entry = totals.setdefault(kernel_name(event.name), [0, 0.0])
+        entry[0] += 1
+        entry[1] += event.time_range.elapsed_us() / 1e3
+    return {name: (count // calls, ms / calls) for name, (count, ms) in totals.items()}
+
+
+def print_kernel_times(times, top):
+    total = sum(ms for _, ms in times.values())
+    for name, (count, ms) in sorted(times.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {name:60s} {count:4d}/call {ms:8.3f} ms {1e3 * ms / count:9.1f} us each "
+              f"{100 * ms / total:5.1f}%")
+
+
+def bench_profile(args):
+    """Each kernel's GPU time in one training step, ours and PyTorch's side by side
+    (kernel_times). Our step runs eagerly here: the same kernels a graph replays."""
     for preset, B, T, config, ours, baselines in e2e_cases(args):
         for side, fn in (("ours", ours(False)), *baselines.items()):
-            for _ in range(3):
-                fn()
-            cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(steps):
-                    fn()
-                cuda.synchronize()
-            totals = {}
-            for event in prof.events():
-                if event.device_type.name != "CUDA":
-                    continue
-                entry = totals.setdefault(kernel_name(event.name), [0, 0.0])
-                entry[0] += 1
-                entry[1] += event.time_range.elapsed_us() / 1e3
-            total = sum(ms for _, ms in totals.values())
-            print(f"profile: {preset} B={B} T={T}, {side}: {total / steps:.2f} ms of kernels "
-                  f"per step")
-            for name, (count, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:args.top]:
-                print(f"  {name:60s} {count // steps:4d}/step {ms / steps:8.3f} ms "
-                      f"{1e3 * ms / count:9.1f} us each {100 * ms / total:5.1f}%")
+            times = kernel_times(fn, 3)
+            total = sum(ms for _, ms in times.values())
+            print(f"profile: {preset} B={B} T={T}, {side}: {total:.2f} ms of kernels per step")
+            print_kernel_times(times, args.top)
 
 
 def bench_products(args):

@@ -217,6 +217,9 @@ def main():
                                      str(cubin)], capture_output=True, text=True)
             lines = [line.split("info    :")[-1].strip() for line in result.stderr.splitlines()
                      if "registers" in line or "spill" in line]
+            # ptxas's performance warnings (C7510-C7515: wgmma serialized, and why)
+            lines += [re.sub(r" for the function '.*", "", line.split("info    :")[-1].strip())
+                      for line in result.stderr.splitlines() if "Potential Performance Loss" in line]
             print(f"{name:32s} {' | '.join(lines) or result.stderr.strip()}")
             if args.sass and result.returncode == 0:
                 code = disassemble(cubin)
