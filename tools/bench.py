@@ -419,7 +419,7 @@ def bench_attention(args):
                                  torch_both))
     # each kernel's time, ours and SDPA's, after every timing above: a timing made after
     # torch.profiler has run can be the host's (on 2026-12-04, [64,12,256,32] with float32
-    # q, k, v, 8 launches and 7 allocations a call, read 0.616 ms after a profile, 0.231 before)
+    # q, k, v, 11 launches and 7 allocations a call, read 0.616 ms after a profile, 0.231 before)
     for label, ours, theirs in profiled:
         for side, fn in (("ours", ours), ("SDPA", theirs)):
             print(f"  {label} fwd+bwd, q k v bf16, the kernels of {side}:")
