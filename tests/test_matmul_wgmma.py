@@ -52,14 +52,16 @@ def test_matmul_wgmma_split_k(rng, monkeypatch, transpose_a, transpose_b):
     assert asked == [(M, N, K)]        # (a product without bias is split too)
 
 
-@pytest.mark.parametrize("gelu,transpose_b,accumulate,splits", [
-    ("out", False, False, 1), ("input", True, True, 1)] + ([] if not GPU else [
-        ("out", False, False, 2), ("input", True, False, 2)]))
-def test_matmul_wgmma_epilogues(rng, monkeypatch, gelu, transpose_b, accumulate, splits):
-    """The MLP up with its activation (gelu), dH = (dY . W^T) * gelu'(H) (gelu_grad)."""
+@pytest.mark.parametrize("gelu,transpose_b,accumulate,splits,bias", [
+    ("out", False, False, 1, True), ("input", True, True, 1, False),
+    ("out", True, False, 1, False)] + ([] if not GPU else [
+        ("out", False, False, 2, True), ("input", True, False, 2, False)]))
+def test_matmul_wgmma_epilogues(rng, monkeypatch, gelu, transpose_b, accumulate, splits, bias):
+    """The MLP up with its activation (gelu; with its bias, as the model's, and without),
+    dH = (dY . W^T) * gelu'(H) (gelu_grad)."""
     split_k(monkeypatch, splits)
     M, N, K = (72, 136, 72) if not GPU else (1000, 1544, 392)
-    check(rng, False, transpose_b, M, N, K, gelu == "out", accumulate, gelu, precision="wgmma")
+    check(rng, False, transpose_b, M, N, K, bias, accumulate, gelu, precision="wgmma")
 
 
 @pytest.mark.parametrize("transpose_a,transpose_b,accumulate,splits", [
