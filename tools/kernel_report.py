@@ -1,5 +1,6 @@
 """Compile the hot kernels for sm_90 without a GPU and print what ptxas says about each:
-registers, spills, stack frame (local memory) and shared memory.
+registers, spills, stack frame (local memory), shared memory, and its performance warnings
+(C7512 and the like: a kernel's wgmma serialized, each waited for before the next).
 
     CUDA_HOME=/usr/local/cuda python tools/kernel_report.py [--sass] [--only matmul]
 
