@@ -601,6 +601,12 @@ def bench_profile(args):
             print_kernel_times(times, args.top)
 
 
+def bf16_tensor(x):
+    """A Bf16Matrix as the bf16 tensor [R, C] of its values (a view of its words)."""
+    import torch
+    return torch.as_tensor(x.words, device="cuda").view(torch.bfloat16)[:, :x.shape[1]]
+
+
 def bench_products(args):
     """The matrix products of one training step as the step makes them (shapes, orientations,
     epilogues, accumulation and split-K as the model's linear layers ask: an eager step's
@@ -646,9 +652,6 @@ def bench_products(args):
             count, first = groups.get(key, (0, None))
             groups[key] = (count + 1, first or (out, a, b, bias, flags))
 
-        def as_torch(x):                         # a Bf16Matrix as a bf16 tensor [R, C]
-            t = torch.as_tensor(x.words, device="cuda").view(torch.bfloat16)
-            return t[:, :x.shape[1]]
         print(f"products: {preset} B={B} T={T}, {len(calls)} a step in {len(groups)} kinds, "
               f"each timed alone (ours: out as the step writes it, float32 or bf16; cuBLAS "
               f"bf16: out bf16, same orientation; a sum of products: cuBLAS's one product of "
@@ -661,8 +664,8 @@ def bench_products(args):
             for x, y in zip(a, b):
                 A, Bm = (z if isinstance(z, matmul_bf16.Bf16Matrix) else matmul_bf16.rounded(z)
                          for z in (x, y))
-                ops_a.append(as_torch(A).t() if ta else as_torch(A))
-                ops_b.append(as_torch(Bm).t() if tb else as_torch(Bm))
+                ops_a.append(bf16_tensor(A).t() if ta else bf16_tensor(A))
+                ops_b.append(bf16_tensor(Bm).t() if tb else bf16_tensor(Bm))
             opa, opb = torch.cat(ops_a, dim=1), torch.cat(ops_b, dim=0)
             if len(a) == 1:                      # (as it lies: cuBLAS's own orientation)
                 opa, opb = ops_a[0], ops_b[0]

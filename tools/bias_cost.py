@@ -18,13 +18,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from bench import event_time_ms, warm_up_clocks  # noqa: E402
+from bench import bf16_tensor, event_time_ms, warm_up_clocks  # noqa: E402
 from nanoandrea.kernels import matmul_bf16, matmul_wgmma  # noqa: E402
-
-
-def as_torch(x):
-    """A Bf16Matrix as the bf16 tensor [R, C] of its values."""
-    return torch.as_tensor(x.words, device="cuda").view(torch.bfloat16)[:, :x.shape[1]]
 
 
 def main():
@@ -41,7 +36,7 @@ def main():
             hidden = matmul_bf16.Bf16Matrix.allocate((M, N), matmul_bf16.device_empty)
         else:
             out, hidden = cuda.device_array((M, N), np.float32), None
-        A, B = as_torch(a), as_torch(b)
+        A, B = bf16_tensor(a), bf16_tensor(b)
         bias_t = torch.as_tensor(bias, device="cuda")
         for with_bias in (True, False):
             def ours():
@@ -49,7 +44,7 @@ def main():
                                           gelu_out=hidden)
             ours()
             want = (A.float() @ B.float()) + (bias_t if with_bias else 0)
-            got = (as_torch(out).float() if gelu else torch.as_tensor(out, device="cuda"))
+            got = (bf16_tensor(out).float() if gelu else torch.as_tensor(out, device="cuda"))
             error = ((got - want).norm() / want.norm()).item()
             assert error < 1e-2, f"{M}x{N}x{K}: relative error {error}"
             ours_ms = event_time_ms(ours, repeat=10, calls=5)

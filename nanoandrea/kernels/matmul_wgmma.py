@@ -68,9 +68,10 @@ from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, i
 from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split_count
 from .sharedmem import dynamic_shared_floats
 from .tensorcores import bf16_pair, bf16_unpair
-from .tma import (ROW_WORDS, arrive_expect_tx, barrier_sync, box_add, box_load, box_store,
-                  bulk_commit, bulk_reads_done, bulk_wait_all, mbarrier_arrive, mbarrier_init,
-                  registers_down, registers_up, tensor_maps, tensormap_acquire, wait_phase)
+from .tma import (CONSUMER_REGISTERS, PRODUCER_REGISTERS, ROW_WORDS, arrive_expect_tx,
+                  barrier_sync, box_add, box_load, box_store, bulk_commit, bulk_reads_done,
+                  bulk_wait_all, mbarrier_arrive, mbarrier_init, registers_down, registers_up,
+                  tensor_maps, tensormap_acquire, wait_phase)
 from .vector import aligned16, load2
 from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start, dynamic_shared_words,
                     fence_for, fence_proxy_async, hopper, wait_for, wgmma_commit,
@@ -79,6 +80,11 @@ from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start, dynamic_shared_wo
 BM, BN, BK = 128, 256, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
 GROUP = 128                     # threads a warpgroup
 THREADS = 3 * GROUP             # the producer, then two consumers of 64 rows each
+# setmaxnreg moves registers between a block's warpgroups, no more: the block is launched with
+# 168 a thread (65,536 / 384, down to a multiple of 8), so (40 + 2 x 232) x 128 = 168 x 384. A
+# warpgroup asking for more would wait in setmaxnreg.inc forever
+assert ((PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) * GROUP
+        <= 65536 // THREADS // 8 * 8 * THREADS)
 PAIRS = 3                       # products summed in one pass at most (attention's q, k, v dX)
 A_WORDS = BM * ROW_WORDS        # op(a)'s slice: 128 rows x 64 k, or 64 k x 2 x 64 m   16 KB
 BLOCK_WORDS = BK * ROW_WORDS    # an MN-major box: 64 rows of k x 64 columns            8 KB

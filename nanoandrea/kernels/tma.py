@@ -67,13 +67,9 @@ from .launch import SIMULATOR, inlined, is_recording, scratch
 
 ROW_WORDS = 32                  # a box's row in shared memory: 128 bytes
 BOX_BYTES_ROW = 4 * ROW_WORDS
-# setmaxnreg moves registers between a block's warpgroups, no more: a block of 3 warpgroups is
-# launched with 168 a thread (65,536 / 384, down to a multiple of 8), so (40 + 2 x 232) x 128
-# = 168 x 384. A warpgroup asking for more would wait in setmaxnreg.inc forever
+# a thread's registers after setmaxnreg, in a block of a producer and two consumer warpgroups
+# (matmul_wgmma checks that they fit the registers its block is launched with)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
-_GROUP = 128                    # threads a warpgroup; the block: a producer, two consumers
-_LAUNCHED = 65536 // (3 * _GROUP) // 8 * 8 * (3 * _GROUP)
-assert (PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) * _GROUP <= _LAUNCHED
 
 if SIMULATOR:
     # Each barrier has a condition (all on one lock): a thread that finds its phase open
