@@ -24,6 +24,10 @@
 #               the wgmma kernels: attention at [16,12,1024,64], a linear layer's three products
 #               at 16384x3072x768 (tools/run_once.py, bf16); NCU_LADDER=v17,v18: also the first
 #               launch of each of these matmul ladder versions (their checks, 16384x3072x768)
+#     stalls    where the warps of GELU's two products (16384x3072x768) and of attention's three
+#               kernels at [16,12,1024,64] wait, instruction by instruction: Nsight Compute's
+#               warp-state samples of one launch each (tools/run_once.py), summarised by
+#               tools/stalls.py (stalls.log); the GELU products' source pages as CSV
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
 #               matmuls, attention and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train` (STOP_AT,
@@ -121,6 +125,28 @@ for step in "${steps[@]}"; do
         grep -E "wgmma_.*kernel|Duration|Issued Ipc|No Eligible|Stall|Warp Cycles Per Issued" \
             "$OUT/ncu-ladder.txt" | head -40
       fi ;;
+    stalls)
+      # name:kernel:run_once.py's arguments; the kernel's third launch (the first two compile
+      # and warm up)
+      for case in "gelu:wgmma_matmul:matmul --epilogue gelu" \
+                  "gelu_grad:wgmma_matmul:matmul --epilogue gelu_grad" \
+                  "attention_forward:attention_forward_wgmma:attention --shape 16,12,1024,64" \
+                  "attention_dq:attention_dq_wgmma:attention --shape 16,12,1024,64" \
+                  "attention_dkdv:attention_dkdv_wgmma:attention --shape 16,12,1024,64"; do
+        name=${case%%:*}; rest=${case#*:}; kernel=${rest%%:*}
+        limit ncu --clock-control none -k regex:$kernel --launch-skip 2 --launch-count 1 \
+            --section WarpStateStats --section SourceCounters -f -o /tmp/stalls-$name \
+            python3 tools/run_once.py ${rest#*:} --precision bf16 > /tmp/stalls-$name.log 2>&1
+        ncu -i /tmp/stalls-$name.ncu-rep --page source --csv --print-source sass \
+            > /tmp/stalls-$name.csv 2>> /tmp/stalls-$name.log
+        grep -q Source /tmp/stalls-$name.csv || ncu -i /tmp/stalls-$name.ncu-rep --page source \
+            --csv > /tmp/stalls-$name.csv 2>> /tmp/stalls-$name.log   # (an older ncu's options)
+        python3 tools/stalls.py /tmp/stalls-$name.csv >> /tmp/stalls-$name.log 2>&1
+        grep -A22 "samples (" /tmp/stalls-$name.log | head -40
+      done
+      # (the files that come back are few: the logs in one, the two GELU pages' CSVs)
+      cat /tmp/stalls-*.log > "$OUT/stalls.log"
+      cp /tmp/stalls-gelu.csv /tmp/stalls-gelu_grad.csv "$OUT/" ;;
     bf16)
       limit python3 -m nanoandrea compile --preset andrea-12m --precision bf16
       limit python3 -m nanoandrea compile --preset andrea-120m --batch-size 16 --block-size 1024 \

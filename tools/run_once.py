@@ -8,7 +8,10 @@ shape, for a profiler to look at (Nsight Compute):
 attention: a causal forward and backward, ours then SDPA's (float32; with --precision bf16
 attention_bf16's kernels and SDPA in bf16). matmul: the forward and
 both backward products of a linear layer, ours then cuBLAS's (CuPy, TF32 off; with --precision
-bf16 matmul_bf16's on operands rounded once, and cuBLAS bf16 through torch). Each side runs
+bf16 matmul_bf16's on operands rounded once, and cuBLAS bf16 through torch). With --epilogue
+(bf16 only): the one product of the MLP that carries it, as the training step makes it, and
+nothing else: gelu, the MLP's up projection Y = X.W + bias with Y and GELU(Y) written in bf16;
+gelu_grad, its input gradient dY.W^T times gelu'(Y), in bf16. Each side runs
 `--rounds` times (the first compiles and warms up); nothing is timed here (tools/bench.py
 times, this only gives a profiler the same launches to see)."""
 import argparse
@@ -77,6 +80,28 @@ def run_matmul(shape, rounds, precision):
         torch.cuda.synchronize()
 
 
+def run_gelu_product(shape, rounds, epilogue):
+    """The MLP's product with GELU's epilogue (gelu: forward, gelu_grad: backward), ours alone,
+    as the bf16 step launches it (M,N,K: out [M,N] in bf16; the forward's Y first, which the
+    backward reads)."""
+    M, N, K = shape
+    rng = np.random.default_rng(0)
+    # X [M,K], W [K,N] (the up projection's), dY [M,K], W2 [N,K] (the down projection's)
+    x, w, dy, w2 = (cuda.to_device(rng.standard_normal(s, dtype=np.float32))
+                    for s in ((M, K), (K, N), (M, K), (N, K)))
+    bias = cuda.to_device(rng.standard_normal(N, dtype=np.float32))
+    X, W, DY, W2 = (matmul_bf16.rounded(a) for a in (x, w, dy, w2))
+    y, hidden = (matmul_bf16.Bf16Matrix.allocate((M, N), matmul_bf16.device_empty)
+                 for _ in range(2))
+    matmul_bf16.matmul_bf16(y, X, W, bias, gelu_out=hidden)
+    for _ in range(rounds):
+        if epilogue == "gelu":
+            matmul_bf16.matmul_bf16(y, X, W, bias, gelu_out=hidden)
+        else:                                   # (d pre-activation = (dY . W^T) * gelu'(Y))
+            matmul_bf16.matmul_bf16(hidden, DY, W2, transpose_b=True, gelu_input=y)
+    cuda.synchronize()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("op", choices=("attention", "matmul"))
@@ -86,9 +111,15 @@ def main():
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                         help="bf16: attention_bf16 and SDPA in bf16; matmul_bf16 (wgmma on "
                         "Hopper) and cuBLAS bf16")
+    parser.add_argument("--epilogue", default=None, choices=("gelu", "gelu_grad"),
+                        help="matmul in bf16: only the MLP's product with GELU's epilogue")
     args = parser.parse_args()
     default = "16,12,1024,64" if args.op == "attention" else "16384,3072,768"
     shape = tuple(int(n) for n in (args.shape or default).split(","))
+    if args.epilogue:
+        if args.op != "matmul" or args.precision != "bf16":
+            parser.error("--epilogue: matmul in bf16 only")
+        return run_gelu_product(shape, args.rounds, args.epilogue)
     (run_attention if args.op == "attention" else run_matmul)(shape, args.rounds, args.precision)
 
 
