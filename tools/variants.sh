@@ -2,11 +2,13 @@
 # Steps of tools/gpu.sh on several trees in one call, one after another on the same machine,
 # so that a change is timed beside the code before it (docs/perf.md: predictions are checked
 # side by side). Each tree is a folder variants/NAME of this checkout, made before the call,
-#     mkdir -p variants/before && git archive main | tar -x -C variants/before
-# (not ignored by git: it travels with the call as untracked files; remove it after); "here"
-# is the checkout itself. Each runs with its own kernel cache;
-# every log a step writes is appended to $OUT/variants.log under the tree's name, so that the
-# few files a call brings back hold them all.
+#     mkdir -p variants/before && git archive main nanoandrea tools tests pyproject.toml \
+#         | tar -x -C variants/before
+# (the package, the tools and the tests are what a step needs, ~3 MB; not ignored by git, the
+# folder travels with the call as untracked files: remove it after). "here" is the checkout
+# itself. Each runs with its own kernel cache; every log a step writes is appended to
+# $OUT/variants.log under the tree's name, so that the few files a call brings back hold them
+# all.
 #   usage: bash tools/variants.sh "STEP..." NAME...      e.g. bash tools/variants.sh products here before
 set -uo pipefail
 steps=$1; shift
