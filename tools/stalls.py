@@ -79,8 +79,8 @@ def main():
     print(f"columns: {' | '.join(header)}")
     source = column(header, "source")
     address = column(header, "address")
-    samples = (column(header, "sampling", "all") or column(header, "samples")
-               or column(header, "stall"))
+    samples = next((i for i in (column(header, "sampling", "all"), column(header, "samples"),
+                                column(header, "stall")) if i is not None), None)
     if source is None or samples is None:
         sys.exit("no source or warp-sampling column")
     reasons = [i for i, name in enumerate(header) if i != samples
