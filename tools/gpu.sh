@@ -28,6 +28,7 @@
 #               kernels at [16,12,1024,64] wait, instruction by instruction: Nsight Compute's
 #               warp-state samples of one launch each (tools/run_once.py), summarised by
 #               tools/stalls.py (stalls.log); the GELU products' source pages as CSV
+#               (STALLS=attention_forward,attention_dq: some of the five cases only)
 #     bf16      the bf16 kernels of both presets compiled (`nanoandrea compile`), then the
 #               matmuls, attention and the training step in bf16 against PyTorch's (tools/bench.py)
 #     train     the default recipe on tiny Shakespeare: `python -m nanoandrea.train` (STOP_AT,
@@ -134,6 +135,8 @@ for step in "${steps[@]}"; do
                   "attention_dq:attention_dq_wgmma:attention --shape 16,12,1024,64" \
                   "attention_dkdv:attention_dkdv_wgmma:attention --shape 16,12,1024,64"; do
         name=${case%%:*}; rest=${case#*:}; kernel=${rest%%:*}
+        # (STALLS=gelu,attention_dq: those cases only)
+        [ -z "${STALLS:-}" ] || [[ ",$STALLS," == *",$name,"* ]] || continue
         limit ncu --clock-control none -k regex:$kernel --launch-skip 2 --launch-count 1 \
             --section WarpStateStats --section SourceCounters -f -o /tmp/stalls-$name \
             python3 tools/run_once.py ${rest#*:} --precision bf16 > /tmp/stalls-$name.log 2>&1
@@ -146,7 +149,9 @@ for step in "${steps[@]}"; do
       done
       # (the files that come back are few: the logs in one, the two GELU pages' CSVs)
       cat /tmp/stalls-*.log > "$OUT/stalls.log"
-      cp /tmp/stalls-gelu.csv /tmp/stalls-gelu_grad.csv "$OUT/" ;;
+      for name in gelu gelu_grad; do
+        [ ! -f /tmp/stalls-$name.csv ] || cp /tmp/stalls-$name.csv "$OUT/"
+      done ;;
     bf16)
       limit python3 -m nanoandrea compile --preset andrea-12m --precision bf16
       limit python3 -m nanoandrea compile --preset andrea-120m --batch-size 16 --block-size 1024 \

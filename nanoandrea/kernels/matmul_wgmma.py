@@ -60,7 +60,7 @@ array's memory). Offsets are 32-bit: the launcher checks that an operand has few
 words.
 """
 import numba
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint64
 
 from .gelu import gelu_derivative_sfu, gelu_value_sfu
 from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined,
@@ -241,25 +241,31 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
             if thread == 0:
                 buffer_free()
             barrier_sync(group, GROUP)
+        # the bias from the thread's first column on: its pair of group j at the constant 8 j
+        # (N is a multiple of 8, so the pair is in out's rows when its group's first column is)
+        bias_row, room = bias[col0 + 2 * t:], int32(N - col0)
         for jj in range(GROUPS):
             j = GROUPS * p + jj                 # columns 8 j .. 8 j + 7 of the 256
-            c = col0 + 8 * j + 2 * t            # out's column of the thread's pair
             b0 = b1 = float32(0.0)
-            if has_bias and c < N:
-                b0, b1 = load2(bias, (c,))
+            if has_bias and int32(8 * j) < room:
+                b0, b1 = load2(bias_row, (8 * j,))
             for h in range(2):
                 r = row + 8 * h
-                # the pair's place in the box: a word (words) or two floats, swizzled
+                # the pair's place in the box: a word (words) or two floats, swizzled.
+                # Unsigned: Numba gives a signed index a test and a fix-up for negative values
+                # (from the end), two more instructions a read or write of the box
                 if WORDS:
-                    at = buffer + r * ROW_WORDS + 4 * (jj ^ (r & 7)) + t
+                    at = uint64(buffer + r * ROW_WORDS + 4 * (jj ^ (r & 7)) + t)
                 else:
-                    at = buffer + r * ROW_WORDS + 4 * ((2 * jj + (t >> 1)) ^ (r & 7)) + 2 * (t & 1)
+                    at = uint64(buffer + r * ROW_WORDS + 4 * ((2 * jj + (t >> 1)) ^ (r & 7))
+                                + 2 * (t & 1))
+                at_next, at_gelu = at + uint64(1), at + uint64(BOX_WORDS)
                 x0, x1 = sums[4 * j + 2 * h] + b0, sums[4 * j + 2 * h + 1] + b1
                 if GELU_GRAD:
                     if WORDS:
                         g0, g1 = bf16_unpair(values[at])
                     else:
-                        g0, g1 = values[at], values[at + 1]
+                        g0, g1 = values[at], values[at_next]
                     x0 *= gelu_derivative_sfu(g0)
                     x1 *= gelu_derivative_sfu(g1)
                 if WORDS:
@@ -267,13 +273,12 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                     values[at] = pair
                     if GELU:                    # (of the values as rounded: what backward
                         r0, r1 = bf16_unpair(pair)                              # reads)
-                        values[at + BOX_WORDS] = bf16_pair(gelu_value_sfu(r0),
-                                                           gelu_value_sfu(r1))
+                        values[at_gelu] = bf16_pair(gelu_value_sfu(r0), gelu_value_sfu(r1))
                 else:
-                    values[at], values[at + 1] = x0, x1
+                    values[at], values[at_next] = x0, x1
                     if GELU:
-                        values[at + BOX_WORDS] = gelu_value_sfu(x0)
-                        values[at + BOX_WORDS + 1] = gelu_value_sfu(x1)
+                        values[at_gelu] = gelu_value_sfu(x0)
+                        values[at_gelu + uint64(1)] = gelu_value_sfu(x1)
         fence_proxy_async()                     # (the writes, seen by the copy engine)
         barrier_sync(group, GROUP)
         if thread == 0:
