@@ -89,6 +89,25 @@ def test_attention_bf16_takes_the_tensor_cores(rng, monkeypatch):
             assert relative_error(got.copy_to_host(), expected_grad) < tolerance
 
 
+@pytest.mark.parametrize("D", attention_bf16.HEAD_SIZES)
+def test_delta_and_dout_bf16(rng, D):
+    """The backward's first pass against its twin, dout and out views of the heads' concat (as
+    the model's are): dout's bf16 pairs the same to the bit as heads_bf16's, delta float32's
+    sum. B*H*T rows not a multiple of a warp's: the lanes past the last row store nothing."""
+    B, H, T = (1, 2, 7) if not GPU else (3, 12, 301)
+    dout, out = (DeviceHeads(rng.standard_normal((B, H, T, D)).astype(np.float32), True)
+                 for _ in range(2))
+    delta = poisoned((B, H, T))
+    words = attention_bf16.delta_and_dout_bf16(delta, dout.array, out.array).words
+    want_delta = np.empty((B, H, T))
+    want_words = attention_bf16.delta_and_dout_bf16_numpy(want_delta, dout.host().astype(
+        np.float64), out.host().astype(np.float64))
+    np.testing.assert_array_equal(words.copy_to_host(), want_words)
+    np.testing.assert_array_equal(words.copy_to_host(),
+                                  attention_bf16.heads_bf16(dout.array).words.copy_to_host())
+    assert relative_error(delta.copy_to_host(), want_delta) < 1e-6
+
+
 def test_attention_bf16_rounds_its_operands_once(rng, monkeypatch):
     """q, k, v given as Bf16Heads (heads_operand, what the model's attention hands over): the
     forward and the backward launch no rounding of them (the backward rounds dout alone), and
@@ -110,7 +129,8 @@ def test_attention_bf16_rounds_its_operands_once(rng, monkeypatch):
     assert all(isinstance(x, attention_bf16.Bf16Heads) for x in operands)
     launched = recording_launches(monkeypatch, attention_bf16)
     got = run(operands)
-    assert launched.count(attention_bf16.heads_bf16_kernel) == 1       # dout's
+    assert launched.count(attention_bf16.heads_bf16_kernel) == 0
+    assert launched.count(attention_bf16.delta_and_dout_kernel(D)) == 1      # dout's, with delta
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     wide = device(rng.standard_normal((B, H, 4, 72)))

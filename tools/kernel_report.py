@@ -104,6 +104,9 @@ def kernels():
     yield "attention dq sum", attention.attention_dq_sum_kernel, \
         (V4, A4, float32, int64, int64, BOOL)
     yield "attention delta", attention.attention_delta4_kernel, (A3, V4, V4)
+    for D in attention_bf16.HEAD_SIZES:
+        yield (f"attention delta and dout bf16 D={D}", attention_bf16.delta_and_dout_kernel(D),
+               (A3, W4, V4, V4))
     yield "split_heads4 (16-byte)", heads.split_heads4_kernel, (A4, A4, BOOL)
     yield "merge_heads4 (16-byte)", heads.merge_heads4_kernel, (A4, A4, BOOL)
     for which in ("forward", "residual_forward", "backward"):     # C = 768: 6 groups of 4 a lane

@@ -40,7 +40,8 @@ tile that crosses the diagonal, by 32-bit compares of constants against one per-
 
 The launchers first round q, k, v (and dout) to bf16 pairs in device memory (`heads_bf16`,
 [B,H,T,D/2] uint32: one pass, half the bytes; the model's attention makes q's, k's and v's
-once, `heads_operand`, and its backward reads the forward's), so that a streamed tile (k and
+once, `heads_operand`, and its backward reads the forward's; dout's is made in the pass that
+sums delta, `delta_and_dout_bf16`), so that a streamed tile (k and
 v; q and dout in dk/dv) is a run of whole 16-byte chunks that cp.async copies into shared memory without
 registers, one tile ahead of the products (two stages): while the warps multiply tile i, tile
 i + 1 is on its way, and one barrier a tile separates the two. The chunks are swizzled as
@@ -62,9 +63,10 @@ from .attention_tiles import LOG2E, column_stager
 from .launch import (SIMULATOR, blocks, check, check_float32, check_float32_rows,
                      current_stream, inlined, kernel_factory, launch)
 from .matmul_bf16 import swizzle
-from .reduce import quad_max, quad_sum
+from .reduce import group_sum, quad_max, quad_sum
 from .sfu import exp2_fast
-from .tensorcores import bf16_pair, bf16_values, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store4_u32
+from .tensorcores import (bf16_pair, bf16_values, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16,
+                          pack_bf16, store4_u32)
 from .vector import aligned16, flat, load4
 
 HEAD_SIZES = (32, 64)
@@ -98,6 +100,12 @@ def attention_backward_bf16_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, ac
 
 def _rounded(x):
     return bf16_values(x).astype(x.dtype)
+
+
+def delta_and_dout_bf16_numpy(delta, dout, out):
+    """delta[B,H,T] = dout . out along D; returns dout's bf16 pairs, uint32 [B,H,T,D/2]."""
+    delta[...] = np.einsum("bhtd,bhtd->bht", dout, out)
+    return pack_bf16(np.asarray(dout, np.float32))
 
 
 # --- the pieces the kernels are made of --------------------------------------------------------
@@ -482,6 +490,41 @@ def heads_bf16_kernel(words, x):
                bf16_pair(x4, x5), bf16_pair(x6, x7))
 
 
+@kernel_factory
+def delta_and_dout_kernel(D):
+    """delta and dout's bf16 copy for heads of D, in one pass over dout."""
+    CHUNKS = D // 8                     # a row's threads: 8 values each
+
+    @cuda.jit
+    def delta_and_dout_bf16_kernel(delta, words, dout, out):
+        # delta[B,H,T] = dout . out along D and words[B,H,T,D/2] = dout in bf16 pairs: the two
+        # passes the backward needs before its products (attention.attention_delta, heads_bf16)
+        # made one, so dout is read once. A thread takes 8 values of a row (two 16-byte loads
+        # of each array, one 16-byte store), a row's CHUNKS threads are consecutive lanes and
+        # their partial sums meet in shuffles (group_sum). Every lane shuffles: one past the
+        # last row takes the last row again and stores nothing.
+        B, H, T, _ = dout.shape
+        rows = B * H * T
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        row = min(c // CHUNKS, rows - 1)
+        d = 8 * (c % CHUNKS)
+        b, h, i = row // (H * T), (row // T) % H, row % T
+        g0, g1, g2, g3 = load4(dout, (b, h, i, d))
+        g4, g5, g6, g7 = load4(dout, (b, h, i, d + 4))
+        o0, o1, o2, o3 = load4(out, (b, h, i, d))
+        o4, o5, o6, o7 = load4(out, (b, h, i, d + 4))
+        partial = (g0 * o0 + g1 * o1 + g2 * o2 + g3 * o3) + (g4 * o4 + g5 * o5 + g6 * o6
+                                                              + g7 * o7)
+        total = group_sum(partial, CHUNKS)
+        if c < rows * CHUNKS:
+            store4_u32(words, (b, h, i, d // 2), bf16_pair(g0, g1), bf16_pair(g2, g3),
+                       bf16_pair(g4, g5), bf16_pair(g6, g7))
+            if d == 0:
+                delta[b, h, i] = total
+
+    return delta_and_dout_bf16_kernel
+
+
 # --- launchers -----------------------------------------------------------------------------------
 
 class Bf16Heads:
@@ -503,6 +546,17 @@ def heads_bf16(x):
     B, H, T, D = x.shape
     words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
     launch(heads_bf16_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
+    return Bf16Heads(words)
+
+
+def delta_and_dout_bf16(delta, dout, out):
+    """delta[B,H,T] = dout . out along D (as attention.attention_delta) and dout [B,H,T,D]
+    rounded to bf16 pairs (as heads_bf16), in one pass: the Bf16Heads of dout. dout and out:
+    float32 heads (views of the concat among them), 16-byte aligned rows, D % 8 == 0."""
+    B, H, T, D = dout.shape
+    words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
+    launch(delta_and_dout_kernel(D), blocks(B * H * T * D // 8, 128), 128, delta, words, dout,
+           out)
     return Bf16Heads(words)
 
 
@@ -577,9 +631,9 @@ def attention_forward_bf16(out, lse, q, k, v, kernel="auto", dropout_p=0.0, seed
 
 def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
                             kernel="auto", dropout_p=0.0, seed=None, site=0, rows_per_block=None):
-    """attention.attention_backward on the tensor cores: delta first (attention.py's kernel),
-    then the dq kernel and the dk/dv kernel, which read the same bf16 copies (q, k, v: float32
-    or, as the forward had them, Bf16Heads)."""
+    """attention.attention_backward on the tensor cores: delta and dout's bf16 copy first (one
+    pass, delta_and_dout_bf16), then the dq kernel and the dk/dv kernel, which read the same
+    bf16 copies (q, k, v: float32 or, as the forward had them, Bf16Heads)."""
     B, H, T, D = _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
                                   delta=delta)
     kernels = _on_tensor_cores(kernel, D, (dq, dk, dv, dout, q, k, v, out))
@@ -592,8 +646,8 @@ def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumula
     scale = np.float32(1.0 / math.sqrt(D))
     scale_log2 = np.float32(LOG2E * scale)
     drop = dropout_arguments(dropout_p, seed, site)
-    attention.attention_delta(delta, dout, out)
-    words = [heads_bf16(x).words for x in (dout, q, k, v)]
+    words = [delta_and_dout_bf16(delta, dout, out).words] + [heads_bf16(x).words
+                                                             for x in (q, k, v)]
     if kernels == "wgmma":
         attention_wgmma.attention_backward_wgmma(dq, dk, dv, words, lse, delta, scale_log2,
                                                  scale, dropout_p > 0, drop, accumulate)

@@ -99,6 +99,11 @@ if SIMULATOR:
         return _quad(value, lambda x, y: x + y)
 
     @cuda.jit(device=True)
+    def group_sum(value, lanes):
+        values, lane = warp_values(value)
+        return _butterfly(values, lane, lanes // 2, lambda x, y: x + y)
+
+    @cuda.jit(device=True)
     def pair_exchange(value):
         values, lane = warp_values(value)
         return values[lane ^ 1]
@@ -133,6 +138,17 @@ else:
         # tensorcores.py's layout), to each of them
         value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
         return max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 2))
+
+    @inlined
+    def group_sum(value, lanes):
+        # the sum of `value` over each group of `lanes` consecutive lanes (a power of two, the
+        # groups aligned: lanes 8g .. 8g+7 for 8), to each lane of the group: the butterfly of
+        # warp_sum from lanes / 2 down (all 32 lanes must call it)
+        offset = lanes // 2
+        while offset > 0:
+            value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
+            offset //= 2
+        return value
 
     @inlined
     def pair_exchange(value):
