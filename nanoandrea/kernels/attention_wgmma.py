@@ -89,6 +89,14 @@ multiply_scores = wgmma_by_descriptors(COLS, K_MAJOR, K_MAJOR)
 first_scores = wgmma_by_descriptors(COLS, K_MAJOR, K_MAJOR, scale_d=0)    # (D = A B)
 
 
+# The backward's kernels at D = 64 wait for a tile's second product (dQ += dS K; dV and dK)
+# before the next tile's scores are issued: in flight beside them it keeps ~160 accumulator
+# and fragment registers a thread live across the wgmma's, more than the launch bounds leave
+# (`bounds`), and ptxas then serializes every wgmma of the kernel (its warning C7512), each one
+# waited for before the next is issued. At D = 32 the products are half as wide and fit.
+SECOND_WAITED = (64,)
+
+
 def shared_bytes(own, streams):
     """The dynamic shared memory of a kernel with `own` matrices of its rows and `streams`
     streamed matrices two stages deep, from the first 1024-byte boundary on (atom_start)."""
@@ -353,6 +361,7 @@ def dq_kernel(D, dropout):
     factor = dropout_factor if dropout else no_dropout
     fence_s, wait_s = fence_for(), wait_for(S_ACC, S_ACC, O_ACC, FRAG_WORDS)
     fence_q, wait_q = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
+    second_waited = D in SECOND_WAITED
 
     @inlined
     def tile_step(i, diagonal, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc,
@@ -394,6 +403,8 @@ def dq_kernel(D, dropout):
         fence_q(dq_acc, ds_frag)
         rows_product(dq_acc, ds_frag, words, k_rows_desc + stage * STAGE_UNITS)   # dQ += dS K
         wgmma_commit()
+        if second_waited:
+            wait_q(dq_acc)
 
     @cuda.jit(**bounds(3 if dropout else 4))
     def attention_dq_wgmma_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
@@ -462,6 +473,7 @@ def dkdv_kernel(D, dropout):
     fence_s = fence_for()
     wait_s = wait_for(S_ACC, S_ACC, O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS)
     fence_kv, wait_kv = fence_for(O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS), wait_for(O_ACC, O_ACC)
+    second_waited = D in SECOND_WAITED
 
     stage_columns = column_stager(COLS)
 
@@ -518,6 +530,8 @@ def dkdv_kernel(D, dropout):
         rows_product(dv_acc, p_frag, words, dout_rows_desc + stage * STAGE_UNITS)  # dV += (P G)^T dO
         rows_product(dk_acc, ds_frag, words, q_rows_desc + stage * STAGE_UNITS)    # dK += dS^T Q
         wgmma_commit()
+        if second_waited:
+            wait_kv(dv_acc, dk_acc)
 
     @cuda.jit(**bounds(2 if dropout else 3))
     def attention_dkdv_wgmma_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
