@@ -98,7 +98,7 @@ def kernels():
                    (V4, A3, W4, W4, W4, float32, *DROP))
             backward = (W4, W4, W4, W4, A3, A3, float32, float32, *DROP, BOOL)
             yield (f"attention wgmma dq {named}", attention_wgmma.dq_kernel(D, dropout),
-                   (V4, *backward))
+                   (V4, W4, A3, V4, V4, W4, W4, W4, A3, float32, float32, *DROP, BOOL))
             yield (f"attention wgmma dk/dv {named}", attention_wgmma.dkdv_kernel(D, dropout),
                    (V4, V4, *backward))
     yield "attention dq sum", attention.attention_dq_sum_kernel, \

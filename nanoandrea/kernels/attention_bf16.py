@@ -646,12 +646,14 @@ def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumula
     scale = np.float32(1.0 / math.sqrt(D))
     scale_log2 = np.float32(LOG2E * scale)
     drop = dropout_arguments(dropout_p, seed, site)
+    if kernels == "wgmma":
+        attention_wgmma.attention_backward_wgmma(dq, dk, dv, delta, dout, out,
+                                                 [heads_bf16(x).words for x in (q, k, v)], lse,
+                                                 scale_log2, scale, dropout_p > 0, drop,
+                                                 accumulate)
+        return
     words = [delta_and_dout_bf16(delta, dout, out).words] + [heads_bf16(x).words
                                                              for x in (q, k, v)]
-    if kernels == "wgmma":
-        attention_wgmma.attention_backward_wgmma(dq, dk, dv, words, lse, delta, scale_log2,
-                                                 scale, dropout_p > 0, drop, accumulate)
-        return
     grid = (B * H, blocks(T, ROWS))
     launch(dq_kernel(D, dropout_p > 0), grid, THREADS, dq, *words, lse, delta, scale_log2,
            scale, *drop, accumulate)

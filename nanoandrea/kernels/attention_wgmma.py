@@ -50,16 +50,17 @@ warpgroup) and a streamed tile 16 rows, so that T = 80 walks several tiles.
 """
 import math
 
+import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .attention import NEG_INF, dropout_factor, no_dropout
 from .attention_tiles import LOG2E, column_stager
-from .launch import SIMULATOR, blocks, inlined, kernel_factory, launch
-from .reduce import quad_max, quad_sum
+from .launch import SIMULATOR, blocks, current_stream, inlined, kernel_factory, launch
+from .reduce import group_sum, quad_max, quad_sum
 from .sfu import exp2_fast
-from .tensorcores import bf16_pair
-from .vector import flat, load2, store2
+from .tensorcores import bf16_pair, store4_u32
+from .vector import flat, load2, load4, store2
 from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start, descriptor_high,
                     dynamic_shared_words, fence_for, fence_proxy_async, hopper, shared_descriptor,
                     wait_for, wgmma_by_descriptors, wgmma_commit)
@@ -142,6 +143,41 @@ def tile_functions(D):
         return copy_rows
 
     @inlined
+    def stage_dout(words, at, dout_words, delta, delta_rows, dout, out, b, h, row0, T, tid):
+        # dO's rows row0 .. row0 + ROWS of head (b, h), from float32: rounded to bf16 into
+        # words[at:] (the swizzled rows copy_own makes) and into dout_words (dk/dv's copy), and
+        # delta = dO . O of each row into delta_rows[ROWS] and delta. A thread takes chunk
+        # tid % CHUNKS (8 values) of rows tid / CHUNKS + ROW_STEP r, so a row's CHUNKS threads
+        # are adjacent lanes and their sums meet in shuffles (every lane shuffles: a row past T
+        # reads row T - 1 and stores zeros in shared memory, nothing in device memory)
+        row, chunk = int32(tid >> LOG_CHUNKS), int32(tid & (CHUNKS - 1))
+        d = 8 * chunk
+        for r in range(ROWS // ROW_STEP):
+            local = row + r * ROW_STEP
+            i = row0 + local
+            inside = i < T
+            at_row = min(i, T - 1)
+            g0, g1, g2, g3 = load4(dout, (b, h, at_row, d))
+            g4, g5, g6, g7 = load4(dout, (b, h, at_row, d + 4))
+            o0, o1, o2, o3 = load4(out, (b, h, at_row, d))
+            o4, o5, o6, o7 = load4(out, (b, h, at_row, d + 4))
+            total = group_sum((g0 * o0 + g1 * o1 + g2 * o2 + g3 * o3)
+                              + (g4 * o4 + g5 * o5 + g6 * o6 + g7 * o7), CHUNKS)
+            w0, w1 = bf16_pair(g0, g1), bf16_pair(g2, g3)
+            w2, w3 = bf16_pair(g4, g5), bf16_pair(g6, g7)
+            if not inside:
+                w0 = w1 = w2 = w3 = uint32(0)
+                total = float32(0.0)
+            store4_u32(words, (at + local * ROW_WORDS + 4 * (chunk ^ (local & 7)),),
+                       w0, w1, w2, w3)
+            if chunk == 0:
+                delta_rows[local] = total
+            if inside:
+                store4_u32(dout_words, (b, h, i, 4 * chunk), w0, w1, w2, w3)
+                if chunk == 0:
+                    delta[b, h, i] = total
+
+    @inlined
     def zero(acc, count):
         for e in range(count):
             acc[e] = float32(0.0)
@@ -206,7 +242,7 @@ def tile_functions(D):
                     store2(x, (b, h, row, col), y0, y1)
 
     return dict(copy_start=copy_start, copy_own=copier(ROWS), copy_tile=copier(COLS),
-                zero=zero, scores=scores, fragments=fragments, rows_product=rows_product,
+                stage_dout=stage_dout, zero=zero, scores=scores, fragments=fragments, rows_product=rows_product,
                 future=masker(True), past=masker(False), store_rows=store_rows,
                 O_ACC=O_ACC)
 
@@ -358,6 +394,7 @@ def dq_kernel(D, dropout):
     copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
+    stage_dout = f["stage_dout"]
     factor = dropout_factor if dropout else no_dropout
     fence_s, wait_s = fence_for(), wait_for(S_ACC, S_ACC, O_ACC, FRAG_WORDS)
     fence_q, wait_q = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
@@ -407,17 +444,20 @@ def dq_kernel(D, dropout):
             wait_q(dq_acc)
 
     @cuda.jit(**bounds(3 if dropout else 4))
-    def attention_dq_wgmma_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
-                                  scale_log2, scale, seed, site, threshold, keep, accumulate):
+    def attention_dq_wgmma_kernel(dq, dout_words, delta, dout, out, q_words, k_words, v_words,
+                                  lse, scale_log2, scale, seed, site, threshold, keep,
+                                  accumulate):
         # dynamic shared memory shared_bytes(2, 2): Q's and dO's rows, then two stages of a K
-        # tile and a V tile
+        # tile and a V tile. dO comes as float32 (dout, out: float32 heads): the block rounds
+        # its rows itself and writes them to dout_words, and their delta, for dk/dv
         words = dynamic_shared_words()
         first = atom_start(words)
+        delta_rows = cuda.shared.array(ROWS, float32)
         s_acc = cuda.local.array(S_ACC, float32)
         dp_acc = cuda.local.array(S_ACC, float32)
         dq_acc = cuda.local.array(O_ACC, float32)
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)
-        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        q, k, v = flat(q_words), flat(k_words), flat(v_words)
         H, T = dq.shape[1], dq.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -429,21 +469,22 @@ def dq_kernel(D, dropout):
         start = copy_start(bh, T, tid)
         tiles_at = first + 2 * OWN_WORDS        # stage s: a K tile, then a V tile
         copy_own(words, first, q, start, row0, T)
-        copy_own(words, first + OWN_WORDS, dout, start, row0, T)
         copy_tile(words, tiles_at, k, start, 0, T)
         copy_tile(words, tiles_at + TILE_WORDS, v, start, 0, T)
         commit_copies()
+        stage_dout(words, first + OWN_WORDS, dout_words, delta, delta_rows, dout, out, b, h,
+                   row0, T, tid)        # (while the copies are on their way)
         q_desc = shared_descriptor(words, first) | K_BITS
         dout_desc = shared_descriptor(words, first + OWN_WORDS) | K_BITS
         field = shared_descriptor(words, tiles_at)
         k_desc, k_rows_desc = field | K_BITS, field | MN_BITS   # (K's rows read both ways)
         v_desc = (field + TILE_UNITS) | K_BITS
         # the lane's two rows' -lse (log2 units: P = 2^(S scale - lse), an FFMA's addend) and
-        # delta; rows past T: P = 0
+        # delta (0 past T, where P = 0)
         neg_lse0 = -lse[b, h, wrow + g] * LOG2E if wrow + g < T else NEG_INF
         neg_lse1 = -lse[b, h, wrow + g + 8] * LOG2E if wrow + g + 8 < T else NEG_INF
-        delta0 = delta[b, h, wrow + g] if wrow + g < T else float32(0.0)
-        delta1 = delta[b, h, wrow + g + 8] if wrow + g + 8 < T else float32(0.0)
+        cuda.syncthreads()                      # (delta_rows written)
+        delta0, delta1 = delta_rows[16 * warp + g], delta_rows[16 * warp + g + 8]
         zero(dq_acc, O_ACC)
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
         descriptors = (q_desc, dout_desc, k_desc, v_desc, k_rows_desc)
@@ -609,13 +650,15 @@ def attention_forward_wgmma(out, lse, q_words, k_words, v_words, scale_log2, dro
            k_words, v_words, scale_log2, *drop, shared_bytes=shared_bytes(1, 2))
 
 
-def attention_backward_wgmma(dq, dk, dv, words, lse, delta, scale_log2, scale, dropout, drop,
-                             accumulate):
-    """The backward's launches after delta (attention_bf16.attention_backward_bf16 makes it):
-    words = the Bf16Heads words of dout, q, k, v."""
+def attention_backward_wgmma(dq, dk, dv, delta, dout, out, words, lse, scale_log2, scale,
+                             dropout, drop, accumulate):
+    """The backward's launches (attention_bf16.attention_backward_bf16 checks the arguments):
+    dout, out float32 heads; words = the Bf16Heads words of q, k, v. The dq kernel makes delta
+    and dout's bf16 copy as it stages its rows (no pass of their own), and dk/dv reads them."""
     B, H, T, D = dq.shape
+    dout_words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
     grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D, dropout), grid, THREADS, dq, *words, lse, delta, scale_log2, scale,
-           *drop, accumulate, shared_bytes=shared_bytes(2, 2))
-    launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, *words, lse, delta, scale_log2,
-           scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))
+    launch(dq_kernel(D, dropout), grid, THREADS, dq, dout_words, delta, dout, out, *words, lse,
+           scale_log2, scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))
+    launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, dout_words, *words, lse, delta,
+           scale_log2, scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))
