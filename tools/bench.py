@@ -385,7 +385,7 @@ def bench_attention(args):
             leaves = (tqs, tks, tvs) if not bf16 else tuple(
                 t.detach().requires_grad_(True) for t in (tqs, tks, tvs))
 
-            def torch_both():                # returns the gradients, accumulates nothing
+            def torch_both(leaves=leaves, tdout=tdout):     # accumulates nothing (autograd.grad)
                 y = F.scaled_dot_product_attention(*leaves, is_causal=True)
                 torch.autograd.grad(y, leaves, tdout)
 
@@ -398,10 +398,13 @@ def bench_attention(args):
             if bf16:        # as the model calls it, and as SDPA gets its operands: q, k, v in
                 operands = [attention_bf16.heads_operand(x) for x in (Q, K, V)]   # bf16 already
 
-                def forward_bf16():
+                # (the arrays bound as defaults: the profile below calls these after the loop,
+                # when its names hold the last shape's arrays)
+                def forward_bf16(out=out, lse=lse, operands=operands):
                     forward_of(out, lse, *operands)
 
-                def backward_bf16():
+                def backward_bf16(dq=dq, dk=dk, dv=dv, delta=delta, DOUT=DOUT, operands=operands,
+                                  out=out, lse=lse):
                     backward_of(dq, dk, dv, delta, DOUT, *operands, out, lse)
                 results = [torch.as_tensor(x, device="cuda").clone() for x in (out, dq, dk, dv)]
                 forward_bf16()
