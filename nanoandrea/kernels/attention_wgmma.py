@@ -36,10 +36,14 @@ every n8 column group j; the A operand in registers takes, for a k16 step s, the
 lanes. Rounded in pairs to bf16 (`fragments`), the scores are the next product's A.
 
 dq keeps a kernel of its own, as in attention_bf16: each gradient is one block's sum, in a fixed
-order, with no atomics: reproducible to the bit. Each product is one group of wgmma's. A tile's
-first product (the scores) is waited for before the softmax reads it; its second (P V, dS K,
-dV and dK) runs on into the next tile, issued behind it and waited for with its scores, and a
-second barrier after that wait frees the stage it read. So that ptxas keeps them in flight, no
+order, with no atomics: reproducible to the bit. It also makes what dk/dv reads besides q, k,
+v: a block stages its rows of dout from float32 itself, rounding them to bf16 and summing each
+row's delta = dO . O as it goes (`stage_dout`), and writes both out, so the backward has no
+pass before its products. Each product is one group of wgmma's. A tile's first product (the
+scores) is waited for before the softmax reads it; its second (P V, dS K, dV and dK) runs on
+into the next tile, issued behind it and waited for with its scores (in the backward at D = 64
+at the end of its own tile instead: SECOND_WAITED), and a second barrier after that wait frees
+the stage it read. So that ptxas keeps them in flight, no
 instruction writes a wgmma's accumulators while one is: a product's first step overwrites its
 scores (scale-d 0) instead of zeroing them, and the causal mask is read into the max and the
 probabilities, in a loop of its own for the tiles crossing the diagonal, never written into
