@@ -59,7 +59,7 @@ from numba import cuda, float32, int32, uint32
 from . import attention, attention_wgmma
 from .attention import NEG_INF, _check_attention, dropout_arguments, dropout_factor, no_dropout
 from .asynccopy import commit_copies, copy16_async, wait_copies
-from .attention_tiles import LOG2E, column_stager
+from .attention_tiles import LOG2E, column_stager, dout_chunk
 from .launch import (SIMULATOR, blocks, check, check_float32, check_float32_rows,
                      current_stream, inlined, kernel_factory, launch)
 from .matmul_bf16 import swizzle
@@ -509,16 +509,10 @@ def delta_and_dout_kernel(D):
         row = min(c // CHUNKS, rows - 1)
         d = 8 * (c % CHUNKS)
         b, h, i = row // (H * T), (row // T) % H, row % T
-        g0, g1, g2, g3 = load4(dout, (b, h, i, d))
-        g4, g5, g6, g7 = load4(dout, (b, h, i, d + 4))
-        o0, o1, o2, o3 = load4(out, (b, h, i, d))
-        o4, o5, o6, o7 = load4(out, (b, h, i, d + 4))
-        partial = (g0 * o0 + g1 * o1 + g2 * o2 + g3 * o3) + (g4 * o4 + g5 * o5 + g6 * o6
-                                                              + g7 * o7)
+        partial, w0, w1, w2, w3 = dout_chunk(dout, out, b, h, i, d)
         total = group_sum(partial, CHUNKS)
         if c < rows * CHUNKS:
-            store4_u32(words, (b, h, i, d // 2), bf16_pair(g0, g1), bf16_pair(g2, g3),
-                       bf16_pair(g4, g5), bf16_pair(g6, g7))
+            store4_u32(words, (b, h, i, d // 2), w0, w1, w2, w3)
             if d == 0:
                 delta[b, h, i] = total
 

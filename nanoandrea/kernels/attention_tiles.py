@@ -9,7 +9,8 @@ miniature, their operands read from shared memory 16 bytes at a time:
     exchange         a thread's patch of P (or dS) into shared memory, transposed
     output_product   O += E^T Y      (the sum over the streamed columns)
 `stage` copies rows of a head into a shared tile; `Tile` names a tile's shape; `block_rows` says
-which rows a block takes (the longest causal rows first).
+which rows a block takes (the longest causal rows first). `dout_chunk` is the tensor-core
+backward's: 8 values of dout rounded to bf16 and their share of delta.
 """
 import math
 from typing import NamedTuple
@@ -18,6 +19,7 @@ from numba import cuda, float32, uint64
 
 from .launch import SIMULATOR, inlined
 from .reduce import WARP
+from .tensorcores import bf16_pair
 from .vector import load4, store4
 
 LOG2E = float32(1.0 / math.log(2.0))
@@ -256,3 +258,17 @@ def labelled(kernel, threads, tile, shared_bytes=0):
     kernel.threads, kernel.tile, kernel.shared_bytes = threads, tile, shared_bytes
     kernel.launch_bounds = launch_bounds(threads, tile.blocks_per_sm).get("launch_bounds")
     return kernel
+
+
+@inlined
+def dout_chunk(dout, out, b, h, i, d):
+    # dout[b, h, i, d : d + 8] rounded to bf16 pairs (4 words) and its dot product with out's
+    # same 8 values: two 16-byte loads of each, the sums in one fixed order (attention_bf16's
+    # delta pass and attention_wgmma's dq, so that both give delta the same bits)
+    g0, g1, g2, g3 = load4(dout, (b, h, i, d))
+    g4, g5, g6, g7 = load4(dout, (b, h, i, d + 4))
+    o0, o1, o2, o3 = load4(out, (b, h, i, d))
+    o4, o5, o6, o7 = load4(out, (b, h, i, d + 4))
+    partial = (g0 * o0 + g1 * o1 + g2 * o2 + g3 * o3) + (g4 * o4 + g5 * o5 + g6 * o6 + g7 * o7)
+    return (partial, bf16_pair(g0, g1), bf16_pair(g2, g3), bf16_pair(g4, g5),
+            bf16_pair(g6, g7))

@@ -59,12 +59,12 @@ from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .attention import NEG_INF, dropout_factor, no_dropout
-from .attention_tiles import LOG2E, column_stager
+from .attention_tiles import LOG2E, column_stager, dout_chunk
 from .launch import SIMULATOR, blocks, current_stream, inlined, kernel_factory, launch
 from .reduce import group_sum, quad_max, quad_sum
 from .sfu import exp2_fast
 from .tensorcores import bf16_pair, store4_u32
-from .vector import flat, load2, load4, store2
+from .vector import flat, load2, store2
 from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start, descriptor_high,
                     dynamic_shared_words, fence_for, fence_proxy_async, hopper, shared_descriptor,
                     wait_for, wgmma_by_descriptors, wgmma_commit)
@@ -160,15 +160,8 @@ def tile_functions(D):
             local = row + r * ROW_STEP
             i = row0 + local
             inside = i < T
-            at_row = min(i, T - 1)
-            g0, g1, g2, g3 = load4(dout, (b, h, at_row, d))
-            g4, g5, g6, g7 = load4(dout, (b, h, at_row, d + 4))
-            o0, o1, o2, o3 = load4(out, (b, h, at_row, d))
-            o4, o5, o6, o7 = load4(out, (b, h, at_row, d + 4))
-            total = group_sum((g0 * o0 + g1 * o1 + g2 * o2 + g3 * o3)
-                              + (g4 * o4 + g5 * o5 + g6 * o6 + g7 * o7), CHUNKS)
-            w0, w1 = bf16_pair(g0, g1), bf16_pair(g2, g3)
-            w2, w3 = bf16_pair(g4, g5), bf16_pair(g6, g7)
+            partial, w0, w1, w2, w3 = dout_chunk(dout, out, b, h, min(i, T - 1), d)
+            total = group_sum(partial, CHUNKS)
             if not inside:
                 w0 = w1 = w2 = w3 = uint32(0)
                 total = float32(0.0)
