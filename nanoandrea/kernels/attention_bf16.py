@@ -41,9 +41,9 @@ tile that crosses the diagonal, by 32-bit compares of constants against one per-
 The launchers first round q, k, v (and dout) to bf16 pairs in device memory (`heads_bf16`,
 [B,H,T,D/2] uint32: one pass, half the bytes; the model's attention makes q's, k's and v's
 once, `heads_operand`, and its backward reads the forward's; dout's is made in the pass that
-sums delta, `delta_and_dout_bf16`), so that a streamed tile (k and
-v; q and dout in dk/dv) is a run of whole 16-byte chunks that cp.async copies into shared memory without
-registers, one tile ahead of the products (two stages): while the warps multiply tile i, tile
+sums delta, `delta_and_dout_bf16`), so that a streamed tile (k and v; q and dout in dk/dv) is
+a run of whole 16-byte chunks that cp.async copies into shared memory without registers, one
+tile ahead of the products (two stages): while the warps multiply tile i, tile
 i + 1 is on its way, and one barrier a tile separates the two. The chunks are swizzled as
 matmul_bf16.py's are, and ldmatrix reads them: as they lie for S = Q K^T (K's rows are n,
 their pairs run along k), with .trans for O += P V (V's rows are k). The rows a warp

@@ -43,8 +43,8 @@ pass before its products. Each product is one group of wgmma's. A tile's first p
 scores) is waited for before the softmax reads it; its second (P V, dS K, dV and dK) runs on
 into the next tile, issued behind it and waited for with its scores (in the backward at D = 64
 at the end of its own tile instead: SECOND_WAITED), and a second barrier after that wait frees
-the stage it read. So that ptxas keeps them in flight, no
-instruction writes a wgmma's accumulators while one is: a product's first step overwrites its
+the stage it read. So that ptxas keeps them in flight, no instruction writes a wgmma's
+accumulators while one is: a product's first step overwrites its
 scores (scale-d 0) instead of zeroing them, and the causal mask is read into the max and the
 probabilities, in a loop of its own for the tiles crossing the diagonal, never written into
 the scores (ptxas serializes every wgmma of a kernel that does, its warning C7515).
@@ -239,9 +239,9 @@ def tile_functions(D):
                     store2(x, (b, h, row, col), y0, y1)
 
     return dict(copy_start=copy_start, copy_own=copier(ROWS), copy_tile=copier(COLS),
-                stage_dout=stage_dout, zero=zero, scores=scores, fragments=fragments, rows_product=rows_product,
-                future=masker(True), past=masker(False), store_rows=store_rows,
-                O_ACC=O_ACC)
+                stage_dout=stage_dout, zero=zero, scores=scores, fragments=fragments,
+                rows_product=rows_product, future=masker(True), past=masker(False),
+                store_rows=store_rows, O_ACC=O_ACC)
 
 
 def bounds(blocks_per_sm):

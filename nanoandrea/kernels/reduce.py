@@ -122,15 +122,6 @@ else:
         # within their warp need no block-wide syncthreads
         cuda.syncwarp(0xFFFFFFFF)
 
-    @inlined
-    def warp_sum(value):
-        # the sum of `value` over the 32 lanes of this warp, to every lane: a butterfly of
-        # shuffles (all 32 lanes must call it), so every lane adds the same numbers in one order
-        offset = WARP // 2
-        while offset > 0:
-            value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
-            offset //= 2
-        return value
 
     @inlined
     def quad_max(value):
@@ -142,13 +133,19 @@ else:
     @inlined
     def group_sum(value, lanes):
         # the sum of `value` over each group of `lanes` consecutive lanes (a power of two, the
-        # groups aligned: lanes 8g .. 8g+7 for 8), to each lane of the group: the butterfly of
-        # warp_sum from lanes / 2 down (all 32 lanes must call it)
+        # groups aligned: lanes 8g .. 8g+7 for 8), to each lane of the group: a butterfly of
+        # shuffles from lanes / 2 down (all 32 lanes must call it), so every lane adds the same
+        # numbers in one order
         offset = lanes // 2
         while offset > 0:
             value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
             offset //= 2
         return value
+
+    @inlined
+    def warp_sum(value):
+        # the sum of `value` over the 32 lanes of this warp, to every lane
+        return group_sum(value, WARP)
 
     @inlined
     def pair_exchange(value):
