@@ -572,7 +572,7 @@ def kernel_times(fn, calls):
     for _ in range(3):
         fn()
     cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
         for _ in range(calls):
             fn()
         cuda.synchronize()
