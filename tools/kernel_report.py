@@ -66,10 +66,14 @@ def kernels():
                 # (None: unread, the launcher passes a)
                 hidden = (U2,) if epilogue is None or words else (A2,)
                 out = (U3,) if words else (A3,)
-                yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
-                       f"{f', {epilogue} epilogue' if epilogue else ''}{', bf16 out' if words else ''}",
-                       matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue, words),
-                       out + WGMMA_ARGS[1:-1] + hidden + WGMMA_MAPS)
+                # (a bias: the forward's products, X W + b, GELU's among them)
+                for biased in (False, True) if not ta and not tb and epilogue != "gelu_grad" \
+                        else (False,):
+                    yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
+                           f"{f', {epilogue} epilogue' if epilogue else ''}"
+                           f"{', bf16 out' if words else ''}{', bias' if biased else ''}",
+                           matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue, words, biased),
+                           out + WGMMA_ARGS[1:-1] + hidden + WGMMA_MAPS)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits (16-byte)", matmul.sum_splits_kernel, (A1, A2, A1, BOOL, BOOL, int64)
     for D in attention.FAST_HEAD_SIZES:

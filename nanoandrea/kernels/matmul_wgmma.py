@@ -41,7 +41,8 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words):
                barrier, and one thread stores the box (cp.async.bulk.tensor; `accumulate`:
                the engine's reduce-add, out += box, so out is never read here). The stores
                land while the consumer multiplies its next tile.
-               bias: from memory into the sums. GELU (the MLP up): out and GELU's output
+               bias: the sums start at it, before the tile's first wgmma (start_sums), so
+               the epilogue has nothing to load. GELU (the MLP up): out and GELU's output
                both, a box of each per pass, in two pairs of buffers (four), so that a pass
                waits for the stores of the pass two before, not the one just issued. GELU's
                backward: its input's box is loaded into the buffer first (TMA, an mbarrier a
@@ -123,16 +124,19 @@ def tile_of(item, tiles_m, tiles_n, k_per_split, K):
 
 
 @kernel_factory
-def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
+def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, biased=False):
     """The kernel (see the module's doc) for one (transpose_a, transpose_b) and epilogue: None,
     "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product, plus bias, times
     gelu'(hidden)). words: out and hidden are the words of Bf16Matrix's, [1, M, N/2] and
-    [M, N/2]: out rounded to bf16, GELU of out as rounded, rounded too; nothing accumulated."""
+    [M, N/2]: out rounded to bf16, GELU of out as rounded, rounded too; nothing accumulated.
+    biased: the bias is added (the sums start at it), whatever the launch's has_bias says: a
+    kernel of its own, since a sum chosen at run time between the bias and 0 costs ptxas's
+    wgmma pipeline (start_sums)."""
     check(epilogue in EPILOGUES, f"matmul_wgmma: unknown epilogue {epilogue!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
-    WORDS = words
+    WORDS, BIASED = words, biased
     STAGES, BUFFERS, _ = shared_layout(epilogue)
     multiply = wgmma_m64nNk16(BN, K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
                               K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
@@ -186,12 +190,30 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                 n += 1
 
     @inlined
+    def start_sums(sums, bias, col0, N, thread):
+        # the sums start at the bias of their columns (wgmma adds to what D holds), or at 0.
+        # wgmma's D layout (kernels/wgmma.py): thread 32 w + 4 g + t holds rows 16 w + g and 8
+        # more, columns 8 j + 2 t and the next, in sums[4 j .. 4 j + 3]. All 32 loads issue
+        # before the first wgmma needs them: one wait a tile, where the epilogue waited once a
+        # box. Every load is made, none behind a test: ptxas serializes every wgmma of the
+        # kernel (C7515) once a sum's first value is chosen by a branch or a select. A group
+        # past out's last column loads the last group's pair instead (N is a multiple of 8);
+        # its sums are clipped by the stores.
+        if BIASED:
+            start, last = int32(col0 + 2 * (thread & 3)), int32(N - col0 - 8)
+            for j in range(BN // 8):
+                b0, b1 = load2(bias, (start + min(int32(8 * j), last),))
+                sums[4 * j], sums[4 * j + 1], sums[4 * j + 2], sums[4 * j + 3] = b0, b1, b0, b1
+        else:
+            for e in range(SUMS):
+                sums[e] = float32(0.0)
+
+    @inlined
     def multiply_tile(tiles, sums, first, barriers, group, n, slices):
-        # consumer `group`'s sums of one tile, slices n .. n + slices - 1 of the block's count
-        # (returned: the count after them), each stage released once its wgmma's are done
+        # consumer `group`'s sums of one tile (started by start_sums), slices n .. n + slices
+        # - 1 of the block's count (returned: the count after them), each stage released once
+        # its wgmma's are done
         a_rows = (group - 1) * (64 * ROW_WORDS if A_ALONG_K else BLOCK_WORDS)
-        for e in range(SUMS):
-            sums[e] = float32(0.0)
         for s in range(slices):
             stage = n % STAGES
             wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
@@ -226,11 +248,10 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
 
     @inlined
     def store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, p):
+                     accumulate, z, row0, col0, thread, group, p):
         # box p (a constant: the sums are registers while every index into them is one) of
-        # the consumer's 64 x 256 at (row0, col0): its epilogue written into a buffer, then
-        # stored. wgmma's D layout (kernels/wgmma.py): thread 32 w + 4 g + t holds rows
-        # 16 w + g and 8 more, columns 8 j + 2 t and the next, in sums[4 j .. 4 j + 3]
+        # the consumer's 64 x 256 at (row0, col0), the bias already in the sums: its epilogue
+        # written into a buffer, then stored (start_sums says which sums are whose)
         warp, lane = thread >> 5, thread & 31
         row, t = 16 * warp + (lane >> 2), lane & 3
         # GELU: out's box in buffer 2 (p % 2), GELU's in the next; else buffer p % BUFFERS
@@ -241,14 +262,8 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
             if thread == 0:
                 buffer_free()
             barrier_sync(group, GROUP)
-        # the bias from the thread's first column on: its pair of group j at the constant 8 j
-        # (N is a multiple of 8, so the pair is in out's rows when its group's first column is)
-        bias_row, room = bias[col0 + 2 * t:], int32(N - col0)
         for jj in range(GROUPS):
             j = GROUPS * p + jj                 # columns 8 j .. 8 j + 7 of the 256
-            b0 = b1 = float32(0.0)
-            if has_bias and int32(8 * j) < room:
-                b0, b1 = load2(bias_row, (8 * j,))
             for h in range(2):
                 r = row + 8 * h
                 # the pair's place in the box: a word (words) or two floats, swizzled.
@@ -260,7 +275,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                     at = uint64(buffer + r * ROW_WORDS + 4 * ((2 * jj + (t >> 1)) ^ (r & 7))
                                 + 2 * (t & 1))
                 at_next, at_gelu = at + uint64(1), at + uint64(BOX_WORDS)
-                x0, x1 = sums[4 * j + 2 * h] + b0, sums[4 * j + 2 * h + 1] + b1
+                x0, x1 = sums[4 * j + 2 * h], sums[4 * j + 2 * h + 1]
                 if GELU_GRAD:
                     if WORDS:
                         g0, g1 = bf16_unpair(values[at])
@@ -296,29 +311,29 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                            p + BUFFERS)
 
     @inlined
-    def store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums, bias,
-                   has_bias, accumulate, z, row0, col0, N, thread, group):
+    def store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+                   accumulate, z, row0, col0, thread, group):
         # the consumer's boxes of the tile, one call each (a loop this long is not unrolled)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 0)
+                     accumulate, z, row0, col0, thread, group, 0)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 1)
+                     accumulate, z, row0, col0, thread, group, 1)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 2)
+                     accumulate, z, row0, col0, thread, group, 2)
         store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                     bias, has_bias, accumulate, z, row0, col0, N, thread, group, 3)
+                     accumulate, z, row0, col0, thread, group, 3)
         if BOXES > 4:
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 4)
+                         sums, accumulate, z, row0, col0, thread, group, 4)
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 5)
+                         sums, accumulate, z, row0, col0, thread, group, 5)
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 6)
+                         sums, accumulate, z, row0, col0, thread, group, 6)
             store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
-                         sums, bias, has_bias, accumulate, z, row0, col0, N, thread, group, 7)
+                         sums, accumulate, z, row0, col0, thread, group, 7)
 
     @inlined
-    def consume(tiles, first, barriers, out, hidden, bias, has_bias, accumulate, maps, out_map,
+    def consume(tiles, first, barriers, out, hidden, bias, accumulate, maps, out_map,
                 hidden_map, tiles_m, tiles_n, items, k_per_split, K, N, group, thread):
         # consumer `group` (1 or 2): its 64 rows of each of the block's tiles
         values = shared_values()                # (the same shared memory, as out's values)
@@ -337,19 +352,21 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                 all_read()                      # are free)
                 for p in range(min(BUFFERS, BOXES)):
                     load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, n0, p)
+            start_sums(sums, bias, n0, N, thread)
             n = multiply_tile(tiles, sums, first, barriers, group, n,
                               (k_end - k_start + BK - 1) // BK)
             store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
-                       bias, has_bias, accumulate, z, row0, n0, N, thread, group)
+                       accumulate, z, row0, n0, thread, group)
         if thread == 0:
             bulk_wait_all()                     # (out's last boxes written)
 
     @cuda.jit(**BOUNDS)
     def wgmma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden, maps,
                             a_maps, b_maps, out_map, hidden_map, pairs, a_parts, b_parts):
-        # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
-        # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
-        # Bf16Matrix operands. hidden[M,N] (S = 1): GELU's output (gelu) or its input
+        # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if biased; has_bias,
+        # the launcher's, says the same and is not read), Kz the z-th slice of k_per_split rows
+        # of K (S = 1 when K is not split); a, b: the words of Bf16Matrix operands.
+        # hidden[M,N] (S = 1): GELU's output (gelu) or its input
         # (gelu_grad); else not read. (words: out [1, M, N/2] and hidden [M, N/2] in pairs)
         # pairs > 1: out (+)= the sum of the products op(a_parts[j]) . op(b_parts[j]), j <
         # pairs, of one shape (a, b: the first): one product over their K's one after
@@ -385,7 +402,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False):
                         barriers, tiles_m, tiles_n, items, k_per_split, K)
         else:
             registers_up()
-            consume(tiles, first, barriers, out, hidden, bias, has_bias, accumulate, maps,
+            consume(tiles, first, barriers, out, hidden, bias, accumulate, maps,
                     out_map, hidden_map, tiles_m, tiles_n, items, k_per_split, K, N, group,
                     thread)
 
@@ -448,7 +465,14 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
                 tuple(a.words for a, _ in filled), tuple(b.words for _, b in filled))
 
     words_of = (lambda x: x.words) if words else (lambda x: x)
-    launch_product(wgmma_matmul_kernel, THREADS, grid, k_per_split, words_of(out), a.words,
+    # the kernel launch_product asks for, with the bias in its sums when it has one and K is
+    # not split (split-K's partial products have none: their sum adds it)
+    biased = bias is not None and splits == 1
+
+    def make_kernel(transpose_a, transpose_b, epilogue=None, words=False):
+        return wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words, biased)
+
+    launch_product(make_kernel, THREADS, grid, k_per_split, words_of(out), a.words,
                    b.words, bias, transpose_a, transpose_b, accumulate,
                    None if gelu_out is None else words_of(gelu_out),
                    None if gelu_input is None else words_of(gelu_input),
