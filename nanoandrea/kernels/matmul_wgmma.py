@@ -17,7 +17,7 @@ tools/dev/matmul/v12-v20 builds this kernel a step at a time, each step measured
 (docs/perf.md): v16 is the last with the threads copying (cp.async), v17 splits the block into
 a producer and consumers, v18 gives the copies to TMA, v19 the stores, v20 the registers.
 
-The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words):
+The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words, biased):
   block        one an SM, persistent (it takes tiles blockIdx.x, + grid, ...; down m first,
                so that the blocks at work at once share op(b)'s columns), 384 threads in 3
                warpgroups with roles (CUTLASS's "warp-specialized" kernels):
