@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from importlib import import_module
 from pathlib import Path
 
@@ -118,6 +119,28 @@ def test_a_runs_kernels_are_listed_without_running_them():
     window = np.zeros((1, model.config.block_size + 2), np.int64)     # (outgrows the block)
     assert kernels_of(lambda: generate(model, window, 2, temperature=0)) <= for_sampling(model)
     assert kernels_of(lambda: None) == set()
+
+
+def test_listing_a_samples_kernels_says_nothing_of_the_memory_it_reads(monkeypatch):
+    """While a run's kernels are listed none runs, so the logits a sample draws from are
+    whatever the memory held: bits that may be signalling NaNs, whose cast to float64 NumPy
+    warns of. Listing them prints no warning (here every value read back is one)."""
+    model = GPT(get_preset("tiny", vocab_size=37), get_backend("cuda"), seed=3)
+    backend = type(model.backend)
+    to_host = backend.to_host
+
+    def unwritten(self, array):             # (float32 signalling NaNs: exponent all ones,
+        values = np.asarray(to_host(self, array))               # the quiet bit clear)
+        if values.dtype != np.float32:
+            return values
+        return np.full(values.shape, 0x7FA00000, np.uint32).view(np.float32)
+
+    monkeypatch.setattr(backend, "to_host", unwritten)
+    with pytest.warns(RuntimeWarning, match="invalid value"):           # (the bits do warn)
+        unwritten(model.backend, model.params.buffer).astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert for_sampling(model)
 
 
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
