@@ -67,8 +67,8 @@ def kernels():
                 hidden = (U2,) if epilogue is None or words else (A2,)
                 out = (U3,) if words else (A3,)
                 # (a bias: the forward's products, X W + b, GELU's among them)
-                for biased in (False, True) if not ta and not tb and epilogue != "gelu_grad" \
-                        else (False,):
+                forward = not ta and not tb and epilogue != "gelu_grad"
+                for biased in (False, True) if forward else (False,):
                     yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
                            f"{f', {epilogue} epilogue' if epilogue else ''}"
                            f"{', bf16 out' if words else ''}{', bias' if biased else ''}",
