@@ -60,6 +60,27 @@ def column_stager(COLS):
     return stage_columns
 
 
+def column_loader(COLS):
+    """(load_columns, store_columns): column_stager's stage_columns in two halves, so that a
+    kernel issues a tile's loads, does other work while they travel, and only then stores them:
+    load_columns(lse, delta, b, h, n0, T, tid) gives this thread's (lse, delta) of the tile
+    from n0 (-inf's and 0 past T), store_columns(neg_lse_tiles, delta_tiles, at, columns, tid)
+    puts them in the shared slots (-lse in log2 units). Stored at once, a thread waits there
+    for its loads: in dk/dv's profile the largest stall after the tensor cores'."""
+    @inlined
+    def load_columns(lse, delta, b, h, n0, T, tid):
+        inside = tid < COLS and n0 + tid < T
+        return (lse[b, h, n0 + tid] if inside else -NEG_INF,
+                delta[b, h, n0 + tid] if inside else float32(0.0))
+
+    @inlined
+    def store_columns(neg_lse_tiles, delta_tiles, at, columns, tid):
+        if tid < COLS:
+            neg_lse_tiles[at + tid] = -columns[0] * LOG2E     # (+inf's -lse: -inf, P = 0)
+            delta_tiles[at + tid] = columns[1]
+    return load_columns, store_columns
+
+
 @inlined
 def block_rows(H, T, rows_per_block, heavy_first):
     # this block's (batch, head) and its rows [row_start, row_end): grid (B*H, T/rows_per_block).

@@ -11,8 +11,13 @@ shared memory (kernels/wgmma.py). The softmax between the products is the same a
 
 A block is one warpgroup and owns 64 rows (wgmma's M): queries in the forward and dq, keys in
 dk/dv. Those rows are copied into shared memory once; the other side's rows stream past in
-tiles of COLS = 64, two stages deep (cp.async, one tile ahead, one barrier a tile), as in
-attention_bf16. Every tile is 64 rows of 128 bytes whose 16-byte chunks are swizzled (chunk c
+tiles of COLS = 64, two stages deep (cp.async). Each copy is issued as soon as its stage is
+free, so that it has as much of the kernel's work to land behind as two stages give: the
+forward's K tile two tiles ahead (free once its scores are), its V tile one (free once its
+P V is); the backward's tiles two ahead at D = 64, where a tile's products are all waited for
+within it (SECOND_WAITED), one ahead at D = 32. Where the copies landed late, each block
+waited for them: at [16,12,1024,64] on an H100, 31% of the forward's stall samples and 19%
+of dq's (docs/runs/2026-12-05/stalls.log). Every tile is 64 rows of 128 bytes whose 16-byte chunks are swizzled (chunk c
 of row r at c ^ r % 8, the layout wgmma reads without bank conflicts); a row of D = 32 fills
 half of its 128 bytes, so both head sizes read the same layout.
 
@@ -59,7 +64,7 @@ from numba import cuda, float32, int32, uint32
 
 from .asynccopy import commit_copies, copy16_async, wait_copies
 from .attention import NEG_INF, dropout_factor, no_dropout
-from .attention_tiles import LOG2E, column_stager, dout_chunk
+from .attention_tiles import LOG2E, column_loader, dout_chunk
 from .launch import SIMULATOR, blocks, current_stream, inlined, kernel_factory, launch
 from .reduce import group_sum, quad_max, quad_sum
 from .sfu import exp2_fast
@@ -82,7 +87,6 @@ STEPS = COLS // 16                  # k16 steps of a product over a streamed til
 FRAG_WORDS = 4 * STEPS              # a thread's A fragments of scores [64, COLS] in bf16
 TWO_TILES_ROWS = 2 * COLS           # dk/dv's -lse and delta of two stages of query tiles
 LN2 = float32(math.log(2.0))
-WAIT_ALL = wait_copies(0)
 # Descriptors (kernels/wgmma.py): a start-address field in 16-byte units | a layout's bits. A
 # k16 step along a row is 32 bytes on (2 units), one down a tile's rows 16 rows of 128 bytes
 # (128 units); the two stages of streamed tiles are STAGE_UNITS apart
@@ -92,6 +96,19 @@ ALONG, DOWN = 2, 128
 TILE_UNITS, STAGE_UNITS = TILE_WORDS // 4, 2 * TILE_WORDS // 4
 multiply_scores = wgmma_by_descriptors(COLS, K_MAJOR, K_MAJOR)
 first_scores = wgmma_by_descriptors(COLS, K_MAJOR, K_MAJOR, scale_d=0)    # (D = A B)
+
+
+def copies_landed(pending):
+    """landed(): every thread's copies have landed, but for its last `pending` groups, and are
+    visible to wgmma (each thread waits for its own, then the block meets)."""
+    wait = wait_copies(pending)
+
+    @inlined
+    def landed():
+        wait()
+        fence_proxy_async()
+        cuda.syncthreads()
+    return landed
 
 
 # The backward's kernels at D = 64 wait for a tile's second product (dQ += dS K; dV and dK)
@@ -238,10 +255,30 @@ def tile_functions(D):
                         y1 += x1
                     store2(x, (b, h, row, col), y0, y1)
 
-    return dict(copy_start=copy_start, copy_own=copier(ROWS), copy_tile=copier(COLS),
-                stage_dout=stage_dout, zero=zero, scores=scores, fragments=fragments,
-                rows_product=rows_product, future=masker(True), past=masker(False),
-                store_rows=store_rows, O_ACC=O_ACC)
+    copy_tile = copier(COLS)
+    # the backward's tile i + 2 is copied at the end of tile i where its second product is
+    # waited for there (SECOND_WAITED): the stage it read is free then, and a tile's copies
+    # have a whole tile's work to land in, not only the softmax
+    TWO_AHEAD = D in SECOND_WAITED
+
+    @inlined
+    def copy_tiles(words, tiles_at, x, y, start, row0, i, tiles, T):
+        # the backward's streamed tile i (rows row0 + COLS i on) of x and of y into stage i % 2,
+        # as one group of copies (empty past the last tile: every tile then waits for the same
+        # count of groups)
+        if i < tiles:
+            at = tiles_at + (i & 1) * 2 * TILE_WORDS
+            copy_tile(words, at, x, start, row0 + i * COLS, T)
+            copy_tile(words, at + TILE_WORDS, y, start, row0 + i * COLS, T)
+        commit_copies()
+
+    return dict(copy_start=copy_start, copy_own=copier(ROWS), copy_tile=copy_tile,
+                copy_tiles=copy_tiles, stage_dout=stage_dout, zero=zero, scores=scores,
+                fragments=fragments, rows_product=rows_product, future=masker(True),
+                past=masker(False), store_rows=store_rows, O_ACC=O_ACC,
+                # the backward's tile at its start (two tiles ahead, the next one's group
+                # may still be in flight)
+                tile_landed=copies_landed(1 if TWO_AHEAD else 0))
 
 
 def bounds(blocks_per_sm):
@@ -264,6 +301,7 @@ def forward_kernel(D, dropout):
     factor = dropout_factor if dropout else no_dropout
     fence_s, wait_s = fence_for(), wait_for(S_ACC, O_ACC, FRAG_WORDS)
     fence_o, wait_o = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
+    landed = copies_landed(1)               # (the groups of one tile back: tile_step's doc)
 
     @inlined
     def tile_step(i, diagonal, tiles, words, descriptors, tiles_at, k, v, start, T, s_acc, o_acc,
@@ -272,24 +310,24 @@ def forward_kernel(D, dropout):
         # tile's S). diagonal (a constant): the tile crosses the diagonal, and its keys after a
         # query are masked. Returns the rows' new running max and sum. (Arguments in tuples:
         # a call of over 30 is made from a tuple, which Numba's inliner does not take)
+        # K's tiles are copied two tiles ahead, V's one (the kernel's doc): tile i's K landed
+        # with tile i - 1's V, waited for before that tile's P V
         q_desc, k_desc, v_desc = descriptors
         b, h, H, wrow, g, t = lane_rows
         seed, site, threshold, keep = drop
         n0 = i * COLS
         stage = i & 1
-        WAIT_ALL()                              # tile i has landed, for every thread, and is
-        fence_proxy_async()                     # visible to wgmma
-        cuda.syncthreads()
         fence_s()                               # (S = Q K^T reads no registers)
         scores(s_acc, words, q_desc, k_desc + stage * STAGE_UNITS)          # S = Q K^T
         wgmma_commit()
         wait_s(s_acc, o_acc, p_frag)            # S, and the last tile's P V: every warp is
-        cuda.syncthreads()                      # done with its stage, tile i + 1 goes there
-        if i + 1 < tiles:
-            at = tiles_at + (stage ^ 1) * 2 * TILE_WORDS
-            copy_tile(words, at, k, start, n0 + COLS, T)
-            copy_tile(words, at + TILE_WORDS, v, start, n0 + COLS, T)
-        commit_copies()
+        cuda.syncthreads()                      # done with K's stage and V's other stage
+        if i + 2 < tiles:                       # K two tiles on, where tile i's was
+            copy_tile(words, tiles_at + stage * 2 * TILE_WORDS, k, start, n0 + 2 * COLS, T)
+        if i + 1 < tiles:                       # V one tile on, where the last tile's was
+            copy_tile(words, tiles_at + (stage ^ 1) * 2 * TILE_WORDS + TILE_WORDS, v, start,
+                      n0 + COLS, T)
+        commit_copies()                         # (one group a tile, empty or not)
         limit = int32(wrow + g - n0 - 2 * t)
         max0 = max1 = NEG_INF                   # the rows' largest scores, unscaled (scale > 0)
         for j in range(NT):
@@ -323,6 +361,7 @@ def forward_kernel(D, dropout):
                 s_acc[4 * j + e] = p * factor(seed, site, threshold, keep, b, h, query,
                                               key + (e & 1), H, T)
         fragments(p_frag, s_acc)
+        landed()                                # V's tile i and K's tile i + 1
         fence_o(o_acc, p_frag)
         rows_product(o_acc, p_frag, words, v_desc + stage * STAGE_UNITS)    # O += P V
         wgmma_commit()
@@ -350,17 +389,21 @@ def forward_kernel(D, dropout):
         wrow = row0 + 16 * warp                 # the warp's rows; the lane's: wrow + g (+ 8)
         start = copy_start(bh, T, tid)
         tiles_at = first + OWN_WORDS            # stage s: a K tile, then a V tile
-        copy_own(words, first, q, start, row0, T)
-        copy_tile(words, tiles_at, k, start, 0, T)
+        tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
+        copy_own(words, first, q, start, row0, T)   # Q and K's tile 0, then K's tile 1 and
+        copy_tile(words, tiles_at, k, start, 0, T)  # V's tile 0: two groups, in the order
+        commit_copies()                             # tile_step waits for them
+        if tiles > 1:
+            copy_tile(words, tiles_at + 2 * TILE_WORDS, k, start, COLS, T)
         copy_tile(words, tiles_at + TILE_WORDS, v, start, 0, T)
         commit_copies()
+        landed()
         q_desc = shared_descriptor(words, first) | K_BITS
         field = shared_descriptor(words, tiles_at)
         k_desc, v_desc = field | K_BITS, (field + TILE_UNITS) | MN_BITS
         zero(o_acc, O_ACC)
         m0 = m1 = NEG_INF                       # each row's running max and sum (of this
         l0 = l1 = float32(0.0)                  # lane's columns: summed over the quad at the end)
-        tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
         descriptors = (q_desc, k_desc, v_desc)
         lane_rows, drop = (b, h, H, wrow, g, t), (seed, site, threshold, keep)
         past = row0 // COLS                     # the tiles before the diagonal's, then those
@@ -391,7 +434,7 @@ def dq_kernel(D, dropout):
     copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
-    stage_dout = f["stage_dout"]
+    stage_dout, copy_tiles, tile_landed = f["stage_dout"], f["copy_tiles"], f["tile_landed"]
     factor = dropout_factor if dropout else no_dropout
     fence_s, wait_s = fence_for(), wait_for(S_ACC, S_ACC, O_ACC, FRAG_WORDS)
     fence_q, wait_q = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
@@ -408,20 +451,15 @@ def dq_kernel(D, dropout):
         seed, site, threshold, keep = drop
         n0 = i * COLS
         stage = i & 1
-        WAIT_ALL()
-        fence_proxy_async()
-        cuda.syncthreads()
+        tile_landed()
         fence_s()
         scores(s_acc, words, q_desc, k_desc + stage * STAGE_UNITS)          # S = Q K^T
         scores(dp_acc, words, dout_desc, v_desc + stage * STAGE_UNITS)      # dP = dO V^T
         wgmma_commit()
         wait_s(s_acc, dp_acc, dq_acc, ds_frag)  # (and the last tile's dS K)
-        cuda.syncthreads()
-        if i + 1 < tiles:
-            at = tiles_at + (stage ^ 1) * 2 * TILE_WORDS
-            copy_tile(words, at, k, start, n0 + COLS, T)
-            copy_tile(words, at + TILE_WORDS, v, start, n0 + COLS, T)
-        commit_copies()
+        if not second_waited:                   # every warp is done with the last tile's
+            cuda.syncthreads()                  # stage: tile i + 1 goes there
+            copy_tiles(words, tiles_at, k, v, start, 0, i + 1, tiles, T)
         limit = int32(wrow + g - n0 - 2 * t)
         for j in range(NT):
             key = n0 + 8 * j + 2 * t
@@ -437,8 +475,10 @@ def dq_kernel(D, dropout):
         fence_q(dq_acc, ds_frag)
         rows_product(dq_acc, ds_frag, words, k_rows_desc + stage * STAGE_UNITS)   # dQ += dS K
         wgmma_commit()
-        if second_waited:
-            wait_q(dq_acc)
+        if second_waited:                       # every warp is done with this tile's stage:
+            wait_q(dq_acc)                      # tile i + 2 goes there
+            cuda.syncthreads()
+            copy_tiles(words, tiles_at, k, v, start, 0, i + 2, tiles, T)
 
     @cuda.jit(**bounds(3 if dropout else 4))
     def attention_dq_wgmma_kernel(dq, dout_words, delta, dout, out, q_words, k_words, v_words,
@@ -465,10 +505,11 @@ def dq_kernel(D, dropout):
         wrow = row0 + 16 * warp
         start = copy_start(bh, T, tid)
         tiles_at = first + 2 * OWN_WORDS        # stage s: a K tile, then a V tile
+        tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
         copy_own(words, first, q, start, row0, T)
-        copy_tile(words, tiles_at, k, start, 0, T)
-        copy_tile(words, tiles_at + TILE_WORDS, v, start, 0, T)
-        commit_copies()
+        copy_tiles(words, tiles_at, k, v, start, 0, 0, tiles, T)
+        if second_waited:
+            copy_tiles(words, tiles_at, k, v, start, 0, 1, tiles, T)
         stage_dout(words, first + OWN_WORDS, dout_words, delta, delta_rows, dout, out, b, h,
                    row0, T, tid)        # (while the copies are on their way)
         q_desc = shared_descriptor(words, first) | K_BITS
@@ -483,7 +524,6 @@ def dq_kernel(D, dropout):
         cuda.syncthreads()                      # (delta_rows written)
         delta0, delta1 = delta_rows[16 * warp + g], delta_rows[16 * warp + g + 8]
         zero(dq_acc, O_ACC)
-        tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
         descriptors = (q_desc, dout_desc, k_desc, v_desc, k_rows_desc)
         rows = (neg_lse0, neg_lse1, delta0, delta1)
         lane_rows, drop = (b, h, H, wrow, g, t), (seed, site, threshold, keep)
@@ -507,13 +547,14 @@ def dkdv_kernel(D, dropout):
     copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     past, store_rows, O_ACC = f["past"], f["store_rows"], f["O_ACC"]
+    copy_tiles, tile_landed = f["copy_tiles"], f["tile_landed"]
     factor = dropout_factor if dropout else no_dropout
     fence_s = fence_for()
     wait_s = wait_for(S_ACC, S_ACC, O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS)
     fence_kv, wait_kv = fence_for(O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS), wait_for(O_ACC, O_ACC)
     second_waited = D in SECOND_WAITED
 
-    stage_columns = column_stager(COLS)
+    load_columns, store_columns = column_loader(COLS)
 
     @inlined
     def tile_step(i, diagonal, tiles, row0, words, descriptors, tiles_at, q, dout, start, T,
@@ -530,22 +571,18 @@ def dkdv_kernel(D, dropout):
         n0 = row0 + i * COLS
         stage = i & 1
         columns = stage * COLS
-        WAIT_ALL()
-        fence_proxy_async()
-        cuda.syncthreads()
+        tile_landed()                           # (and the tile's -lse and delta stored)
+        # the next tile's -lse and delta, loaded now and stored after this tile's softmax
+        # (their slots were last read by the tile before this one)
+        next_columns = load_columns(lse, delta, b, h, n0 + COLS, T, tid)
         fence_s()
         scores(st_acc, words, k_desc, q_desc + stage * STAGE_UNITS)          # S^T = K Q^T
         scores(dpt_acc, words, v_desc, dout_desc + stage * STAGE_UNITS)      # dP^T = V dO^T
         wgmma_commit()
         wait_s(st_acc, dpt_acc, dv_acc, dk_acc, p_frag, ds_frag)   # (and the last dV, dK)
-        cuda.syncthreads()
-        if i + 1 < tiles:
-            at = tiles_at + (stage ^ 1) * 2 * TILE_WORDS
-            copy_tile(words, at, q, start, n0 + COLS, T)
-            copy_tile(words, at + TILE_WORDS, dout, start, n0 + COLS, T)
-            stage_columns(neg_lse_tiles, delta_tiles, (stage ^ 1) * COLS, lse, delta, b, h,
-                          n0 + COLS, T, tid)
-        commit_copies()
+        if not second_waited:                   # every warp is done with the last tile's
+            cuda.syncthreads()                  # stage: tile i + 1 goes there
+            copy_tiles(words, tiles_at, q, dout, start, row0, i + 1, tiles, T)
         limit = int32(wrow + g - n0 - 2 * t)
         for j in range(NT):                 # P^T, then dS^T and (P G)^T: two loops,
             for e in range(4):              # each short enough to be unrolled whole
@@ -564,12 +601,15 @@ def dkdv_kernel(D, dropout):
                 st_acc[4 * j + e] = p * gf
         fragments(p_frag, st_acc)
         fragments(ds_frag, dpt_acc)
+        store_columns(neg_lse_tiles, delta_tiles, (stage ^ 1) * COLS, next_columns, tid)
         fence_kv(dv_acc, dk_acc, p_frag, ds_frag)
         rows_product(dv_acc, p_frag, words, dout_rows_desc + stage * STAGE_UNITS)  # dV += (P G)^T dO
         rows_product(dk_acc, ds_frag, words, q_rows_desc + stage * STAGE_UNITS)    # dK += dS^T Q
         wgmma_commit()
-        if second_waited:
-            wait_kv(dv_acc, dk_acc)
+        if second_waited:                       # every warp is done with this tile's stage:
+            wait_kv(dv_acc, dk_acc)             # tile i + 2 goes there
+            cuda.syncthreads()
+            copy_tiles(words, tiles_at, q, dout, start, row0, i + 2, tiles, T)
 
     @cuda.jit(**bounds(2 if dropout else 3))
     def attention_dkdv_wgmma_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
@@ -597,12 +637,14 @@ def dkdv_kernel(D, dropout):
         wrow = row0 + 16 * warp                 # the warp's key rows
         start = copy_start(bh, T, tid)
         tiles_at = first + 2 * OWN_WORDS        # stage s: a Q tile, then a dO tile
-        copy_own(words, first, k, start, row0, T)
+        tiles = (T - row0 + COLS - 1) // COLS   # (row0 is a multiple of COLS: the first tile
+        copy_own(words, first, k, start, row0, T)               # is the diagonal's)
         copy_own(words, first + OWN_WORDS, v, start, row0, T)
-        copy_tile(words, tiles_at, q, start, row0, T)       # (row0 is a multiple of COLS:
-        copy_tile(words, tiles_at + TILE_WORDS, dout, start, row0, T)   # the diagonal's tile)
-        commit_copies()
-        stage_columns(neg_lse_tiles, delta_tiles, 0, lse, delta, b, h, row0, T, tid)
+        copy_tiles(words, tiles_at, q, dout, start, row0, 0, tiles, T)
+        if second_waited:
+            copy_tiles(words, tiles_at, q, dout, start, row0, 1, tiles, T)
+        store_columns(neg_lse_tiles, delta_tiles, 0,
+                      load_columns(lse, delta, b, h, row0, T, tid), tid)
         k_desc = shared_descriptor(words, first) | K_BITS
         v_desc = shared_descriptor(words, first + OWN_WORDS) | K_BITS
         field = shared_descriptor(words, tiles_at)
@@ -610,7 +652,6 @@ def dkdv_kernel(D, dropout):
         dout_desc, dout_rows_desc = (field + TILE_UNITS) | K_BITS, (field + TILE_UNITS) | MN_BITS
         zero(dk_acc, O_ACC)
         zero(dv_acc, O_ACC)
-        tiles = (T - row0 + COLS - 1) // COLS
         descriptors = (k_desc, v_desc, q_desc, dout_desc, q_rows_desc, dout_rows_desc)
         columns_at, accumulators = (neg_lse_tiles, delta_tiles), (st_acc, dpt_acc, dk_acc, dv_acc)
         lane_rows, drop = (b, h, H, wrow, g, t), (seed, site, threshold, keep)
