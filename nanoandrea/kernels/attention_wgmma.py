@@ -134,6 +134,8 @@ def tile_functions(D):
     LOG_CHUNKS = CHUNKS.bit_length() - 1
     ROW_STEP = THREADS // CHUNKS        # rows between a thread's copies (a multiple of 8: each
                                         # copy's chunk is swizzled as the first's)
+    DOUT_PASSES = ROWS // ROW_STEP      # a thread's rows of dO in stage_dout, their bf16 words
+    DOUT_WORDS = 4 * DOUT_PASSES
     multiply_rows = wgmma_by_descriptors(D, REGISTERS, MN_LAYOUT)
 
     @inlined
@@ -171,14 +173,23 @@ def tile_functions(D):
         # tid % CHUNKS (8 values) of rows tid / CHUNKS + ROW_STEP r, so a row's CHUNKS threads
         # are adjacent lanes and their sums meet in shuffles (every lane shuffles: a row past T
         # reads row T - 1 and stores zeros in shared memory, nothing in device memory)
+        # Every row's loads first, then the sums and the stores: for all the compiler knows a
+        # store to device memory may write what the next row's loads read, so a row's loads
+        # issued after the last row's stores would each wait out their own latency
         row, chunk = int32(tid >> LOG_CHUNKS), int32(tid & (CHUNKS - 1))
         d = 8 * chunk
-        for r in range(ROWS // ROW_STEP):
+        partials = cuda.local.array(DOUT_PASSES, float32)
+        pairs = cuda.local.array(DOUT_WORDS, uint32)
+        for r in range(DOUT_PASSES):
+            i = row0 + row + r * ROW_STEP
+            (partials[r], pairs[4 * r], pairs[4 * r + 1], pairs[4 * r + 2],
+             pairs[4 * r + 3]) = dout_chunk(dout, out, b, h, min(i, T - 1), d)
+        for r in range(DOUT_PASSES):
             local = row + r * ROW_STEP
             i = row0 + local
             inside = i < T
-            partial, w0, w1, w2, w3 = dout_chunk(dout, out, b, h, min(i, T - 1), d)
-            total = group_sum(partial, CHUNKS)
+            w0, w1, w2, w3 = pairs[4 * r], pairs[4 * r + 1], pairs[4 * r + 2], pairs[4 * r + 3]
+            total = group_sum(partials[r], CHUNKS)
             if not inside:
                 w0 = w1 = w2 = w3 = uint32(0)
                 total = float32(0.0)
@@ -510,6 +521,10 @@ def dq_kernel(D, dropout):
         copy_tiles(words, tiles_at, k, v, start, 0, 0, tiles, T)
         if second_waited:
             copy_tiles(words, tiles_at, k, v, start, 0, 1, tiles, T)
+        # the lane's two rows' lse, loaded before stage_dout's stores (which the compiler
+        # cannot move them past) and behind no branch, so that they travel with its loads (a
+        # row past T reads row T - 1's)
+        lse0, lse1 = lse[b, h, min(wrow + g, T - 1)], lse[b, h, min(wrow + g + 8, T - 1)]
         stage_dout(words, first + OWN_WORDS, dout_words, delta, delta_rows, dout, out, b, h,
                    row0, T, tid)        # (while the copies are on their way)
         q_desc = shared_descriptor(words, first) | K_BITS
@@ -517,10 +532,10 @@ def dq_kernel(D, dropout):
         field = shared_descriptor(words, tiles_at)
         k_desc, k_rows_desc = field | K_BITS, field | MN_BITS   # (K's rows read both ways)
         v_desc = (field + TILE_UNITS) | K_BITS
-        # the lane's two rows' -lse (log2 units: P = 2^(S scale - lse), an FFMA's addend) and
-        # delta (0 past T, where P = 0)
-        neg_lse0 = -lse[b, h, wrow + g] * LOG2E if wrow + g < T else NEG_INF
-        neg_lse1 = -lse[b, h, wrow + g + 8] * LOG2E if wrow + g + 8 < T else NEG_INF
+        # the lane's two rows' -lse (log2 units: P = 2^(S scale - lse), an FFMA's addend; -inf
+        # past T) and delta (0 past T, where P = 0)
+        neg_lse0 = -lse0 * LOG2E if wrow + g < T else NEG_INF
+        neg_lse1 = -lse1 * LOG2E if wrow + g + 8 < T else NEG_INF
         cuda.syncthreads()                      # (delta_rows written)
         delta0, delta1 = delta_rows[16 * warp + g], delta_rows[16 * warp + g + 8]
         zero(dq_acc, O_ACC)
