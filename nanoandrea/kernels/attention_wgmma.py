@@ -15,11 +15,11 @@ tiles of COLS = 64, two stages deep (cp.async). Each copy is issued as soon as i
 free, so that it has as much of the kernel's work to land behind as two stages give: the
 forward's K tile two tiles ahead (free once its scores are), its V tile one (free once its
 P V is); the backward's tiles two ahead at D = 64, where a tile's products are all waited for
-within it (SECOND_WAITED), one ahead at D = 32. Where the copies landed late, each block
-waited for them: at [16,12,1024,64] on an H100, 31% of the forward's stall samples and 19%
-of dq's (docs/runs/2026-12-05/stalls.log). Every tile is 64 rows of 128 bytes whose 16-byte chunks are swizzled (chunk c
-of row r at c ^ r % 8, the layout wgmma reads without bank conflicts); a row of D = 32 fills
-half of its 128 bytes, so both head sizes read the same layout.
+within it (SECOND_WAITED), one ahead at D = 32. A copy that lands late holds its block at
+the wait (docs/perf.md measures it). Every tile is 64 rows of 128 bytes whose 16-byte
+chunks are swizzled (chunk c of row r at c ^ r % 8, the layout wgmma reads without bank
+conflicts); a row of D = 32 fills half of its 128 bytes, so both head sizes read the same
+layout.
 
     forward   S [64, COLS] = Q K^T                 A = Q's rows, B = K's rows (both along D:
                                                    K-major)
