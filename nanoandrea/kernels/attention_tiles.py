@@ -52,16 +52,17 @@ def column_stager(COLS):
     kernel's query tile of COLS queries from n0 on, their -lse (log2 units; past T, -inf: P = 0)
     and delta, into shared slots from `at` on (the tensor-core kernels, attention_bf16.py and
     attention_wgmma.py, read a tile's P^T and dS^T by these columns)."""
+    load_columns, store_columns = column_loader(COLS)
+
     @inlined
     def stage_columns(neg_lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid):
-        if tid < COLS:
-            neg_lse_tiles[at + tid] = -lse[b, h, n0 + tid] * LOG2E if n0 + tid < T else NEG_INF
-            delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
+        store_columns(neg_lse_tiles, delta_tiles, at,
+                      load_columns(lse, delta, b, h, n0, T, tid), tid)
     return stage_columns
 
 
 def column_loader(COLS):
-    """(load_columns, store_columns): column_stager's stage_columns in two halves, so that a
+    """(load_columns, store_columns): column_stager's stage_columns in its two halves, so that a
     kernel issues a tile's loads, does other work while they travel, and only then stores them:
     load_columns(lse, delta, b, h, n0, T, tid) gives this thread's (lse, delta) of the tile
     from n0 (-inf's and 0 past T), store_columns(neg_lse_tiles, delta_tiles, at, columns, tid)

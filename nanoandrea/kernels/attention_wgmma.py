@@ -442,7 +442,7 @@ def forward_kernel(D, dropout):
 def dq_kernel(D, dropout):
     """dq for heads of D: the forward's walk over the key tiles, P from lse."""
     f = tile_functions(D)
-    copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
+    copy_start, copy_own = f["copy_start"], f["copy_own"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
     stage_dout, copy_tiles, tile_landed = f["stage_dout"], f["copy_tiles"], f["tile_landed"]
@@ -559,7 +559,7 @@ def dq_kernel(D, dropout):
 def dkdv_kernel(D, dropout):
     """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
     f = tile_functions(D)
-    copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
+    copy_start, copy_own = f["copy_start"], f["copy_own"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     past, store_rows, O_ACC = f["past"], f["store_rows"], f["O_ACC"]
     copy_tiles, tile_landed = f["copy_tiles"], f["tile_landed"]
