@@ -95,16 +95,30 @@ def test_every_format_gives_the_documents_each_ended_and_val_held_out(tmp_path, 
     assert all(stream == streams["jsonl"] for stream in streams.values()), list(streams)
 
 
+SHARDED_PREPARE = """
+import sys
+from nanoandrea import data
+source, out, gpt2_files, start = sys.argv[1:]
+data.TASK_CHARACTERS = 10_000                               # (tasks enough for two workers)
+data._start_method = lambda: start
+data.prepare(source, out, report=lambda message: None, gpt2_files=gpt2_files, workers=2,
+             shard_tokens=2_000)
+"""
+
+
 @pytest.mark.parametrize("start", ["fork", "spawn"])
-def test_workers_blocks_and_shards_change_no_token(tmp_path, gpt2_files, monkeypatch, start):
-    """Forked workers (`nanoandrea prepare`) and spawned ones (a process with CUDA) alike."""
+def test_workers_blocks_and_shards_change_no_token(tmp_path, gpt2_files, start):
+    """Forked workers (`nanoandrea prepare`) and spawned ones (a process with CUDA) alike. The
+    sharded prepare runs in a fresh interpreter, as `nanoandrea prepare` does: a test process
+    has threads (pytest-xdist's, CUDA's once a GPU test ran), and a fork of it may deadlock."""
     source = write_formats(tmp_path)["jsonl"]
     one = Dataset(prepare(source, tmp_path / "one", report=quiet, gpt2_files=gpt2_files,
                           workers=1))
-    monkeypatch.setattr(data, "TASK_CHARACTERS", 10_000)        # tasks enough for two workers
-    monkeypatch.setattr(data, "_start_method", lambda: start)
-    sharded = prepare(source, tmp_path / "two", report=quiet, gpt2_files=gpt2_files, workers=2,
-                      shard_tokens=2_000)
+    sharded = tmp_path / "two"
+    # (Python 3.12 warns where a process with threads forks: here that is an error)
+    subprocess.run([sys.executable, "-W", "error:This process:DeprecationWarning", "-c",
+                    SHARDED_PREPARE, str(source), str(sharded), str(gpt2_files), start],
+                   check=True)
     two = Dataset(sharded)
     shards = two.meta["splits"]["train"]["shards"]
     assert len(shards) > 5 and all(s["tokens"] <= 2_000 for s in shards)
