@@ -1,6 +1,7 @@
 """The brief's hardware claims, measured on the GPU: docs/hardware.md reports what this prints.
 
     python tools/hardware.py [--json PATH] [--plot PATH]
+    python tools/hardware.py --replot JSON --plot PATH    (the plot again from saved rows)
 
 (a) One fused [C,C] projection against H separate [C,D] per-head products, the same total
     work (2 M C^2 flops), at andrea-12m's shape (C=384, 12 heads of 32) and andrea-120m's (768,
@@ -28,12 +29,14 @@ are timed as one CUDA graph each side (torch.cuda.graph), so that what is measur
 GPU's time, not twelve launches from Python.
 
 --json writes every row (part, name, ms, TFLOP/s, note; part (b)'s rows also the head size and
-the column); --plot draws both parts, (b) as bars by head size.
+the column); --plot draws both parts, (b) as bars by head size; --replot draws them from rows
+a run wrote, without a GPU.
 """
 import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -283,7 +286,8 @@ def plot(path):
     import matplotlib.pyplot as plt
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     rows = [r for r in ROWS if r["claim"] == "a"]
-    left.barh([r["name"] for r in rows], [r["tflops"] for r in rows])
+    # the labels without their shapes, which the presets name
+    left.barh([re.sub(r"\[\S+\] ", "", r["name"]) for r in rows], [r["tflops"] for r in rows])
     left.invert_yaxis()
     left.set_xlabel("TFLOP/s")
     left.set_title("(a) fused [C,C] against per-head products, bf16", fontsize=10)
@@ -303,7 +307,7 @@ def plot(path):
                 bar.set_alpha(0.5)
     right.set_xticks(range(len(sizes)), [f"D={D}" for D in sizes])
     right.set_ylabel("TFLOP/s")
-    right.set_title("(b) attention fwd+bwd, [32,12,512,D]; hatched: bf16's float32 fallback",
+    right.set_title("(b) attention fwd+bwd, [32,12,512,D]\nhatched: bf16's float32 fallback",
                     fontsize=10)
     right.legend(fontsize=8, loc="upper left")
     figure.tight_layout()
@@ -314,7 +318,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
+    parser.add_argument("--replot", default=None, metavar="JSON",
+                        help="draw --plot from the rows of an earlier --json; measure nothing")
     args = parser.parse_args()
+    if args.replot:
+        ROWS.extend(json.loads(Path(args.replot).read_text()))
+        plot(args.plot or "hardware.png")
+        return
     device = cuda.get_current_device()
     name = device.name.decode() if isinstance(device.name, bytes) else device.name
     print(f"device: {name}, date {time.strftime('%Y-%m-%d')}")
