@@ -322,8 +322,10 @@ def main():
                         help="draw --plot from the rows of an earlier --json; measure nothing")
     args = parser.parse_args()
     if args.replot:
+        if not args.plot:
+            parser.error("--replot draws --plot PATH: name it")
         ROWS.extend(json.loads(Path(args.replot).read_text()))
-        plot(args.plot or "hardware.png")
+        plot(args.plot)
         return
     device = cuda.get_current_device()
     name = device.name.decode() if isinstance(device.name, bytes) else device.name
