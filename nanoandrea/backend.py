@@ -1,57 +1,43 @@
-"""Backends: where tensors live and which implementation of each op runs.
+"""Backends: where tensors live and which function runs each op.
 
-Every op in nanoandrea.kernels comes as a pair with one signature: the CUDA launcher `name`
-and its NumPy twin `name_numpy`. A Backend gathers one side of every pair, plus memory:
-    CUDA   device arrays (Numba), float32; kernels launched through kernels.launch
-    NumPy  ndarrays on the CPU, float32 or float64 (float64 for the gradient checks)
-The model and the autograd only ever call `backend.<op>(...)`, `backend.empty(...)`, ...
+A backend is a device and a precision:
+    cuda    device arrays (Numba), float32; the kernels' launchers (nanoandrea/kernels)
+    numpy   ndarrays on the CPU, float32 or float64 (float64 for the gradient checks): each
+            launcher's NumPy twin, the same signature, the definition the kernel is tested
+            against
+The model and the autograd only ever call `backend.<op>(...)`, `backend.empty(...)`, ...; the
+table in Backend.__init__ names, for every op, the CUDA launcher and its NumPy twin. The
+launchers of the two large families choose their kernel themselves, in one visible dispatch:
+kernels/matmul/__init__.py (wgmma | mma.sync | float32 tiles | reference) and
+kernels/attention/__init__.py (wgmma | mma.sync | float32 flash | reference).
 
-A backend also has a precision, the matmuls' and attention's (every other op is float32
-whatever it says):
-    fp32   the float32 kernels (matmul.py, attention.py; a product of few rows without
-           gradients, a sampled token's, matvec.py)
+The precision is the matmuls' and attention's (every other op is float32 whatever it says):
+    fp32   the float32 kernels (a product of few rows without gradients, a sampled token's,
+           on matvec)
     bf16   the operands of every matmul and of attention's products rounded to bf16, their
-           sums, the softmax and its statistics float32: on the GPU the tensor cores
-           (matmul_bf16.py, attention_bf16.py), on the CPU their NumPy twins. `operand(x)`
-           rounds a matmul's operand once (a Bf16Matrix), where a product first reads it; the
-           backward's products read the same copy
+           sums, the softmax and its statistics float32: on the GPU the tensor cores, on the
+           CPU the NumPy twins. `operand(x)` rounds a matmul's operand once (a Bf16Matrix),
+           where a product first reads it; the backward's products read the same copy
     tf32   the matmuls' operands rounded to tf32 (10 bits of mantissa to bf16's 7: ~4x closer
-           to float32, at about half bf16's speed on the tensor cores; matmul_tf32.py, a
-           Tf32Matrix each); attention float32 (attention.py)
+           to float32, at about half bf16's speed on the tensor cores; a Tf32Matrix each);
+           attention float32
 The parameters, their gradients and AdamW's state stay float32 in every precision. bf16 and
 tf32 need no loss scaling: they keep float32's 8-bit exponent, so a gradient as small as
 1e-38 is still a number (fp16's 5 bits flush anything under ~6e-8 to zero, hence fp16's loss
 scaling).
 """
-import functools
-
 import numpy as np
 
-from .kernels import (adamw, attention, attention_bf16, crossentropy, dropout, elementwise,
-                      embedding, gelu, heads, kvcache, layernorm, matmul, matmul_bf16,
-                      matmul_tf32, matvec, reduce)
-from .kernels.launch import SIMULATOR, gpu_available
-
-OPS = {
-    matmul: ["matmul", "transpose"],
-    matvec: ["matvec", "takes_matvec"],
-    reduce: ["sum_rows"],
-    heads: ["split_heads", "merge_heads", "heads_view"],
-    attention: ["attention_forward", "attention_backward"],
-    kvcache: ["kv_store", "attention_cached"],
-    layernorm: ["layernorm_forward", "layernorm_backward", "residual_layernorm_forward"],
-    gelu: ["gelu_forward", "gelu_backward"],
-    embedding: ["embedding_forward", "embedding_backward"],
-    elementwise: ["add", "add_into", "fill"],
-    dropout: ["dropout_forward", "dropout_backward"],
-    crossentropy: ["crossentropy_forward", "crossentropy_backward", "crossentropy_forward_backward"],
-    adamw: ["grad_norm", "adamw_update"],
-    matmul_bf16: ["round_bf16", "bf16_values"],
-    matmul_tf32: ["round_tf32"],
-}
-
+from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding, gelu,
+                      heads, layernorm, matmul, operands, reduce)
+from .kernels.attention import kvcache
+from .kernels.runtime.device import SIMULATOR, gpu_available
 
 PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def _never(*shape):
+    return False
 
 
 class Backend:
@@ -59,34 +45,73 @@ class Backend:
         self.name = name
         self.dtype = np.dtype(dtype)
         self.precision = precision
-        suffix = "" if name == "cuda" else "_numpy"
-        for module, names in OPS.items():
-            for op in names:
-                setattr(self, op, getattr(module, op + suffix))
-        if precision != "fp32":
-            module = matmul_bf16 if precision == "bf16" else matmul_tf32
-            self.matmul = getattr(module, f"matmul_{precision}{suffix}")
-        # out (+)= a sum of products (the gradient of x that attention's q, k and v send
-        # back): one product after another, or, bf16 on the GPU, all of them in one pass
-        self.matmul_sum = functools.partial(matmul.products_in_turn, self.matmul)
-        if precision == "bf16" and name == "cuda":
-            self.matmul_sum = matmul_bf16.matmul_sum_bf16
-        # q, k, v as attention reads them (in bf16 rounded once, for forward and backward),
-        # and whether attention rounds heads x so (then split_heads need not copy them)
-        self.heads_operand, self.attention_rounds = (lambda x: x), (lambda x: False)
-        if precision == "bf16":
-            for op in ("attention_forward", "attention_backward"):
-                setattr(self, op, getattr(attention_bf16, op + "_bf16" + suffix))
-            self.heads_operand = getattr(attention_bf16, "heads_operand" + suffix)
-            self.attention_rounds = getattr(attention_bf16, "takes" + suffix)
-        if precision == "tf32":
-            # matvec reads float32 or bf16 weights, not tf32's: a sampled token's products
-            # stay on the tensor-core tiles
-            self.takes_matvec = lambda x, w, transpose_b=False: False
-        # whether the matmul multiplies by a copy of W^T it makes (the step makes it beside;
-        # the tensor-core kernels read W^T as it lies)
-        self.copies_b_transposed = (lambda *shape: False) if name != "cuda" else (
-            matmul if precision == "fp32" else matmul_bf16).copies_b_transposed
+        cuda = name == "cuda"
+        bf16, tf32 = precision == "bf16", precision == "tf32"
+        # Each op: the CUDA launcher if cuda else its NumPy twin (kernels/<family>).
+        # The products, in the precision's kind of operand (operands.py) ...
+        self.matmul = (
+            (matmul.matmul_bf16 if cuda else matmul.matmul_bf16_numpy) if bf16 else
+            (matmul.matmul_tf32 if cuda else matmul.matmul_tf32_numpy) if tf32 else
+            (matmul.matmul if cuda else matmul.matmul_numpy))
+        # out (+)= a sum of products (the gradient of x that attention's q, k and v send back)
+        self.matmul_sum = matmul.matmul_sum if cuda else matmul.matmul_sum_numpy
+        self.matvec = matmul.matvec if cuda else matmul.matvec_numpy
+        self.transpose = matmul.transpose if cuda else matmul.transpose_numpy
+        self.round_bf16 = operands.round_bf16 if cuda else operands.round_bf16_numpy
+        self.round_tf32 = operands.round_tf32 if cuda else operands.round_tf32_numpy
+        self.bf16_values = operands.bf16_values if cuda else operands.bf16_values_numpy
+        # ... attention (kernels/attention: the bf16 launchers round q, k, v first) ...
+        self.attention_forward = (
+            (attention.attention_forward_bf16 if cuda else attention.attention_forward_bf16_numpy)
+            if bf16 else (attention.attention_forward if cuda else
+                          attention.attention_forward_numpy))
+        self.attention_backward = (
+            (attention.attention_backward_bf16 if cuda else
+             attention.attention_backward_bf16_numpy) if bf16 else
+            (attention.attention_backward if cuda else attention.attention_backward_numpy))
+        self.kv_store = kvcache.kv_store if cuda else kvcache.kv_store_numpy
+        self.attention_cached = kvcache.attention_cached if cuda else kvcache.attention_cached_numpy
+        self.split_heads = heads.split_heads if cuda else heads.split_heads_numpy
+        self.merge_heads = heads.merge_heads if cuda else heads.merge_heads_numpy
+        self.heads_view = heads.heads_view if cuda else heads.heads_view_numpy
+        # ... and the rest
+        self.sum_rows = reduce.sum_rows if cuda else reduce.sum_rows_numpy
+        self.layernorm_forward = layernorm.layernorm_forward if cuda else layernorm.layernorm_forward_numpy
+        self.layernorm_backward = layernorm.layernorm_backward if cuda else layernorm.layernorm_backward_numpy
+        self.residual_layernorm_forward = (layernorm.residual_layernorm_forward if cuda else
+                                           layernorm.residual_layernorm_forward_numpy)
+        self.gelu_forward = gelu.gelu_forward if cuda else gelu.gelu_forward_numpy
+        self.gelu_backward = gelu.gelu_backward if cuda else gelu.gelu_backward_numpy
+        self.embedding_forward = embedding.embedding_forward if cuda else embedding.embedding_forward_numpy
+        self.embedding_backward = embedding.embedding_backward if cuda else embedding.embedding_backward_numpy
+        self.add = elementwise.add if cuda else elementwise.add_numpy
+        self.add_into = elementwise.add_into if cuda else elementwise.add_into_numpy
+        self.fill = elementwise.fill if cuda else elementwise.fill_numpy
+        self.dropout_forward = dropout.dropout_forward if cuda else dropout.dropout_forward_numpy
+        self.dropout_backward = dropout.dropout_backward if cuda else dropout.dropout_backward_numpy
+        self.crossentropy_forward = (crossentropy.crossentropy_forward if cuda else
+                                     crossentropy.crossentropy_forward_numpy)
+        self.crossentropy_backward = (crossentropy.crossentropy_backward if cuda else
+                                      crossentropy.crossentropy_backward_numpy)
+        self.crossentropy_forward_backward = (crossentropy.crossentropy_forward_backward if cuda
+                                              else crossentropy.crossentropy_forward_backward_numpy)
+        self.grad_norm = adamw.grad_norm if cuda else adamw.grad_norm_numpy
+        self.adamw_update = adamw.adamw_update if cuda else adamw.adamw_update_numpy
+        # Questions the ops ask of the backend's kernels:
+        # whether a product of few rows without gradients runs on matvec (tf32: never, matvec
+        # reads float32 or bf16 weights, not tf32's)
+        self.takes_matvec = (_never if tf32 else
+                             matmul.takes_matvec if cuda else matmul.takes_matvec_numpy)
+        # q, k, v as attention reads them (bf16: rounded once, for forward and backward), and
+        # whether attention rounds heads x so (then split_heads need not copy them)
+        self.heads_operand = (attention.heads_operand if cuda else
+                              attention.heads_operand_numpy) if bf16 else (lambda x: x)
+        self.attention_rounds = (attention.rounds_heads if cuda else
+                                 attention.rounds_heads_numpy) if bf16 else _never
+        # whether the float32 product multiplies by a copy of W^T it makes (the step makes it
+        # beside; the tensor-core kernels read W^T as it lies)
+        self.copies_b_transposed = (matmul.copies_b_transposed if cuda and precision == "fp32"
+                                    else _never)
 
     def __repr__(self):
         return f"Backend({self.name!r}, {self.dtype.name}, {self.precision!r})"
@@ -97,13 +122,13 @@ class Backend:
         if self.precision == "fp32":
             return x
         rounded = self.new_operand(x.shape)
-        getattr(self, f"round_{self.precision}")(rounded, x)
+        (self.round_bf16 if self.precision == "bf16" else self.round_tf32)(rounded, x)
         return rounded
 
     def new_operand(self, shape):
         """A new operand of a [R, C] matrix for this backend's matmul, not yet written: a
         Bf16Matrix in bf16, a Tf32Matrix in tf32 (fp32: none)."""
-        kind = matmul_bf16.Bf16Matrix if self.precision == "bf16" else matmul_tf32.Tf32Matrix
+        kind = operands.Bf16Matrix if self.precision == "bf16" else operands.Tf32Matrix
         return kind.allocate(shape, self.empty)
 
     # --- memory ------------------------------------------------------------------------
@@ -159,7 +184,7 @@ class Backend:
 
 
 def _stream():
-    from .kernels.launch import current_stream
+    from .kernels.runtime.launch import current_stream
     return current_stream()
 
 

@@ -155,7 +155,7 @@ def spent_line(spent):
 
 
 def _gpu_available():
-    from .kernels.launch import gpu_available
+    from .kernels.runtime.device import gpu_available
     return gpu_available()
 
 
@@ -282,8 +282,8 @@ def compile_command(preset, batch_size, block_size, workers, precision):
     cache (ahead of the first run: a container build, a cluster's shared disk)."""
     from .backend import get_backend, resolve_precision
     from .config import get_preset
-    from .kernels import cache
-    from .kernels.launch import gpu_available
+    from .kernels.runtime import cache
+    from .kernels.runtime.device import gpu_available
     from .model import GPT
     from .precompile import compile_kernels, for_training
     from .train import TrainingError

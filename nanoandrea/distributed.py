@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import schedule
-from .kernels import launch
+from .kernels.runtime import launch
 
 DEFAULT_TIMEOUT = 60.0
 HEARTBEAT_SECONDS = 1.0
@@ -239,7 +239,7 @@ class SocketCommunicator:
 
 class NcclCommunicator:
     """Sums and gathers float32 device arrays with NCCL (cupy.cuda.nccl), on the stream the
-    kernels are launched to (kernels.launch.current_stream), so inside a captured step the
+    kernels are launched to (kernels/runtime/launch.current_stream), so inside a captured step the
     collectives are part of the CUDA graph (NCCL 2.9 and later may be captured). Several
     arrays are one NCCL group: one launch. While kernels are only being recorded (precompile)
     nothing is sent."""
@@ -269,7 +269,7 @@ class NcclCommunicator:
 
     @staticmethod
     def _stream():
-        return None if launch._recording is not None else int(launch.current_stream())
+        return None if launch.is_recording() else int(launch.current_stream())
 
     def all_reduce(self, arrays):
         stream = self._stream()

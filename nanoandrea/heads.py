@@ -31,7 +31,7 @@ from .autograd import no_grad
 from .backend import Backend
 from .checkpoint import read_checkpoint
 from .data import DEFAULT_CORPUS, VAL_FRACTION
-from .kernels.attention import _probabilities
+from .kernels.attention.reference import causal_probabilities
 from .model import GPT
 
 PATTERNS = ("previous", "current", "first", "local", "brackets", "induction")
@@ -100,7 +100,7 @@ class Recorder:
     def attention_forward(self, out, lse, q, k, v, **options):
         self.twin(out, lse, q, k, v, **options)
         layer = len(self.probabilities)
-        self.probabilities.append(_probabilities(q, k)[0] if self.ablate is None else None)
+        self.probabilities.append(causal_probabilities(q, k)[0] if self.ablate is None else None)
         if self.ablate is not None and self.ablate[0] == layer:
             out[:, self.ablate[1]] = 0.0                # out: a view of the heads' concat
 

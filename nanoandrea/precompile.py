@@ -2,7 +2,7 @@
 
     needed = kernels_of(work)       the (kernel, argument types) that work() launches, found by
                                     running it with every launch recorded and none made
-                                    (kernels/launch.py `recording`): nothing runs on the GPU
+                                    (kernels/runtime/launch.py `recording`): nothing runs on the GPU
     compile_kernels(needed)         those the kernel cache (kernels/cache.py) does not hold yet,
                                     compiled by a pool of worker processes into it, with a line
                                     that says how far it is
@@ -21,8 +21,9 @@ from importlib import import_module
 
 import numpy as np
 
-from .kernels import cache
-from .kernels.launch import SIMULATOR, recording
+from .kernels.runtime import cache
+from .kernels.runtime.device import SIMULATOR
+from .kernels.runtime.launch import recording
 
 
 def kernels_of(work):

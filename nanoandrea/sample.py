@@ -21,8 +21,8 @@ from .autograd import Tensor, no_grad
 from .backend import get_backend, resolve_precision
 from .batch import TokenBatch
 from .checkpoint import read_checkpoint
-from .kernels import launch
-from .kernels.launch import gpu_available
+from .kernels.runtime import launch
+from .kernels.runtime.device import gpu_available
 from .model import GPT
 from .step import GraphedCall
 

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 
 from numba import cuda
 
-from .kernels import launch
+from .kernels.runtime import launch
+from .kernels.runtime.device import SIMULATOR
 
 _second = None          # (the second stream, its fork event, its join event) while there is one
 _forked = False         # work launched on the second stream since the last join
@@ -33,7 +34,7 @@ _pending = []           # tensors whose gradients that work writes
 def second_stream(stream):
     """Inside the block, `beside()` puts launches on `stream` (a Numba stream)."""
     global _second, _forked
-    events = [cuda.event() if launch.SIMULATOR else cuda.event(timing=False)
+    events = [cuda.event() if SIMULATOR else cuda.event(timing=False)
               for _ in range(2)]                # (the simulator's events take no arguments)
     previous, _second = _second, (stream, *events)
     try:

@@ -13,7 +13,7 @@ then on replayed with one call:
 
     capture   a CuPy stream is put in capture mode; Numba launches onto it (as an external
               stream) are recorded, not run. Every allocation inside the step comes from one
-              arena sized by the first step (kernels.launch.allocate_from), so the graph's
+              arena sized by the first step (kernels/runtime/memory.allocate_from), so the graph's
               addresses stay valid and a step allocates nothing after the first.
     replay    what changes between steps is copied into fixed device buffers first: the token
               ids (TokenBatch.load), the dropout seeds, the learning rate and Adam's bias
@@ -49,7 +49,8 @@ import numpy as np
 
 from . import autograd, schedule
 from .batch import TokenBatch
-from .kernels import launch, tma
+from .kernels.ptx import tma
+from .kernels.runtime import launch, memory
 
 
 class GraphedCall:
@@ -60,7 +61,7 @@ class GraphedCall:
 
     def __init__(self, backend, cuda_graph, second_stream=False, streams=None):
         self.backend = backend
-        self.cuda_graph = cuda_graph and backend.name == "cuda" and launch.CUPY_POOL
+        self.cuda_graph = cuda_graph and backend.name == "cuda" and memory.CUPY_POOL
         self.graph = None
         self.arena_bytes = None
         self.stream = self.side_stream = None
@@ -86,7 +87,7 @@ class GraphedCall:
             self._body()
             return False
         if self.arena_bytes is None:
-            with launch.count_allocations() as tally:
+            with memory.count_allocations() as tally:
                 self._body()
             self.arena_bytes = tally.bytes
             return False
@@ -100,8 +101,8 @@ class GraphedCall:
 
     def _capture(self):
         import cupy
-        self.arena = launch.Arena(self.arena_bytes)
-        with self.stream, launch.allocate_from(self.arena), tma.made_while_capturing():
+        self.arena = memory.Arena(self.arena_bytes)
+        with self.stream, memory.allocate_from(self.arena), tma.made_while_capturing():
             self.stream.begin_capture()
             try:
                 if self.side_stream is None:
@@ -197,7 +198,7 @@ class EvalStep(GraphedCall):
             self.batch.load(x, y)
             try:
                 self._run()
-            except MemoryError:             # (the arena: launch.Arena's, or CuPy's)
+            except MemoryError:             # (the arena: memory.Arena's, or CuPy's)
                 self.cuda_graph, self.graph, self.arena = False, None, None
                 self._body()
         self.count += 1

@@ -40,9 +40,9 @@ from .data import BatchSampler, DataError, Dataset, resolve_data
 from .distributed import DistributedError, data_parallel
 from .heads import HeadsError, gradient_shares, plot_gradient_shares
 from .hf import InteropError
-from .kernels import attention_bf16
+from .kernels.attention import TENSOR_CORE_HEAD_SIZES
 from .kernels.dropout import mix32
-from .kernels.launch import SIMULATOR, gpu_available
+from .kernels.runtime.device import SIMULATOR, gpu_available
 from .model import GPT
 from .optim import AdamW, ShardedAdamW, learning_rate
 from .precompile import compile_kernels, for_training
@@ -111,7 +111,7 @@ def precision_line(precision, head_size):
         return "float32 throughout"
     if precision == "tf32":
         return "matmuls tf32 on the tensor cores, attention float32"
-    if head_size in attention_bf16.HEAD_SIZES:
+    if head_size in TENSOR_CORE_HEAD_SIZES:
         return "matmuls and attention bf16 on the tensor cores"
     return (f"matmuls bf16 on the tensor cores, attention float32 (no tensor-core kernel takes "
             f"heads of {head_size})")

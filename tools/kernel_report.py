@@ -27,8 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numba import cuda, float32, int32, int64, types  # noqa: E402
 
-from nanoandrea.kernels import (attention, attention_bf16, attention_wgmma,  # noqa: E402
-                                crossentropy, gelu, heads, layernorm, matmul, matmul_wgmma)
+from nanoandrea.kernels import crossentropy, gelu, heads, layernorm  # noqa: E402
+from nanoandrea.kernels.attention import float32 as attention  # noqa: E402
+from nanoandrea.kernels.attention import mma_sync as attention_mma  # noqa: E402
+from nanoandrea.kernels.attention import wgmma as attention_wgmma  # noqa: E402
+from nanoandrea.kernels.matmul import float32 as matmul, split_k  # noqa: E402
+from nanoandrea.kernels.matmul import wgmma as matmul_wgmma  # noqa: E402
 
 A1, A2, A3, A4 = float32[::1], float32[:, ::1], float32[:, :, ::1], float32[:, :, :, ::1]
 I1 = int64[::1]
@@ -75,8 +79,8 @@ def kernels():
                            matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue, words, biased),
                            out + WGMMA_ARGS[1:-1] + hidden + WGMMA_MAPS)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
-    yield "sum_splits (16-byte)", matmul.sum_splits_kernel, (A1, A2, A1, BOOL, BOOL, int64)
-    for D in attention.FAST_HEAD_SIZES:
+    yield "sum_splits (16-byte)", split_k.sum_splits_kernel, (A1, A2, A1, BOOL, BOOL, int64)
+    for D in attention.HEAD_SIZES:
         forward_tile, dkdv_tile = attention.GPU_TILES[D]
         for dropout in (True, False):
             yield (f"attention forward D={D}{', dropout' if dropout else ''}",
@@ -85,15 +89,15 @@ def kernels():
         yield f"attention dk/dv D={D}, dropout", attention.dkdv_kernel(D, dkdv_tile, True), \
             (V4, V4, A4, V4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
     W4 = types.uint32[:, :, :, ::1]             # attention_bf16's heads in bf16 pairs
-    for D in attention_bf16.HEAD_SIZES:
+    for D in attention_mma.HEAD_SIZES:
         for dropout in (False, True):
             named = f"D={D}{', dropout' if dropout else ''}"
-            yield (f"attention bf16 forward {named}", attention_bf16.forward_kernel(D, dropout),
+            yield (f"attention bf16 forward {named}", attention_mma.forward_kernel(D, dropout),
                    (V4, A3, W4, W4, W4, float32, *DROP))
             backward = (W4, W4, W4, W4, A3, A3, float32, float32, *DROP, BOOL)
-            yield (f"attention bf16 dq {named}", attention_bf16.dq_kernel(D, dropout),
+            yield (f"attention bf16 dq {named}", attention_mma.dq_kernel(D, dropout),
                    (V4, *backward))
-            yield (f"attention bf16 dk/dv {named}", attention_bf16.dkdv_kernel(D, dropout),
+            yield (f"attention bf16 dk/dv {named}", attention_mma.dkdv_kernel(D, dropout),
                    (V4, V4, *backward))
     for D in attention_wgmma.HEAD_SIZES:                                # (sm_90a: wgmma)
         for dropout in (False, True):
@@ -108,8 +112,8 @@ def kernels():
     yield "attention dq sum", attention.attention_dq_sum_kernel, \
         (V4, A4, float32, int64, int64, BOOL)
     yield "attention delta", attention.attention_delta4_kernel, (A3, V4, V4)
-    for D in attention_bf16.HEAD_SIZES:
-        yield (f"attention delta and dout bf16 D={D}", attention_bf16.delta_and_dout_kernel(D),
+    for D in attention_mma.HEAD_SIZES:
+        yield (f"attention delta and dout bf16 D={D}", attention_mma.delta_and_dout_kernel(D),
                (A3, W4, V4, V4))
     yield "split_heads4 (16-byte)", heads.split_heads4_kernel, (A4, A4, BOOL)
     yield "merge_heads4 (16-byte)", heads.merge_heads4_kernel, (A4, A4, BOOL)
@@ -206,6 +210,8 @@ def main():
     parser.add_argument("--sass", action="store_true",
                         help="also disassemble (cuobjdump) and describe each kernel's loops")
     parser.add_argument("--only", default="", help="kernels whose name contains this")
+    parser.add_argument("--ptx", metavar="FOLDER", help="also write each kernel's PTX there (to "
+                        "compare two versions of the code: `diff -r`, names aside)")
     args = parser.parse_args()
     ptxas = cuda_tool("ptxas")
     compile_for_sm90_offline()
@@ -221,6 +227,10 @@ def main():
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0, arch) if arch else (9, 0),
                                       launch_bounds=kernel.targetoptions.get("launch_bounds"))
             source.write_text(ptx)
+            if args.ptx:
+                Path(args.ptx).mkdir(parents=True, exist_ok=True)
+                (Path(args.ptx) / (re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".ptx")
+                 ).write_text(ptx)
             result = subprocess.run([ptxas, f"-arch=sm_90{arch}", "-v", str(source), "-o",
                                      str(cubin)], capture_output=True, text=True)
             lines = [line.split("info    :")[-1].strip() for line in result.stderr.splitlines()

@@ -22,7 +22,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import SIMULATOR, check, check_float32, launch
+from .runtime.device import SIMULATOR
+from .runtime.launch import check, check_float32, launch
 from .reduce import MAX_THREADS, block_sum
 
 THREADS = 32 if SIMULATOR else 256

@@ -26,11 +26,12 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import SIMULATOR, check, check_float32, check_shape, inlined, launch
-from .matmul_bf16 import Bf16Matrix, device_empty, round_bf16, round_bf16_numpy
+from .operands import Bf16Matrix, device_empty, round_bf16, round_bf16_numpy
+from .ptx.mma import bf16_pair, store4_u32
+from .ptx.vector import aligned16, load4, store4
 from .reduce import MAX_THREADS, block_max, block_sum
-from .tensorcores import bf16_pair, store4_u32
-from .vector import aligned16, load4, store4
+from .runtime.device import SIMULATOR
+from .runtime.launch import check, check_float32, check_shape, inlined, launch
 
 THREADS = 32 if SIMULATOR else 256
 NEG_INF = float32(-np.inf)

@@ -17,8 +17,8 @@ import numpy as np
 from numba import cuda, float32
 
 from .elementwise import flat, pick
-from .launch import check, check_float32, inlined, launch
-from .vector import load4, store4
+from .ptx.vector import load4, store4
+from .runtime.launch import check, check_float32, inlined, launch
 
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9

@@ -13,8 +13,8 @@ gelu.py and dropout.py follow the same pattern.
 import numpy as np
 from numba import cuda
 
-from .launch import check, check_float32, elementwise_grid, launch
-from .vector import aligned16, load4, store4
+from .ptx.vector import aligned16, load4, store4
+from .runtime.launch import check, check_float32, elementwise_grid, launch
 
 
 def vectorizable(*arrays):

@@ -18,7 +18,8 @@ each distinct token one block that adds its positions' rows in that fixed order.
 import numpy as np
 from numba import cuda, float32
 
-from .launch import SIMULATOR, blocks, check, check_float32, check_shape, launch
+from .runtime.device import SIMULATOR
+from .runtime.launch import blocks, check, check_float32, check_shape, launch
 from .reduce import sum_rows
 
 THREADS = 32 if SIMULATOR else 128

@@ -26,9 +26,9 @@ import numpy as np
 from numba import cuda, float32
 
 from .elementwise import flat, pick
-from .launch import check_float32, inlined, launch
-from .sfu import exp2_fast, reciprocal_fast
-from .vector import load4, store4
+from .ptx.sfu import exp2_fast, reciprocal_fast
+from .ptx.vector import load4, store4
+from .runtime.launch import check_float32, inlined, launch
 
 SQRT_2_OVER_PI = float32(math.sqrt(2.0 / math.pi))
 CUBIC = float32(0.044715)

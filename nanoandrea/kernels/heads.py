@@ -25,9 +25,9 @@ Each op has two kernels, as in elementwise.py:
 import numpy as np
 from numba import cuda, float32
 
-from .launch import (ELEMENTWISE_THREADS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     inlined, launch)
-from .vector import aligned16, load4, store4
+from .ptx.vector import aligned16, load4, store4
+from .runtime.device import SIMULATOR
+from .runtime.launch import (ELEMENTWISE_THREADS, blocks, check, check_float32, check_shape, inlined, launch)
 
 ROWS_PER_THREAD = 2     # 4-wide kernels: the rows (16-byte loads) a thread has in flight
 

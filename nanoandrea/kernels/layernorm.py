@@ -29,13 +29,15 @@ from contextlib import contextmanager
 import numpy as np
 from numba import cuda, float32
 
-from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check_float32, check_shape,
-                     current_stream, elementwise_grid, inlined, kernel_factory, launch)
-from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, WARP, block_sum, chunk_rows,
-                     column_partials_sum, finish_column_sums_kernel, row_chunks, sum_rows,
-                     warp_sum)
-from .tensorcores import bf16_pair, store2_u32
-from .vector import aligned16, load4, store4
+from .reduce import (COLUMNS, MAX_THREADS, ROW_GROUPS, block_sum, chunk_rows,
+                     column_partials_sum, finish_column_sums_kernel, row_chunks, sum_rows)
+from .runtime import device
+from .runtime.device import SIMULATOR
+from .runtime.launch import (blocks, check_float32, check_shape, current_stream, elementwise_grid,
+                             inlined, kernel_factory, launch)
+from .ptx.mma import bf16_pair, store2_u32
+from .ptx.vector import aligned16, load4, store4
+from .ptx.warp import WARP, warp_sum
 
 EPS = 1e-5
 THREADS = 8 if SIMULATOR else 128        # block kernels: threads per row
@@ -397,7 +399,7 @@ def _words_kernel(out, C, *arrays):
 @contextmanager
 def _through_float32(out):
     """A float32 array for a forward to write, rounded into the Bf16Matrix out after."""
-    from .matmul_bf16 import round_bf16
+    from .operands import round_bf16
     values = cuda.device_array(out.shape, np.float32, stream=current_stream())
     yield values
     round_bf16(out, values)
@@ -414,7 +416,7 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
     N, C = x.shape
     V = warp_vectors(C, dx, prior, dout, x, weight)
     if V:
-        R = min(blocks(N, WARPS), 2 if SIMULATOR else MULTIPROCESSORS * backward_blocks_per_sm(V))
+        R = min(blocks(N, WARPS), 2 if SIMULATOR else device.current().multiprocessors * backward_blocks_per_sm(V))
         partials = cuda.device_array((2, R, C), np.float32, stream=current_stream())
         launch(warp_kernel(V, "backward"), R, (WARP, WARPS), dx, prior, partials[0], partials[1],
                dout, x, weight, mean, rstd, accumulate)
@@ -433,7 +435,7 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
 def layernorm_forward_numpy(out, mean, rstd, x, weight, bias):
     _check(x, weight, out=out, mean=mean, rstd=rstd)
     if hasattr(out, "words"):                   # (a Bf16Matrix: the float32 rows rounded)
-        from .matmul_bf16 import round_bf16_numpy
+        from .operands import round_bf16_numpy
         values = np.empty(out.shape, np.float32)
         layernorm_forward_numpy(values, mean, rstd, x, weight, bias)
         round_bf16_numpy(out, values)

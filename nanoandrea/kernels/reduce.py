@@ -5,13 +5,14 @@ partials meet in shared memory and halve in a fixed tree (block_sum, block_max).
 lanes meet in register shuffles instead (warp_sum). The fixed orders make every result
 bit-for-bit reproducible: no atomics anywhere in nanoandrea's training step.
 """
-import threading
-
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32
 
-from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, check_shape,
-                     current_stream, elementwise_grid, inlined, kernel_factory, launch)
+from .ptx.mma import bf16_unpair, unpack_bf16
+from .runtime import device
+from .runtime.device import SIMULATOR
+from .runtime.launch import (blocks, check, check_float32, check_shape, current_stream,
+                             elementwise_grid, inlined, kernel_factory, launch)
 
 MAX_THREADS = 1024
 
@@ -45,120 +46,6 @@ def block_max(value, scratch):
     return block_reduce(value, scratch, True)
 
 
-WARP = 32
-
-if SIMULATOR:
-    # The simulator has no shuffles: lanes meet in a list, with a barrier of the warp's 32
-    # threads (each simulated GPU thread is a Python thread) before and after reading it.
-    # A device function, so that `cuda` in it is the simulated one when a kernel of another
-    # module calls it (the simulator swaps `cuda` in the globals of the kernel's module and of
-    # each device function it calls).
-    _warps = {}
-    _warps_lock = threading.Lock()
-
-    @cuda.jit(device=True)
-    def warp_values(value):
-        # (the 32 lanes' values, this lane): the lanes meet in a list
-        index = cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y
-                                                      + cuda.blockDim.y * cuda.threadIdx.z)
-        warp, lane = divmod(index, WARP)
-        with _warps_lock:
-            slots, barrier = _warps.setdefault(
-                (tuple(cuda.blockIdx), warp), ([None] * WARP, threading.Barrier(WARP, timeout=60)))
-        slots[lane] = value
-        barrier.wait()
-        values = list(slots)
-        barrier.wait()                  # (the slots may be refilled right after)
-        return values, lane
-
-    def _butterfly(values, lane, offset, combine):
-        # the shuffles' butterfly from `offset` down to 1, in the same order as on the GPU
-        while offset > 0:
-            values = [combine(values[i], values[i ^ offset]) for i in range(WARP)]
-            offset //= 2
-        return values[lane]
-
-    @cuda.jit(device=True)
-    def warp_sum(value):
-        values, lane = warp_values(value)
-        return _butterfly(values, lane, WARP // 2, lambda x, y: x + y)
-
-    def _quad(value, combine):
-        # lanes 4g .. 4g+3 meet: xor 1, then xor 2, as the shuffles below
-        values, lane = warp_values(value)
-        for offset in (1, 2):
-            values = [combine(values[i], values[i ^ offset]) for i in range(WARP)]
-        return values[lane]
-
-    @cuda.jit(device=True)
-    def quad_max(value):
-        return _quad(value, max)
-
-    @cuda.jit(device=True)
-    def quad_sum(value):
-        return _quad(value, lambda x, y: x + y)
-
-    @cuda.jit(device=True)
-    def group_sum(value, lanes):
-        values, lane = warp_values(value)
-        return _butterfly(values, lane, lanes // 2, lambda x, y: x + y)
-
-    @cuda.jit(device=True)
-    def pair_exchange(value):
-        values, lane = warp_values(value)
-        return values[lane ^ 1]
-
-    @cuda.jit(device=True)
-    def warp_barrier():
-        # no syncwarp in the simulator: the block's barrier, which is stronger (callers reach
-        # warp_barrier with all the block's threads, as syncthreads asks)
-        cuda.syncthreads()
-
-else:
-    @inlined
-    def warp_barrier():
-        # the 32 lanes of this warp wait for each other, and their shared-memory writes before
-        # it are seen by all of them after it (bar.warp.sync): threads that exchange values only
-        # within their warp need no block-wide syncthreads
-        cuda.syncwarp(0xFFFFFFFF)
-
-
-    @inlined
-    def quad_max(value):
-        # the max of `value` over the 4 lanes 4g .. 4g+3 (one row of an mma accumulator, in
-        # tensorcores.py's layout), to each of them
-        value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
-        return max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 2))
-
-    @inlined
-    def group_sum(value, lanes):
-        # the sum of `value` over each group of `lanes` consecutive lanes (a power of two, the
-        # groups aligned: lanes 8g .. 8g+7 for 8), to each lane of the group: a butterfly of
-        # shuffles from lanes / 2 down (all 32 lanes must call it), so every lane adds the same
-        # numbers in one order
-        offset = lanes // 2
-        while offset > 0:
-            value += cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
-            offset //= 2
-        return value
-
-    @inlined
-    def warp_sum(value):
-        # the sum of `value` over the 32 lanes of this warp, to every lane
-        return group_sum(value, WARP)
-
-    @inlined
-    def pair_exchange(value):
-        # the value of the lane next to this one (lane ^ 1), a 32-bit word (all 32 lanes call it)
-        return uint32(cuda.shfl_xor_sync(0xFFFFFFFF, int32(value), 1))
-
-    @inlined
-    def quad_sum(value):
-        # likewise the sum, in the same order on every lane
-        value += cuda.shfl_xor_sync(0xFFFFFFFF, value, 1)
-        return value + cuda.shfl_xor_sync(0xFFFFFFFF, value, 2)
-
-
 # Column sums of a [rows, columns] matrix, in two deterministic stages:
 #  1. grid (columns/32, R chunks of rows): a block of (COLUMNS, ROW_GROUPS) threads takes 32
 #     adjacent columns of one chunk; thread (x, y) adds rows y, y+ROW_GROUPS, ... of column x
@@ -176,7 +63,7 @@ MIN_CHUNK_ROWS = 8 if SIMULATOR else 64
 def row_chunks(rows, columns):
     """R: enough blocks for ~4 per multiprocessor, chunks of at least MIN_CHUNK_ROWS rows."""
     column_blocks = (columns + COLUMNS - 1) // COLUMNS
-    wanted = (4 * MULTIPROCESSORS + column_blocks - 1) // column_blocks
+    wanted = (4 * device.current().multiprocessors + column_blocks - 1) // column_blocks
     return max(1, min(wanted, rows // MIN_CHUNK_ROWS))
 
 
@@ -223,7 +110,6 @@ def column_partials_sum(total, partial):
 def sum_rows_kernel(words=False):
     """The kernel of sum_rows; words: x is a Bf16Matrix's words [M, P/2] (column c the low half
     of word c/2 for an even c, the high half for an odd one)."""
-    from .tensorcores import bf16_unpair       # (here: tensorcores' simulator twin imports us)
 
     @inlined
     def value(x, row, col):
@@ -268,7 +154,6 @@ def sum_rows(out, x, accumulate=False):
 
 def sum_rows_numpy(out, x, accumulate=False):
     if hasattr(x, "words"):                     # (a Bf16Matrix's values)
-        from .tensorcores import unpack_bf16
         x = unpack_bf16(np.asarray(x.words))[:, :x.shape[1]]
     check_shape("sum_rows out", out, (x.shape[1],))
     if accumulate:

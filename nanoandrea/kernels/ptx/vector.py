@@ -23,7 +23,7 @@ Python functions that index the array four times, so kernels using them run ther
 `flat(x)`, for a C-contiguous x, is x's elements in one row (a view of the same memory): a
 kernel that walks x with one index adds a constant to it where x[row, col] would multiply.
 """
-from .launch import SIMULATOR
+from ..runtime.device import SIMULATOR
 
 
 def aligned16(array):

@@ -7,10 +7,8 @@ call in one function gives one place to:
   - size grids (`blocks(n, per_block)`), and check shapes and dtypes (`check_*`) with one-line
     errors.
 
-It also wires CuPy's memory pool under Numba (Numba's external-memory-manager plugin), which
-makes a device allocation about 15 times cheaper and lets freed activations be reused; and,
-for a captured step, `count_allocations` (how much a step allocates) and
-`allocate_from(arena)` (one block, carved up, owned by the graph).
+Device memory (CuPy's pool under Numba, a captured step's arena) is memory.py's; importing
+this module sets the pool up, before any CUDA context exists.
 
 Kernels made by a factory from a few compile-time parameters (a tile, a transpose, an
 epilogue) come from `kernel_factory`, which makes each once and names it by its parameters.
@@ -24,11 +22,10 @@ import os
 from contextlib import contextmanager
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
-from . import cache
-
-SIMULATOR = bool(config.ENABLE_CUDASIM)
+from . import cache, device, memory  # noqa: F401  (memory: CuPy's pool, before any context)
+from .device import SIMULATOR
 
 if not SIMULATOR:
     # numba-cuda warns of every grid of fewer than 128 blocks; ours are small on purpose
@@ -188,15 +185,15 @@ def blocks(n, per_block):
     return max(1, (n + per_block - 1) // per_block)
 
 
-MULTIPROCESSORS = 132   # the H200's SMs: grids that must fill the GPU are sized from this
 ELEMENTWISE_THREADS = 32 if SIMULATOR else 256
-ELEMENTWISE_MAX_BLOCKS = 4 if SIMULATOR else MULTIPROCESSORS * 16
 
 
 def elementwise_grid(n):
-    """(blocks, threads) for a grid-stride loop over n elements: enough blocks to fill the GPU,
-    never more than needed (and few in the simulator, where every thread is a Python thread)."""
-    return min(blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_MAX_BLOCKS), ELEMENTWISE_THREADS
+    """(blocks, threads) for a grid-stride loop over n elements: enough blocks to fill the GPU
+    (16 a multiprocessor), never more than needed (and few in the simulator, where every thread
+    is a Python thread)."""
+    most = 4 if SIMULATOR else 16 * device.current().multiprocessors
+    return min(blocks(n, ELEMENTWISE_THREADS), most), ELEMENTWISE_THREADS
 
 
 # --- shape and dtype checks: a launcher states what it expects, in one line each ---------
@@ -244,147 +241,3 @@ def check_float32_rows(**arrays):
             last = len(array.shape) - 1         # (the simulator's shapes take no index -1)
             check(array.shape[last] <= 1 or array.strides[last] == array.dtype.itemsize,
                   f"{name}: expected rows (the last axis) contiguous")
-
-
-# --- device memory ------------------------------------------------------------------------
-
-def _use_cupy_memory_pool():
-    """Let Numba allocate from CuPy's memory pool (the EMM plugin), if CuPy is installed.
-
-    Must run before the CUDA context is created. NANOANDREA_CUPY_POOL=0 turns it off.
-    """
-    if SIMULATOR or os.environ.get("NANOANDREA_CUPY_POOL", "1") == "0":
-        return False
-    try:
-        import cupy
-        from numba.cuda import (GetIpcHandleMixin, HostOnlyCUDAMemoryManager,
-                                MemoryInfo, MemoryPointer)
-    except Exception:       # no CuPy, or a CuPy without a usable CUDA: Numba's own allocator
-        return False
-
-    import ctypes
-
-    class CuPyMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
-        """Device memory from CuPy's pool; host memory as Numba does it."""
-        live = {}    # device address -> CuPy's pointer object; dropping it returns the block
-
-        def initialize(self):
-            pass     # CuPy's pool needs no setup
-
-        def memalloc(self, size):
-            if _arena is not None:              # inside a graph capture: carve from the arena
-                return MemoryPointer(self.context, ctypes.c_void_p(_arena.take(size)), size)
-            if _tally is not None:
-                _tally.add(size)
-            block = cupy.cuda.alloc(size)
-            address = int(block.ptr)
-            self.live[address] = block
-            live = self.live
-            return MemoryPointer(self.context, ctypes.c_void_p(address), size,
-                                 finalizer=lambda: live.pop(address, None))
-
-        def get_memory_info(self):
-            free, total = cupy.cuda.runtime.memGetInfo()
-            return MemoryInfo(free=free, total=total)
-
-        @property
-        def interface_version(self):
-            return 1
-
-    cuda.set_memory_manager(CuPyMemoryManager)
-    return True
-
-
-CUPY_POOL = _use_cupy_memory_pool()
-
-# --- memory for a captured step: count once, then carve from one block -------------------
-
-ALIGNMENT = 256          # bytes; what cudaMalloc gives, so 16-byte vector loads stay legal
-_tally = None            # while counting: the Tally every device allocation reports to
-_arena = None            # while capturing: the Arena every device allocation comes from
-
-
-class Tally:
-    """Bytes allocated on the device inside a `count_allocations()` block."""
-    def __init__(self):
-        self.bytes = 0
-        self.count = 0
-
-    def add(self, size):
-        self.bytes += -(-size // ALIGNMENT) * ALIGNMENT
-        self.count += 1
-
-
-class Arena:
-    """One device block, handed out front to back and never given back: the memory of a captured
-    CUDA graph. The graph's kernels read and write these addresses at every replay, so the
-    arena lives as long as the graph (whoever holds the graph holds the arena)."""
-    def __init__(self, size):
-        import cupy
-        self.size = size
-        self.block = cupy.cuda.alloc(max(size, ALIGNMENT))
-        self.base = int(self.block.ptr)
-        self.used = 0
-
-    def take(self, size):
-        size = -(-size // ALIGNMENT) * ALIGNMENT
-        if self.used + size > self.size:
-            raise MemoryError(f"graph arena: {self.used + size} bytes needed, {self.size} reserved")
-        address = self.base + self.used
-        self.used += size
-        return address
-
-
-@contextmanager
-def count_allocations():
-    """Yields a Tally of the device allocations made inside the block (needs CuPy's pool)."""
-    global _tally
-    _tally = Tally()
-    try:
-        yield _tally
-    finally:
-        _tally = None
-
-
-@contextmanager
-def allocate_from(arena):
-    """Inside the block every device allocation is carved from `arena` (needs CuPy's pool)."""
-    global _arena
-    _arena = arena
-    try:
-        yield arena
-    finally:
-        _arena = None
-
-
-_scratch = {}
-
-
-def scratch(name, shape, dtype=np.float32):
-    """A device array kept for the life of the process, one per (name, shape, dtype, device):
-    a launcher's temporary too large to allocate at every call (the attention backward's dq
-    shares: 830 MB at andrea-120m, B=16, shared by its 12 layers). Its users launch on the
-    first stream only (what runs beside it, on the second stream, takes none), so calls run
-    one after another and may share it; it is allocated outside count_allocations and
-    allocate_from, so a captured graph's arena does not hold a copy of it, and the graph may
-    keep using it."""
-    global _tally, _arena
-    key = (name, tuple(shape), np.dtype(dtype).str,
-           0 if SIMULATOR else cuda.get_current_device().id)
-    if key not in _scratch:
-        saved, (_tally, _arena) = (_tally, _arena), (None, None)
-        try:
-            _scratch[key] = cuda.device_array(shape, dtype=dtype)
-        finally:
-            _tally, _arena = saved
-    return _scratch[key]
-
-
-def gpu_available():
-    """True when a real CUDA GPU is usable (never under the simulator)."""
-    if SIMULATOR:
-        return False
-    try:
-        return cuda.is_available() and len(cuda.gpus) > 0
-    except Exception:
-        return False

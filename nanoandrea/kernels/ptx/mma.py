@@ -49,7 +49,7 @@ part of the instruction's result from all lanes' operands.
 """
 import numpy as np
 
-from .launch import SIMULATOR
+from ..runtime.device import SIMULATOR
 
 
 # --- bf16 on the host ------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def _tf32_words_values(words):
 if SIMULATOR:
     from numba import cuda, float32, uint32
 
-    from .reduce import warp_values
+    from .warp import warp_values
 
     _G, _T = np.divmod(np.arange(32), 4)
 

@@ -36,14 +36,17 @@ kernels already do.
 import numpy as np
 from numba import cuda, float32
 
-from .gelu import gelu_forward, gelu_value
-from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
-                     inlined, kernel_factory, launch)
-from .matmul import bias_argument, matmul_numpy, sum_splits
-from .matmul_bf16 import Bf16Matrix, bf16_matrix_values
-from .reduce import WARP, warp_sum
-from .tensorcores import bf16_pair, bf16_unpair
-from .vector import aligned16, load4
+from ..gelu import gelu_forward, gelu_value
+from ..operands import Bf16Matrix, bf16_matrix_values
+from ..ptx.mma import bf16_pair, bf16_unpair
+from ..ptx.vector import aligned16, load4
+from ..ptx.warp import WARP, warp_sum
+from ..runtime import device
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import (blocks, check, check_float32, current_stream, inlined,
+                              kernel_factory, launch)
+from .reference import bias_argument, matmul_numpy
+from .split_k import sum_splits
 
 MAX_ROWS = 16               # products of more rows go to the tile kernels
 
@@ -211,7 +214,7 @@ def takes_matvec(x, w, transpose_b=False):
 def matvec_splits(N, K):
     """Slices of K for matvec_kernel: enough blocks for two a multiprocessor, each thread
     still reading MIN_ROWS_PER_THREAD rows of W (one split where the columns alone fill it)."""
-    wanted = -(-2 * MULTIPROCESSORS // blocks(N, BLOCK_COLUMNS))
+    wanted = -(-2 * device.current().multiprocessors // blocks(N, BLOCK_COLUMNS))
     return max(1, min(wanted, K // (MIN_ROWS_PER_THREAD * GROUPS)))
 
 

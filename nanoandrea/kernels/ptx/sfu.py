@@ -15,7 +15,7 @@ import math
 
 from numba import float32
 
-from .launch import SIMULATOR
+from ..runtime.device import SIMULATOR
 
 if SIMULATOR:
     def exp2_fast(x):

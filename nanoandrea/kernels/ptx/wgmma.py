@@ -108,7 +108,8 @@ from collections import namedtuple
 import numpy as np
 from numba import cuda, float32, uint32
 
-from .launch import SIMULATOR, inlined_by_numba
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import inlined_by_numba
 
 M, N, K = 64, 128, 16           # matmul_wgmma's wgmma (m64n128k16); any N: m64nNk16
 ACCUMULATORS = M * N // 128     # a thread's float32s of that D: 64 (N/2 for m64nNk16)
@@ -169,13 +170,6 @@ def read_operand(words, first, desc, major, rows, cols):
     return ((bits & 0xFFFF).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-@functools.cache
-def hopper():
-    """Whether this process's GPU runs wgmma: compute capability 9.0 (sm_90a; not the
-    simulator, and not later GPUs, whose tensor-core instructions are others)."""
-    return not SIMULATOR and cuda.get_current_device().compute_capability == (9, 0)
-
-
 def _check_layouts(n, a_layout, b_layout):
     if not (8 <= n <= 256 and n % 8 == 0):
         raise ValueError(f"wgmma: N = {n}, not a multiple of 8 from 8 to 256")
@@ -184,8 +178,8 @@ def _check_layouts(n, a_layout, b_layout):
 
 
 if SIMULATOR:
-    from .reduce import warp_values
-    from .tensorcores import unpack_bf16
+    from .mma import unpack_bf16
+    from .warp import warp_values
 
     _G, _T = np.divmod(np.arange(32), 4)
 

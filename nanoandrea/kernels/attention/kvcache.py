@@ -42,9 +42,10 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import (SIMULATOR, blocks, check, check_float32, check_shape, current_stream,
-                     kernel_factory, launch)
-from .reduce import WARP, warp_sum
+from ..ptx.warp import WARP, warp_sum
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import (blocks, check, check_float32, check_shape, current_stream,
+                              kernel_factory, launch)
 
 THREADS = 32 if SIMULATOR else 128      # kv_store's block
 WARPS = 2 if SIMULATOR else 4           # attention_cached_kernel's block

@@ -63,20 +63,21 @@ words.
 import numba
 from numba import cuda, float32, int32, uint64
 
-from .gelu import gelu_derivative_sfu, gelu_value_sfu
-from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, inlined,
-                     kernel_factory)
-from .matmul import EPILOGUES, _check_matmul, k_per_slice, launch_product, split_count
-from .sharedmem import dynamic_shared_floats
-from .tensorcores import bf16_pair, bf16_unpair
-from .tma import (CONSUMER_REGISTERS, PRODUCER_REGISTERS, ROW_WORDS, arrive_expect_tx,
-                  barrier_sync, box_add, box_load, box_store, bulk_commit, bulk_reads_done,
-                  bulk_wait_all, mbarrier_arrive, mbarrier_init, registers_down, registers_up,
-                  tensor_maps, tensormap_acquire, wait_phase)
-from .vector import aligned16, load2
-from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start, dynamic_shared_words,
-                    fence_for, fence_proxy_async, hopper, wait_for, wgmma_commit,
-                    wgmma_m64nNk16)
+from ..gelu import gelu_derivative_sfu, gelu_value_sfu
+from ..ptx.mma import bf16_pair, bf16_unpair
+from ..ptx.sharedmem import dynamic_shared_floats
+from ..ptx.tma import (CONSUMER_REGISTERS, PRODUCER_REGISTERS, ROW_WORDS, arrive_expect_tx,
+                       barrier_sync, box_add, box_load, box_store, bulk_commit, bulk_reads_done,
+                       bulk_wait_all, mbarrier_arrive, mbarrier_init, registers_down,
+                       registers_up, tensor_maps, tensormap_acquire, wait_phase)
+from ..ptx.vector import aligned16, load2
+from ..ptx.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start, dynamic_shared_words,
+                         fence_for, fence_proxy_async, wait_for, wgmma_commit, wgmma_m64nNk16)
+from ..runtime import device
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import blocks, check, check_float32, inlined, kernel_factory, launch
+from . import split_k
+from .reference import EPILOGUES, bias_argument, check_matmul, epilogue_of
 
 BM, BN, BK = 128, 256, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
 GROUP = 128                     # threads a warpgroup
@@ -94,7 +95,6 @@ STAGE_BYTES = 4 * STAGE_WORDS
 BOX_ROWS = 64                   # a box of out: a consumer's 64 rows x 128 bytes        8 KB
 BOX_WORDS = BOX_ROWS * ROW_WORDS
 SUMS = BN // 2                  # a consumer thread's float32s of its 64 x 256
-RESIDENT_BLOCKS = 1 if SIMULATOR else MULTIPROCESSORS
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
 fence_sums, wait_all, wait_but_one = fence_for(SUMS), wait_for(SUMS), wait_for(SUMS, pending=1)
 
@@ -411,32 +411,38 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
 
 # --- the launcher ----------------------------------------------------------------------------
 
+def resident_blocks():
+    """The persistent grid: one block a multiprocessor (one in the simulator, which then takes
+    every tile in turn)."""
+    return 1 if SIMULATOR else device.current().multiprocessors
+
+
 def takes(out, bias=None, hidden=None, a=None, b=None):
-    """Whether matmul_bf16 sends this product here: on a GPU of compute capability 9.0, when
-    out's rows are a multiple of 8 values (the split-K sum's fours; a Bf16Matrix then has no
-    padding to keep zero; the tensor maps' 16-byte row strides) and every array is 16-byte
+    """Whether this kernel takes the product: on a GPU that runs wgmma (runtime/device.py),
+    when out's rows are a multiple of 8 values (the split-K sum's fours; a Bf16Matrix then has
+    no padding to keep zero; the tensor maps' 16-byte row strides) and every array is 16-byte
     aligned (the tensor maps' and the 8-byte bias loads'). Any M and K. out and hidden are
     float32 arrays or Bf16Matrix's, a and b Bf16Matrix's."""
     arrays = [getattr(x, "words", x) for x in (out, bias, hidden, a, b) if x is not None]
-    return hopper() and out.shape[1] % 8 == 0 and all(aligned16(x) for x in arrays)
+    return device.runs_wgmma() and out.shape[1] % 8 == 0 and all(aligned16(x) for x in arrays)
 
 
 def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
                  gelu_out=None, gelu_input=None, more_pairs=()):
-    """out[M,N] (+)= op(a) . op(b) (+ bias), matmul_bf16's arguments and epilogues; a, b
-    Bf16Matrix operands (already rounded). out, gelu_out and gelu_input all float32 arrays, or
-    all Bf16Matrix's (the bf16 epilogue: nothing accumulated). more_pairs: up to PAIRS - 1
-    more (a, b) of a's and b's shapes and orientation, their products added in the same pass
-    (`takes_pairs`): the sums stay in the registers, out is written once."""
+    """out[M,N] (+)= op(a) . op(b) (+ bias); a, b Bf16Matrix operands (already rounded). out,
+    gelu_out and gelu_input all float32 arrays, or all Bf16Matrix's (the bf16 epilogue: nothing
+    accumulated). more_pairs: up to PAIRS - 1 more (a, b) of a's and b's shapes and
+    orientation, their products added in the same pass (`takes_pairs`): the sums stay in the
+    registers, out is written once."""
     hidden = gelu_out if gelu_out is not None else gelu_input
-    words = hasattr(out, "words")                       # (a Bf16Matrix: matmul_bf16 imports us)
+    words = hasattr(out, "words")                       # (a Bf16Matrix)
     check(hidden is None or hasattr(hidden, "words") == words,
           "matmul_wgmma: out and GELU's array must both be float32 or both Bf16Matrix's")
     check(not (words and accumulate), "matmul_wgmma: a product in bf16 is not added to")
     if not words:
         check_float32(out=out, gelu_out=gelu_out, gelu_input=gelu_input)
     check_float32(bias=bias)
-    M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
+    M, N, K = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     check(N % 8 == 0, f"matmul_wgmma: out's rows of {N}, not a multiple of 8")
     pairs = [(a, b), *more_pairs]
     check(takes_pairs(pairs) and (len(pairs) == 1 or hidden is None and not words),
@@ -446,9 +452,9 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     # the pairs' K one after another, each padded to whole slices
     K_all = K if len(pairs) == 1 else len(pairs) * blocks(K, BK) * BK
     # (a product in bf16 comes from the epilogue only: not split)
-    splits = 1 if words else split_count(M, N, K_all, slots=RESIDENT_BLOCKS, step=BK,
-                                         value_bytes=2, tile=(BM, BN))
-    k_per_split = k_per_slice(K_all, splits, step=BK)
+    splits = 1 if words else split_k.split_count(M, N, K_all, resident_blocks(), BK, 2,
+                                                 (BM, BN))
+    k_per_split = split_k.k_per_slice(K_all, splits, BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K_all, k_per_split))
     filled = pairs + [pairs[0]] * (PAIRS - len(pairs))     # (the kernel's tuples: PAIRS each)
 
@@ -464,21 +470,29 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
         return (table, rows[:PAIRS], rows[PAIRS:2 * PAIRS], *rows[2 * PAIRS:], len(pairs),
                 tuple(a.words for a, _ in filled), tuple(b.words for _, b in filled))
 
-    words_of = (lambda x: x.words) if words else (lambda x: x)
-    # the kernel launch_product asks for, with the bias in its sums when it has one and K is
-    # not split (split-K's partial products have none: their sum adds it)
-    biased = bias is not None and splits == 1
-
-    def make_kernel(transpose_a, transpose_b, epilogue=None, words=False):
-        return wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words, biased)
-
-    launch_product(make_kernel, THREADS, grid, k_per_split, words_of(out), a.words,
-                   b.words, bias, transpose_a, transpose_b, accumulate,
-                   None if gelu_out is None else words_of(gelu_out),
-                   None if gelu_input is None else words_of(gelu_input),
-                   blocks_at_once=RESIDENT_BLOCKS, words=words,
-                   shared_bytes=lambda epilogue: shared_layout(epilogue)[2],
-                   more_arguments=tensor_map_arguments)
+    # out and GELU's array as the kernel takes them: a Bf16Matrix's words [M, N/2]
+    out_array = out.words if words else out
+    hidden_array = None if hidden is None else (hidden.words if words else hidden)
+    bias, has_bias = bias_argument(out_array, bias)
+    # the persistent grid: each block takes tiles in turn, from every slice of K
+    launched = min(grid[0] * grid[1] * grid[2], resident_blocks())
+    ta, tb = bool(transpose_a), bool(transpose_b)
+    if grid[2] == 1:        # one pass, the bias in the sums and the epilogue doing the rest
+        epilogue = epilogue_of(gelu_out, gelu_input)
+        out_array = out_array.reshape(1, *out_array.shape)
+        biased = has_bias and splits == 1
+        launch(wgmma_matmul_kernel(ta, tb, epilogue, words, biased), launched, THREADS,
+               out_array, a.words, b.words, bias, has_bias, accumulate, k_per_split,
+               a.words if hidden_array is None else hidden_array,
+               *tensor_map_arguments(out_array, hidden_array),
+               shared_bytes=shared_layout(epilogue)[2])
+        return
+    # split-K: the partial products have no bias (their sum adds it)
+    partials = split_k.partials(grid[2], M, N)
+    launch(wgmma_matmul_kernel(ta, tb), launched, THREADS, partials, a.words, b.words, bias,
+           False, False, k_per_split, a.words, *tensor_map_arguments(partials, None),
+           shared_bytes=shared_layout(None)[2])
+    split_k.finish(out, partials, bias, has_bias, accumulate, gelu_out, gelu_input)
 
 
 def takes_pairs(pairs):

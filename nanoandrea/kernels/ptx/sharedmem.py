@@ -28,7 +28,8 @@ Under the simulator shared_tile is that slice and reshape (a view of the same me
 """
 from numba import cuda, float32
 
-from .launch import SIMULATOR, inlined_by_numba
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import inlined, inlined_by_numba
 
 if SIMULATOR:
     @cuda.jit(device=True)
@@ -71,3 +72,18 @@ else:
             return view._getvalue()
 
         return tile(buffer, offset, rows, cols), codegen
+
+
+def swizzle(chunks):
+    """The stored place of 16-byte chunk c of row r in a shared tile of `chunks` chunks a row
+    (a power of 2), such that rows r .. r+7 (r a multiple of 8) of any one chunk lie in 8
+    different 16-byte columns of a 128-byte bank line: c XOR r mod 8 for rows of 8 chunks or
+    more; for rows of 4 (two rows a line), c XOR (r / 2) mod 4; for 2, c XOR (r / 4) mod 2.
+    Adding a multiple of 16 to r changes nothing (the fragments' offsets use that)."""
+    shift = {1: 3, 2: 2, 4: 1}.get(chunks, 0)       # log2 of the rows in one 128-byte line
+    mask = min(8, chunks) - 1
+
+    @inlined
+    def swizzled(r, c):
+        return c ^ ((r >> shift) & mask)
+    return swizzled

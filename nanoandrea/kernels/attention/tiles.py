@@ -17,10 +17,11 @@ from typing import NamedTuple
 
 from numba import cuda, float32, uint64
 
-from .launch import SIMULATOR, inlined
-from .reduce import WARP
-from .tensorcores import bf16_pair
-from .vector import load4, store4
+from ..ptx.mma import bf16_pair
+from ..ptx.vector import load4, store4
+from ..ptx.warp import WARP
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import inlined
 
 LOG2E = float32(1.0 / math.log(2.0))
 NEG_INF = float32(-math.inf)

@@ -1,17 +1,17 @@
 """Causal softmax attention on the tensor cores: bf16 operands, float32 sums and softmax.
 
-The math, the arguments and the dropout are attention.py's (read its doc first); what changes
-is where the multiplications happen and what they read:
+The family's function (attention/reference.py: the math, the arguments, the dropout); what
+changes is where the multiplications happen and what they read:
     q, k, v, dout    rounded to bf16 where a kernel first reads them (their arrays stay float32)
     P G, dS          rounded to bf16 before the products that read them (P V, dS K, ...)
     the scores, the softmax's running max and sum, lse, delta, every sum: float32
 so a result differs from the float32 kernels' by about bf16's 2^-9 relative a rounding, ~1e-2
 at worst. Heads of D = 32 or 64 (16-byte aligned rows) take the tensor-core kernels: on a GPU
-of compute capability 9.0 (the H100, the H200) attention_wgmma.py's, on Hopper's warpgroup
-instruction (faster: docs/perf.md), elsewhere (8.x) the kernels here; any other D (72 among
-them) the float32 kernels of attention.py, which stay correct for any D.
+of compute capability 9.0 (the H100, the H200) attention/wgmma.py's, on Hopper's warpgroup
+instruction (faster: docs/perf.md), elsewhere (8.x) the kernels here (the family's dispatch
+chooses); any other D (72 among them) the float32 kernels, which stay correct for any D.
 
-Each kernel here gives a warp 16 rows and multiplies with `mma.sync.m16n8k16` (tensorcores.py):
+Each kernel here gives a warp 16 rows and multiplies with `mma.sync.m16n8k16` (ptx/mma.py):
     forward      a block of 64 query rows (4 warps) walks the key tiles of 64 up to the
                  diagonal: S = Q K^T, the online softmax, O += P V
     dq           the same walk: S = Q K^T, P = exp(S - lse), dP = dO V^T, dS = P (G dP - delta),
@@ -28,7 +28,7 @@ Why P never leaves the registers: an accumulator of a 16 x 8 tile of S gives lan
 a 16 x 16 tile takes from it the pairs (g, 2t:2t+2), (g+8, 2t:2t+2), (g, 2t+8:2t+10),
 (g+8, 2t+8:2t+10). So two neighbouring score tiles, their pairs rounded to bf16 (`pairs`), ARE
 the A fragment of P for the next product: no shared memory, no shuffle. A row's max and sum
-meet across the 4 lanes t of its g (reduce.quad_max, quad_sum).
+meet across the 4 lanes t of its g (ptx/warp.quad_max, quad_sum).
 
 Why the softmax is written the way it is: with 64 HMMA a tile of the forward, the kernel is
 bound by how many other instructions it issues (docs/perf.md), so each score costs one FFMA
@@ -38,36 +38,37 @@ results under 2^-126, which add nothing to a row's sum). The causal mask is appl
 tile that crosses the diagonal, by 32-bit compares of constants against one per-lane limit
 (masker); every other tile's keys all lie in the past.
 
-The launchers first round q, k, v (and dout) to bf16 pairs in device memory (`heads_bf16`,
+The family's dispatch first rounds q, k, v to bf16 pairs in device memory (operands.heads_bf16,
 [B,H,T,D/2] uint32: one pass, half the bytes; the model's attention makes q's, k's and v's
-once, `heads_operand`, and its backward reads the forward's; dout's is made in the pass that
-sums delta, `delta_and_dout_bf16`), so that a streamed tile (k and v; q and dout in dk/dv) is
+once, `heads_operand`, and its backward reads the forward's; dout's is made here in the pass
+that sums delta, `delta_and_dout_bf16`), so that a streamed tile (k and v; q and dout in dk/dv) is
 a run of whole 16-byte chunks that cp.async copies into shared memory without registers, one
 tile ahead of the products (two stages): while the warps multiply tile i, tile
 i + 1 is on its way, and one barrier a tile separates the two. The chunks are swizzled as
-matmul_bf16.py's are, and ldmatrix reads them: as they lie for S = Q K^T (K's rows are n,
+the mma.sync product's are (ptx/sharedmem.swizzle), and ldmatrix reads them: as they lie for S = Q K^T (K's rows are n,
 their pairs run along k), with .trans for O += P V (V's rows are k). The rows a warp
 multiplies by every tile (q and dout; k and v in dk/dv) are loaded into A fragments once.
 
 Under the CUDA simulator a block is 2 warps and a tile 16 rows: the same code, small enough.
 """
+
 import math
 
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from . import attention, attention_wgmma
-from .attention import NEG_INF, _check_attention, dropout_arguments, dropout_factor, no_dropout
-from .asynccopy import commit_copies, copy16_async, wait_copies
-from .attention_tiles import LOG2E, column_stager, dout_chunk
-from .launch import (SIMULATOR, blocks, check, check_float32, check_float32_rows,
-                     current_stream, inlined, kernel_factory, launch)
-from .matmul_bf16 import swizzle
-from .reduce import group_sum, quad_max, quad_sum
-from .sfu import exp2_fast
-from .tensorcores import (bf16_pair, bf16_values, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16,
-                          pack_bf16, store4_u32)
-from .vector import aligned16, flat, load4
+from ..operands import Bf16Heads
+from ..ptx.asynccopy import commit_copies, copy16_async, wait_copies
+from ..ptx.mma import (bf16_pair, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, pack_bf16,
+                       store4_u32)
+from ..ptx.sfu import exp2_fast
+from ..ptx.sharedmem import swizzle
+from ..ptx.vector import flat
+from ..ptx.warp import group_sum, quad_max, quad_sum
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import blocks, current_stream, inlined, kernel_factory, launch
+from .reference import dropout_factor, no_dropout
+from .tiles import LOG2E, NEG_INF, column_stager, dout_chunk
 
 HEAD_SIZES = (32, 64)
 WARPS = 2 if SIMULATOR else 4
@@ -80,27 +81,7 @@ LN2 = float32(math.log(2.0))
 WAIT_ALL = wait_copies(0)
 
 
-# --- NumPy twins: attention.py's, of the operands rounded ------------------------------------
-
-def attention_forward_bf16_numpy(out, lse, q, k, v, kernel="auto", dropout_p=0.0, seed=None,
-                                 site=0, rows_per_block=None):
-    """attention_forward_numpy of q, k, v rounded to bf16 (the definition the kernels meet
-    within bf16's rounding of P)."""
-    attention.attention_forward_numpy(out, lse, *(_rounded(x) for x in (q, k, v)),
-                                      dropout_p=dropout_p, seed=seed, site=site)
-
-
-def attention_backward_bf16_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
-                                  kernel="auto", dropout_p=0.0, seed=None, site=0,
-                                  rows_per_block=None):
-    q, k, v, dout = (_rounded(x) for x in (q, k, v, dout))
-    attention.attention_backward_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate,
-                                       dropout_p=dropout_p, seed=seed, site=site)
-
-
-def _rounded(x):
-    return bf16_values(x).astype(x.dtype)
-
+# --- the NumPy twin of delta_and_dout_bf16 -------------------------------------------------
 
 def delta_and_dout_bf16_numpy(delta, dout, out):
     """delta[B,H,T] = dout . out along D; returns dout's bf16 pairs, uint32 [B,H,T,D/2]."""
@@ -473,23 +454,6 @@ def dkdv_kernel(D, dropout):
     return attention_dkdv_bf16_kernel
 
 
-@cuda.jit
-def heads_bf16_kernel(words, x):
-    # words[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
-    # store)
-    B, H, T, W = words.shape
-    chunks = W // 4
-    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if c >= B * H * T * chunks:
-        return
-    row, chunk = c // chunks, c % chunks
-    b, h, i = row // (H * T), (row // T) % H, row % T
-    x0, x1, x2, x3 = load4(x, (b, h, i, 8 * chunk))
-    x4, x5, x6, x7 = load4(x, (b, h, i, 8 * chunk + 4))
-    store4_u32(words, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
-               bf16_pair(x4, x5), bf16_pair(x6, x7))
-
-
 @kernel_factory
 def delta_and_dout_kernel(D):
     """delta and dout's bf16 copy for heads of D, in one pass over dout."""
@@ -519,28 +483,28 @@ def delta_and_dout_kernel(D):
     return delta_and_dout_bf16_kernel
 
 
-# --- launchers -----------------------------------------------------------------------------------
+# --- launchers (the family's dispatch checks the arguments and rounds q, k, v) ---------------
 
-class Bf16Heads:
-    """x [B,H,T,D] rounded to bf16, as the kernels here read it: `words` uint32 [B,H,T,D/2]
-    (pairs, contiguous); `shape` is x's. The model's attention rounds q, k and v once
-    (heads_operand) and hands the same copies to the forward and to the backward."""
-    __slots__ = ("words", "shape")
-
-    def __init__(self, words):
-        self.words = words
-        self.shape = (*words.shape[:3], 2 * words.shape[3])
+def attention_forward_mma(out, lse, q_words, k_words, v_words, scale_log2, dropout, drop):
+    """The forward's launch: q, k, v as their Bf16Heads words; dropout: whether dropout_p > 0,
+    drop: reference.dropout_arguments."""
+    B, H, T, D = out.shape
+    launch(forward_kernel(D, dropout), (B * H, blocks(T, ROWS)), THREADS, out, lse, q_words,
+           k_words, v_words, scale_log2, *drop)
 
 
-def heads_bf16(x):
-    """x [B,H,T,D] (float32, 16-byte aligned rows, D % 8 == 0) rounded to bf16 pairs: a new
-    Bf16Heads (a Bf16Heads is returned as it is)."""
-    if isinstance(x, Bf16Heads):
-        return x
-    B, H, T, D = x.shape
-    words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
-    launch(heads_bf16_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
-    return Bf16Heads(words)
+def attention_backward_mma(dq, dk, dv, delta, dout, out, words, lse, scale_log2, scale, dropout,
+                           drop, accumulate):
+    """The backward's launches: delta and dout's bf16 copy first (one pass,
+    delta_and_dout_bf16), then the dq kernel and the dk/dv kernel, which read the same bf16
+    copies. words: the Bf16Heads words of q, k, v."""
+    B, H, T, D = dq.shape
+    words = [delta_and_dout_bf16(delta, dout, out).words, *words]
+    grid = (B * H, blocks(T, ROWS))
+    launch(dq_kernel(D, dropout), grid, THREADS, dq, *words, lse, delta, scale_log2, scale,
+           *drop, accumulate)
+    launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, *words, lse, delta, scale_log2,
+           scale, *drop, accumulate)
 
 
 def delta_and_dout_bf16(delta, dout, out):
@@ -552,104 +516,3 @@ def delta_and_dout_bf16(delta, dout, out):
     launch(delta_and_dout_kernel(D), blocks(B * H * T * D // 8, 128), 128, delta, words, dout,
            out)
     return Bf16Heads(words)
-
-
-def takes(x):
-    """Whether the tensor-core kernels take heads x [B,H,T,D] (a float32 array or view): D in
-    HEAD_SIZES, rows 16-byte aligned."""
-    return _on_tensor_cores("auto", x.shape[3], (x,)) is not None
-
-
-def takes_numpy(x):
-    return False        # (the NumPy twins round their operands themselves)
-
-
-def heads_operand(x):
-    """q, k or v [B,H,T,D] as the attention here reads it: rounded to bf16 (heads_bf16) where
-    the tensor-core kernels take it, else x itself (attention.py's kernels read float32)."""
-    return heads_bf16(x) if takes(x) else x
-
-
-def heads_operand_numpy(x):
-    return x
-
-
-TENSOR_CORE_KERNELS = ("auto", "mma", "wgmma")
-
-
-def _on_tensor_cores(kernel, D, arrays):
-    """Which tensor-core kernels take this call: "wgmma" (attention_wgmma.py: Hopper's) or
-    "mma" (this module's mma.sync ones) when D is in HEAD_SIZES with 16-byte aligned rows (what
-    split_heads makes) and kernel is "auto" (wgmma on a GPU of compute capability 9.0, else
-    mma), or names them (the tests, the ladder); None: attention.py's float32 kernels do."""
-    fits = kernel in TENSOR_CORE_KERNELS and D in HEAD_SIZES and all(
-        isinstance(x, Bf16Heads) or aligned16(x) for x in arrays)
-    check(fits or not any(isinstance(x, Bf16Heads) for x in arrays),
-          "attention_bf16: operands in bf16 (Bf16Heads) need the tensor-core kernels")
-    check(fits or kernel not in ("mma", "wgmma"),
-          f"attention_bf16: the {kernel} kernels take D in {HEAD_SIZES}, 16-byte aligned rows")
-    if not fits:
-        return None
-    if kernel == "auto":
-        return "wgmma" if attention_wgmma.takes(D) else "mma"
-    return kernel
-
-
-def _float32_rows(**arrays):
-    check_float32_rows(**{name: x for name, x in arrays.items() if not isinstance(x, Bf16Heads)})
-
-
-def attention_forward_bf16(out, lse, q, k, v, kernel="auto", dropout_p=0.0, seed=None, site=0,
-                           rows_per_block=None):
-    """attention.attention_forward with bf16 operands on the tensor cores (the module's doc);
-    kernel "auto" (wgmma on Hopper, else mma.sync), "wgmma" or "mma"; "fast" or "reference",
-    or a D the kernels here do not take: attention.py's."""
-    B, H, T, D = _check_attention(q, k, v, out=out, lse=lse)
-    kernels = _on_tensor_cores(kernel, D, (out, q, k, v))
-    if kernels is None:
-        attention.attention_forward(out, lse, q, k, v, kernel, dropout_p, seed, site,
-                                    rows_per_block)
-        return
-    check_float32(lse=lse)
-    _float32_rows(out=out, q=q, k=k, v=v)
-    scale_log2 = np.float32(LOG2E / math.sqrt(D))
-    words = [heads_bf16(x).words for x in (q, k, v)]
-    drop = dropout_arguments(dropout_p, seed, site)
-    if kernels == "wgmma":
-        attention_wgmma.attention_forward_wgmma(out, lse, *words, scale_log2, dropout_p > 0,
-                                                drop)
-        return
-    launch(forward_kernel(D, dropout_p > 0), (B * H, blocks(T, ROWS)), THREADS, out, lse,
-           *words, scale_log2, *drop)
-
-
-def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
-                            kernel="auto", dropout_p=0.0, seed=None, site=0, rows_per_block=None):
-    """attention.attention_backward on the tensor cores: delta and dout's bf16 copy first (one
-    pass, delta_and_dout_bf16), then the dq kernel and the dk/dv kernel, which read the same
-    bf16 copies (q, k, v: float32 or, as the forward had them, Bf16Heads)."""
-    B, H, T, D = _check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
-                                  delta=delta)
-    kernels = _on_tensor_cores(kernel, D, (dq, dk, dv, dout, q, k, v, out))
-    if kernels is None:
-        attention.attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate,
-                                     kernel, dropout_p, seed, site, rows_per_block)
-        return
-    check_float32(delta=delta, lse=lse)
-    _float32_rows(dq=dq, dk=dk, dv=dv, dout=dout, q=q, k=k, v=v, out=out)
-    scale = np.float32(1.0 / math.sqrt(D))
-    scale_log2 = np.float32(LOG2E * scale)
-    drop = dropout_arguments(dropout_p, seed, site)
-    if kernels == "wgmma":
-        attention_wgmma.attention_backward_wgmma(dq, dk, dv, delta, dout, out,
-                                                 [heads_bf16(x).words for x in (q, k, v)], lse,
-                                                 scale_log2, scale, dropout_p > 0, drop,
-                                                 accumulate)
-        return
-    words = [delta_and_dout_bf16(delta, dout, out).words] + [heads_bf16(x).words
-                                                             for x in (q, k, v)]
-    grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D, dropout_p > 0), grid, THREADS, dq, *words, lse, delta, scale_log2,
-           scale, *drop, accumulate)
-    launch(dkdv_kernel(D, dropout_p > 0), grid, THREADS, dk, dv, *words, lse, delta,
-           scale_log2, scale, *drop, accumulate)

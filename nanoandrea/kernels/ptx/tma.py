@@ -63,7 +63,9 @@ from contextlib import contextmanager
 import numpy as np
 from numba import cuda
 
-from .launch import SIMULATOR, inlined, is_recording, scratch
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import inlined, is_recording
+from ..runtime.memory import scratch
 
 ROW_WORDS = 32                  # a box's row in shared memory: 128 bytes
 BOX_BYTES_ROW = 4 * ROW_WORDS

@@ -62,17 +62,18 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from .asynccopy import commit_copies, copy16_async, wait_copies
-from .attention import NEG_INF, dropout_factor, no_dropout
-from .attention_tiles import LOG2E, column_loader, dout_chunk
-from .launch import SIMULATOR, blocks, current_stream, inlined, kernel_factory, launch
-from .reduce import group_sum, quad_max, quad_sum
-from .sfu import exp2_fast
-from .tensorcores import bf16_pair, store4_u32
-from .vector import flat, load2, store2
-from .wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start, descriptor_high,
-                    dynamic_shared_words, fence_for, fence_proxy_async, hopper, shared_descriptor,
-                    wait_for, wgmma_by_descriptors, wgmma_commit)
+from ..ptx.asynccopy import commit_copies, copy16_async, wait_copies
+from ..ptx.mma import bf16_pair, store4_u32
+from ..ptx.sfu import exp2_fast
+from ..ptx.vector import flat, load2, store2
+from ..ptx.warp import group_sum, quad_max, quad_sum
+from ..ptx.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start, descriptor_high,
+                         dynamic_shared_words, fence_for, fence_proxy_async, shared_descriptor,
+                         wait_for, wgmma_by_descriptors, wgmma_commit)
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import blocks, current_stream, inlined, kernel_factory, launch
+from .reference import dropout_factor, no_dropout
+from .tiles import LOG2E, NEG_INF, column_loader, dout_chunk
 
 HEAD_SIZES = (32, 64)
 ROWS = 64                           # a block's own rows: wgmma's M, one warpgroup
@@ -688,16 +689,10 @@ def dkdv_kernel(D, dropout):
 
 # --- launchers -----------------------------------------------------------------------------------
 
-def takes(D):
-    """Whether attention_bf16 sends heads of D here: D in HEAD_SIZES, on a GPU of compute
-    capability 9.0 (attention_bf16 has checked the operands' alignment)."""
-    return D in HEAD_SIZES and hopper()
-
-
 def attention_forward_wgmma(out, lse, q_words, k_words, v_words, scale_log2, dropout, drop):
-    """The forward's launch: attention_bf16.attention_forward_bf16 checks the arguments and
-    rounds q, k, v (their Bf16Heads words here); dropout: whether dropout_p > 0, drop:
-    attention.dropout_arguments."""
+    """The forward's launch: q, k, v as their Bf16Heads words (the family's dispatch checks the
+    arguments and rounds them); dropout: whether dropout_p > 0, drop:
+    reference.dropout_arguments."""
     B, H, T, D = out.shape
     launch(forward_kernel(D, dropout), (B * H, blocks(T, ROWS)), THREADS, out, lse, q_words,
            k_words, v_words, scale_log2, *drop, shared_bytes=shared_bytes(1, 2))
@@ -705,7 +700,7 @@ def attention_forward_wgmma(out, lse, q_words, k_words, v_words, scale_log2, dro
 
 def attention_backward_wgmma(dq, dk, dv, delta, dout, out, words, lse, scale_log2, scale,
                              dropout, drop, accumulate):
-    """The backward's launches (attention_bf16.attention_backward_bf16 checks the arguments):
+    """The backward's launches (the family's dispatch checks the arguments):
     dout, out float32 heads; words = the Bf16Heads words of q, k, v. The dq kernel makes delta
     and dout's bf16 copy as it stages its rows (no pass of their own), and dk/dv reads them."""
     B, H, T, D = dq.shape

@@ -31,7 +31,7 @@ inside the array (nothing is read then; the address stays legal).
 Under the CUDA simulator there is no PTX: the copy happens at once (a legal schedule of an
 asynchronous copy), and committing and waiting do nothing.
 """
-from .launch import SIMULATOR
+from ..runtime.device import SIMULATOR
 
 if SIMULATOR:
     def copy16_async(dst, dst_index, src, src_index, valid):

@@ -1,37 +1,27 @@
-"""Matrix multiply on the tensor cores: bf16 operands, float32 sums.
+"""The bf16 and tf32 products on the tensor cores' mma.sync: any GPU of compute capability 8.0 on.
 
-    out[M,N]  (+)=  op(a)[M,K] . op(b)[K,N]  (+ bias[N])      op(x) = x or x^T
-
-The same function, arguments and epilogues as matmul.py (the model's every product and its
-backward: see there), with one difference: each element of a and b is rounded to bf16 (8
-bits of mantissa, float32's range) before it is multiplied. The products of two bf16 are
-exact in float32 and the sums are float32, so the result differs from the float32 product
-by the operands' rounding alone: a relative error of about 2^-9 per operand, ~1e-2 at worst
-over a row, far below what the training noise moves a weight.
-
-The operands are bf16 in device memory, a Bf16Matrix each: x [R, C] rounded once by
-round_bf16 (the backend's `operand`, where a product first reads x), its values in pairs
-(uint32 words [R, P/2], tensorcores.py's layout), each row padded with zeros to P, C rounded up
-to 8. Every copy the kernel makes is then a whole, aligned 16 bytes, whatever C is, and the
-pad's zeros add nothing to a sum. A float32 operand given to matmul_bf16 is rounded first.
-
-Two fast kernels: on a GPU of compute capability 9.0 (Hopper) matmul_bf16 sends its products
-to matmul_wgmma.py (Hopper's warpgroup instruction, faster: docs/perf.md); everywhere else (the
-8.x GPUs, an odd width of out) and for tf32 they run on this module's mma.sync kernel,
-mma_matmul_kernel(transpose_a, transpose_b, epilogue, element), for bf16 here and for tf32
-(matmul_tf32.py: the same words, another mma, and k-major fragments read a word a lane
-instead of through ldmatrix.trans):
-  block tile   a 128 x 128 tile of out, 4 warps (2 down, 2 across), each warp a 64 x 64 tile
-               of it: 4 x 8 tiles of 16 x 8, one `mma.sync.m16n8k16` each per 16 of k, its
-               float32 sums in the registers of the warp's lanes (tensorcores.py says which):
-               128 a lane, so two blocks a multiprocessor. (A warp of 64 x 32 reads a third
-               more shared memory a flop, and measured no faster: docs/perf.md)
-  pipeline     K advances 32 at a time. Each slice of op(a) and op(b) is copied from device
-               to shared memory by cp.async (asynccopy.py), 16 bytes a copy, in the operand's
-               own orientation (k-major or not), STAGES slices ahead: while the warps multiply
-               slice t, slices t+1 and t+2 are on their way, and no register holds them
-  fragments    ldmatrix hands each lane its fragment of a 16 x 16 square, with .trans where
-               the slice lies the other way, so a transposed operand costs nothing
+The family's function (matmul/reference.py's doc), of operands rounded once (operands.py's
+Bf16Matrix, Tf32Matrix), with float32 sums: the product of two bf16 (two tf32) is exact in
+float32, so the result differs from the float32 product by the operands' rounding alone. On a
+GPU of compute capability 9.0 the family's dispatch sends bf16 products to wgmma.py (faster:
+docs/perf.md); this kernel takes them on the 8.x GPUs, at widths wgmma does not take, and every
+tf32 product. One kernel, mma_matmul_kernel(transpose_a, transpose_b, epilogue, element):
+  block tile   a 128 x 128 tile of out, 4 warps (2 down, 2 across),
+               each warp a 64 x 64 tile of it: 4 x 8 tiles of 16 x 8, one mma.sync each per k
+               step (m16n8k16 for bf16, m16n8k8 for tf32), its float32 sums in the registers of
+               the warp's lanes (ptx/mma.py says which): 128 a lane, so two blocks a
+               multiprocessor. (A warp of 64 x 32 reads a third more shared memory a flop, and
+               measured no faster: docs/perf.md)
+  pipeline     K advances 16 words at a time (32 bf16, 16 tf32). Each slice of op(a) and op(b)
+               is copied from device to shared memory by cp.async (ptx/asynccopy.py), 16 bytes
+               a copy, in the operand's own orientation (k-major or not), STAGES slices ahead:
+               while the warps multiply slice t, slices t+1 and t+2 are on their way, and no
+               register holds them
+  fragments    ldmatrix hands each lane its fragment of a 16 x 16 square, with .trans where the
+               slice lies the other way, so a transposed operand costs nothing. A tf32 k-major
+               operand cannot go through .trans (it moves 16-bit values and would tear each
+               tf32 in half): its lanes read their fragments' words one by one, from tiles
+               whose chunks are stored at c XOR 2 (r mod 4) (word_swizzle), one pass a load
   integers     the loop has few instructions an mma to spare, and they stand between the
                barrier and the first mma of a slice, where every warp of the block waits at
                once: what a thread copies, from where to where, and where a lane's fragments
@@ -41,175 +31,29 @@ instead of through ldmatrix.trans):
                a copy's bounds one compare, and fragments come out of ldmatrix in the order
                the mma takes them (else each mma moves registers)
   swizzle      the 8 rows one ldmatrix reads must fall in 8 different groups of 4 banks: each
-               row's 16-byte chunks are stored permuted, chunk c of row r at c XOR (a few bits
-               of r) (`swizzled`), instead of padding the rows (which would not fit three stages
-               in 48 KB)
+               row's 16-byte chunks are stored permuted (ptx/sharedmem.swizzle), instead of
+               padding the rows (which would not fit three stages in 48 KB)
   epilogue     bias, GELU or its backward, and what out holds (accumulate), added to each
-               lane's sums before its stores
-  split-K      as matmul.py: grid z takes a slice of K, summed in a fixed order (sum_splits)
+               lane's sums before its stores (float32 out: a product written in bf16 goes
+               through float32 here, the family's dispatch says how)
+  split-K      as the float32 kernel: grid z takes a slice of K, summed in a fixed order
+               (split_k.py)
 
 Under the CUDA simulator the block is 2 x 2 warps of one 16 x 16 tile each (32 x 32): the
 same code, small enough to test there.
 """
-import functools
-
-import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from . import matmul_wgmma
-from .asynccopy import commit_copies, copy16_async, wait_copies
-from .gelu import gelu_derivative_sfu, gelu_forward, gelu_forward_numpy, gelu_value_sfu
-from .launch import (MULTIPROCESSORS, SIMULATOR, blocks, check, check_float32, current_stream,
-                     inlined, kernel_factory, launch)
-from .matmul import (EPILOGUES, _check_matmul, k_per_slice, launch_product, matmul_numpy,
-                     products_in_turn, split_count)
-from .tensorcores import (bf16_pair, bf16_unpair, ldmatrix_x4, ldmatrix_x4_trans,
-                          load_shared_u32, mma_bf16, mma_tf32, pack_bf16, store4_u32, unpack_bf16)
-from .vector import aligned16, flat, load4
-
-
-# --- bf16 operands ---------------------------------------------------------------------------
-
-class Bf16Matrix:
-    """x [R, C] rounded to bf16, as the kernel reads it: `words` uint32 [R, P/2] (pairs, the
-    lower index in the low half), P = C rounded up to 8, zeros from C to P. `shape` is x's."""
-    __slots__ = ("words", "shape")
-
-    def __init__(self, words, cols):
-        self.words, self.shape = words, (words.shape[0], cols)
-
-    @staticmethod
-    def words_shape(shape):
-        rows, cols = shape
-        return rows, -(-cols // 8) * 4
-
-    @classmethod
-    def allocate(cls, shape, empty):
-        """A new one, not yet rounded, for an x of `shape`: its words from empty(shape, dtype)."""
-        return cls(empty(cls.words_shape(shape), np.uint32), shape[1])
-
-
-def round_bf16_numpy(out, x):
-    """out (a Bf16Matrix of x's shape) = x rounded to bf16 (to nearest, ties to even)."""
-    rows, cols = x.shape
-    padded = np.zeros((rows, 2 * out.words.shape[1]), np.float32)
-    padded[:, :cols] = x
-    out.words[...] = pack_bf16(padded)
-
-
-def bf16_matrix_values(x):
-    """What the tensor cores multiply: a Bf16Matrix's values, or a float32 x rounded."""
-    if isinstance(x, Bf16Matrix):
-        return unpack_bf16(np.asarray(x.words))[:, :x.shape[1]]
-    words = Bf16Matrix(np.empty(Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
-    round_bf16_numpy(words, np.asarray(x, np.float32))
-    return bf16_matrix_values(words)
-
-
-@cuda.jit
-def round_bf16_kernel(words, x, whole_rows):
-    # words[R, P/2] = x[R, C] in bf16 pairs, zeros past C; one thread 8 values (one 16-byte
-    # store). whole_rows: x's rows are 16-byte aligned runs of 4 (then two 16-byte loads)
-    chunks = words.shape[1] // 4
-    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    row, first = c // chunks, 8 * (c % chunks)
-    if row >= words.shape[0]:
-        return
-    cols = x.shape[1]
-    v = cuda.local.array(8, float32)
-    if whole_rows and first + 8 <= cols:
-        v[0], v[1], v[2], v[3] = load4(x, (row, first))
-        v[4], v[5], v[6], v[7] = load4(x, (row, first + 4))
-    else:
-        for e in range(8):
-            v[e] = x[row, first + e] if first + e < cols else float32(0.0)
-    store4_u32(words, (row, first // 2), bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
-               bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]))
-
-
-def round_bf16(out, x):
-    """round_bf16_numpy on the GPU (out's words a device array)."""
-    launch_rounding(round_bf16_kernel, out, out.words, x)
-
-
-def bf16_values_numpy(out, x):
-    """out [R, C] (float32) = the values of x, a Bf16Matrix of that shape."""
-    out[...] = bf16_matrix_values(x)
-
-
-@cuda.jit
-def bf16_values_kernel(out, words):
-    # out[R, C] = the bf16 pairs of words[R, P/2] as float32s; a thread a pair
-    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    row, col = c // words.shape[1], 2 * (c % words.shape[1])
-    if row < out.shape[0] and col < out.shape[1]:
-        x0, x1 = bf16_unpair(words[row, col >> 1])
-        out[row, col] = x0
-        if col + 1 < out.shape[1]:
-            out[row, col + 1] = x1
-
-
-def bf16_values(out, x):
-    """bf16_values_numpy on the GPU: where a product's bf16 output (a GELU's, written as the
-    next product's operand) is read as float32 after all."""
-    check_float32(out=out)
-    check(tuple(out.shape) == tuple(x.shape), f"bf16_values: out {out.shape}, x {x.shape}")
-    launch(bf16_values_kernel, blocks(x.words.size, 128), 128, out, x.words)
-
-
-def launch_rounding(kernel, out, copy, x):
-    """Round x into `copy`, the array of the rounded operand `out` (Bf16Matrix, Tf32Matrix):
-    one thread of `kernel` for each 16 bytes of it."""
-    check_float32(x=x)
-    check(tuple(out.shape) == tuple(x.shape), f"rounding: out {out.shape}, x {x.shape}")
-    whole = x.shape[1] % 4 == 0 and aligned16(x)
-    launch(kernel, blocks(copy.size // 4, 128), 128, copy, x, whole)
-
-
-# --- the NumPy twin: the definition -------------------------------------------------------
-
-def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False,
-                      accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None):
-    """matmul_numpy of a and b rounded to bf16 (Bf16Matrix operands, or float32 ones rounded
-    here), the sums in out's precision. out may be a Bf16Matrix: the product (the sums in
-    float32) rounded to bf16, as the next products read it; then not accumulated, and gelu_out,
-    if given, is one too. gelu_out may be a Bf16Matrix: GELU of out as written, rounded to
-    bf16. gelu_input may be a Bf16Matrix: its values are GELU's input."""
-    if isinstance(gelu_input, Bf16Matrix):
-        gelu_input = bf16_matrix_values(gelu_input)
-    if isinstance(out, Bf16Matrix):
-        check_bf16_out(accumulate, gelu_out)
-        values = np.empty(out.shape, np.float32)
-        product_of_values(bf16_matrix_values, values, a, b, bias, transpose_a, transpose_b,
-                          False, None, gelu_input)
-        round_bf16_numpy(out, values)
-        if gelu_out is not None:
-            gelu_forward_numpy(values, bf16_matrix_values(out))
-            round_bf16_numpy(gelu_out, values)
-        return
-    hidden = np.empty(out.shape, out.dtype) if isinstance(gelu_out, Bf16Matrix) else gelu_out
-    product_of_values(bf16_matrix_values, out, a, b, bias, transpose_a, transpose_b, accumulate,
-                      hidden, gelu_input)
-    if hidden is not gelu_out:
-        round_bf16_numpy(gelu_out, hidden)
-
-
-def check_bf16_out(accumulate, gelu_out):
-    """What a product written as a Bf16Matrix allows: nothing to add to, GELU's output in bf16."""
-    check(not accumulate, "matmul_bf16: a product in bf16 is not added to")
-    check(gelu_out is None or isinstance(gelu_out, Bf16Matrix),
-          "matmul_bf16: with out a Bf16Matrix, gelu_out is one too")
-
-
-def product_of_values(values, out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
-                      gelu_input):
-    """matmul_numpy of values(a), values(b) (what the tensor cores multiply), in out's
-    precision."""
-    matmul_numpy(out, values(a).astype(out.dtype), values(b).astype(out.dtype), bias,
-                 transpose_a, transpose_b, accumulate, gelu_out, gelu_input)
-
-
-# --- the fast kernel -----------------------------------------------------------------------
+from ..gelu import gelu_derivative_sfu, gelu_value_sfu
+from ..ptx.asynccopy import commit_copies, copy16_async, wait_copies
+from ..ptx.mma import ldmatrix_x4, ldmatrix_x4_trans, load_shared_u32, mma_bf16, mma_tf32
+from ..ptx.sharedmem import swizzle
+from ..ptx.vector import aligned16, flat
+from ..runtime import device
+from ..runtime.device import SIMULATOR
+from ..runtime.launch import blocks, check, check_float32, inlined, kernel_factory, launch
+from . import split_k
+from .reference import EPILOGUES, bias_argument, check_matmul, epilogue_of
 
 WARPS_M, WARPS_N = 2, 2                                # warps down and across a block
 MMA_M, MMA_N = (1, 2) if SIMULATOR else (4, 8)         # 16 x 8 tiles down and across a warp
@@ -226,24 +70,8 @@ A_COPIES = BM * BK_WORDS // 4 // THREADS    # 16-byte copies a thread makes of a
 B_COPIES = BK_WORDS * BN // 4 // THREADS
 BLOCKS_PER_SM = 2                       # resident blocks a multiprocessor (8 warps): up to
                                         # 255 registers a thread
-RESIDENT_BLOCKS = BLOCKS_PER_SM * MULTIPROCESSORS
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, BLOCKS_PER_SM))
 WAIT_FOR_OLDEST = wait_copies(STAGES - 2)   # (until the oldest slice's copies have landed)
-
-
-def swizzle(chunks):
-    """The stored place of 16-byte chunk c of row r in a shared tile of `chunks` chunks a row
-    (a power of 2), such that rows r .. r+7 (r a multiple of 8) of any one chunk lie in 8
-    different 16-byte columns of a 128-byte bank line: c XOR r mod 8 for rows of 8 chunks or
-    more; for rows of 4 (two rows a line), c XOR (r / 2) mod 4; for 2, c XOR (r / 4) mod 2.
-    Adding a multiple of 16 to r changes nothing (the fragments' offsets use that)."""
-    shift = {1: 3, 2: 2, 4: 1}.get(chunks, 0)       # log2 of the rows in one 128-byte line
-    mask = min(8, chunks) - 1
-
-    @inlined
-    def swizzled(r, c):
-        return c ^ ((r >> shift) & mask)
-    return swizzled
 
 
 def word_swizzle(chunks):
@@ -262,7 +90,7 @@ def word_swizzle(chunks):
 
 
 def log2(n):
-    check(n & (n - 1) == 0, f"matmul_bf16: {n} is not a power of 2")
+    check(n & (n - 1) == 0, f"matmul_mma: {n} is not a power of 2")
     return n.bit_length() - 1
 
 
@@ -271,14 +99,14 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     """The tensor-core kernel (see the module's doc) for one (transpose_a, transpose_b),
     epilogue: None, "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product,
     plus bias, times gelu'(hidden)), and element type: "bf16", or "tf32" (matmul_tf32.py)."""
-    check(epilogue in EPILOGUES, f"matmul_bf16: unknown epilogue {epilogue!r}")
-    check(element in PER_WORD, f"matmul_bf16: unknown element type {element!r}")
+    check(epilogue in EPILOGUES, f"matmul_mma: unknown epilogue {epilogue!r}")
+    check(element in PER_WORD, f"matmul_mma: unknown element type {element!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
     TF32 = element == "tf32"
     mma = mma_tf32 if TF32 else mma_bf16
-    # In 32-bit words the two types are one layout (tensorcores.py): a word holds PER values
+    # In 32-bit words the two types are one layout (ptx/mma.py): a word holds PER values
     # along the operand's contiguous axis, a 16-byte copy CHUNK of them, a slice BK of k
     PER = PER_WORD[element]
     LOG_PER, CHUNK, BK = log2(PER), 4 * PER, BK_WORDS * PER
@@ -310,7 +138,7 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     # (rows APART apart have the same swizzle: its pattern repeats every 8 rows, or every 4
     # for word_swizzle, so the stored place of copy r is copy 0's plus r APART rows)
     check(A_APART % (4 if A_WORDWISE else 8) == 0 and B_APART % (4 if B_WORDWISE else 8) == 0,
-          "matmul_bf16: a thread's copies would not share a swizzle")
+          "matmul_mma: a thread's copies would not share a swizzle")
 
     @inlined
     def copy_start(tid, log_chunks, row_words, swizzled, along_k, first, size, k_end):
@@ -388,7 +216,7 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         # the order of the fragment's registers (A: m16 x 8 words, 4 words; B: two 8 words x
         # n8, 2 words each); lanes 8q .. 8q+7 address matrix q's 8 rows, at a_lanes, b_lanes
         # (fragment_lanes, of the kernel's lane_rows) plus constants. A
-        # wordwise operand's lane reads its fragment's words one by one (tensorcores.py's tf32
+        # wordwise operand's lane reads its fragment's words one by one (ptx/mma.py's tf32
         # table), rows k = t, t + 4 of the step by columns m = g, g + 8 (A) or n = g (B), at
         # a_columns, b_columns (word_columns) plus constants
         for i in range(MMA_M):
@@ -568,105 +396,34 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     return mma_matmul_kernel
 
 
-# --- the launcher ----------------------------------------------------------------------------
-
-def copies_b_transposed(M, N, transpose_a, transpose_b):
-    """Never: ldmatrix.trans reads a transposed operand as fast (matmul.py's kernel copies)."""
-    return False
+def resident_blocks():
+    """Blocks of mma_matmul_kernel this device runs at once: a wave of the grid."""
+    return BLOCKS_PER_SM * device.current().multiprocessors
 
 
-def matmul_bf16(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-                gelu_out=None, gelu_input=None, b_transposed=None):
-    """out[M,N] (+)= op(a) . op(b) (+ bias) of bf16 operands (Bf16Matrix; a float32 device
-    array is rounded first): matmul.matmul's arguments and epilogues, on the tensor cores: by
-    wgmma on a GPU of compute capability 9.0 (matmul_wgmma.py), else by this module's mma.sync
-    kernel (b_transposed is not needed: both read a transposed operand as it lies).
-    out, gelu_out and gelu_input may be Bf16Matrix's, as the twin says (the MLP in bf16: its
-    pre-activation, GELU's output and the pre-activation's gradient written as the next
-    products read them): wgmma's bf16 epilogue writes and reads them so when all of them are;
-    elsewhere they go through float32 (through_float32)."""
-    a, b = (x if isinstance(x, Bf16Matrix) else rounded(x) for x in (a, b))
-    hidden = gelu_out if gelu_out is not None else gelu_input
-    words = isinstance(out, Bf16Matrix)
-    alike = hidden is None or isinstance(hidden, Bf16Matrix) == words
-    if alike and matmul_wgmma.takes(out, bias, hidden, a, b):
-        matmul_wgmma.matmul_wgmma(out, a, b, bias, transpose_a, transpose_b, accumulate,
-                                  gelu_out, gelu_input)      # (Hopper: wgmma, faster)
-    elif words or isinstance(hidden, Bf16Matrix):
-        through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
-                        gelu_input)
-    else:
-        mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
-                   "bf16")
-
-
-def matmul_sum_bf16(out, pairs, transpose_b=False, accumulate=False, b_transposed=None):
-    """matmul.products_in_turn of matmul_bf16: out (+)= the sum of op(a_j) . op(b_j). On wgmma
-    one pass over the pairs' K's, one after another (matmul_wgmma's more_pairs): the sums stay
-    in float32 registers, and out is written once where each product in turn would write it
-    and the next read and write it again. (b_transposed is not needed, as in matmul_bf16.)"""
-    pairs = [tuple(x if isinstance(x, Bf16Matrix) else rounded(x) for x in pair)
-             for pair in pairs]
-    if (matmul_wgmma.takes_pairs(pairs)
-            and all(matmul_wgmma.takes(out, None, None, a, b) for a, b in pairs)):
-        (a, b), *more = pairs
-        matmul_wgmma.matmul_wgmma(out, a, b, transpose_b=transpose_b, accumulate=accumulate,
-                                  more_pairs=more)
-    else:
-        products_in_turn(matmul_bf16, out, pairs, transpose_b, accumulate)
-
-
-def through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
-                    gelu_input):
-    """matmul_bf16 where out or GELU's array is a Bf16Matrix and no kernel's epilogue takes it:
-    the product in float32, then rounded (extra passes, on GPUs without wgmma)."""
-    if isinstance(gelu_input, Bf16Matrix):
-        values = device_empty(gelu_input.shape, np.float32)
-        bf16_values(values, gelu_input)
-        gelu_input = values
-    if not isinstance(out, Bf16Matrix):
-        hidden = device_empty(out.shape, np.float32) if gelu_out is not None else None
-        matmul_bf16(out, a, b, bias, transpose_a, transpose_b, accumulate, hidden, gelu_input)
-        if hidden is not None:
-            round_bf16(gelu_out, hidden)
-        return
-    check_bf16_out(accumulate, gelu_out)
-    values = device_empty(out.shape, np.float32)
-    matmul_bf16(values, a, b, bias, transpose_a, transpose_b, False, None, gelu_input)
-    round_bf16(out, values)
-    if gelu_out is not None:                            # GELU of out as rounded
-        bf16_values(values, out)
-        gelu_forward(values, values)
-        round_bf16(gelu_out, values)
-
-
-def mma_matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out, gelu_input,
-               element):
-    """matmul_bf16, or matmul_tf32 (element "tf32"), of operands already rounded: a, b have
-    the rounded copy's `words` and x's `shape`."""
+def matmul_mma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
+               gelu_out=None, gelu_input=None, element="bf16"):
+    """out[M,N] (+)= op(a) . op(b) (+ bias) of operands already rounded (a, b: Bf16Matrix for
+    element "bf16", Tf32Matrix for "tf32"); out, gelu_out and gelu_input float32."""
     check_float32(out=out, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
-    M, N, K = _check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
+    M, N, K = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
           f"matmul_{element}: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
     hidden = gelu_out if gelu_out is not None else gelu_input
     # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
     can_split = all(aligned16(x) for x in (out, bias, hidden) if x is not None)
     step = BK_WORDS * PER_WORD[element]         # k a slice
-    splits = split_count(M, N, K, slots=RESIDENT_BLOCKS, step=step) if can_split else 1
-    k_per_split = k_per_slice(K, splits, step=step)
+    splits = split_k.split_count(M, N, K, resident_blocks(), step, 4, (BM, BN)) if can_split else 1
+    k_per_split = split_k.k_per_slice(K, splits, step)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
-    launch_product(functools.partial(mma_matmul_kernel, element=element), THREADS, grid,
-                   k_per_split, out, a.words, b.words, bias, transpose_a, transpose_b,
-                   accumulate, gelu_out, gelu_input)
-
-
-def rounded(x):
-    """A new Bf16Matrix of the float32 device array x (what the backend's `operand` makes)."""
-    check(len(x.shape) == 2, f"matmul_bf16: operands are 2-D, got {x.shape}")
-    out = Bf16Matrix.allocate(x.shape, device_empty)
-    round_bf16(out, x)
-    return out
-
-
-def device_empty(shape, dtype):
-    return cuda.device_array(shape, dtype, stream=current_stream())
+    bias, has_bias = bias_argument(out, bias)
+    if grid[2] == 1:                    # one pass: the epilogue does the rest
+        kernel = mma_matmul_kernel(bool(transpose_a), bool(transpose_b),
+                                   epilogue_of(gelu_out, gelu_input), element)
+        launch(kernel, grid, THREADS, out.reshape(1, M, N), a.words, b.words, bias, has_bias,
+               accumulate, k_per_split, a.words if hidden is None else hidden)
+        return
+    partials = split_k.partials(grid[2], M, N)
+    launch(mma_matmul_kernel(bool(transpose_a), bool(transpose_b), None, element), grid,
+           THREADS, partials, a.words, b.words, bias, False, False, k_per_split, a.words)
+    split_k.finish(out, partials, bias, has_bias, accumulate, gelu_out, gelu_input)

@@ -1,0 +1,252 @@
+"""Matrix operands in bf16 and tf32: a float32 x [R, C] rounded once, as the tensor cores read it.
+
+    Bf16Matrix   `words` uint32 [R, P/2]: the values rounded to bf16 (to nearest, ties to
+                 even), in pairs, the lower index in the low half (ptx/mma.py's layout); each
+                 row padded with zeros to P, C rounded up to 8
+    Bf16Heads    `words` uint32 [B,H,T,D/2]: attention's heads [B,H,T,D] rounded to bf16 in
+                 pairs, contiguous (heads_bf16), so that a tile of them is a run of whole
+                 16-byte chunks
+    Tf32Matrix   `values` float32 [R, P] (`words` the same memory as uint32): the values
+                 rounded to tf32 (float32 with the 13 low bits of its mantissa zero: to
+                 nearest, ties away from zero, as cvt.rna.tf32.f32); P = C rounded up to 4
+
+Every copy a product kernel makes of such a row is then a whole, aligned 16 bytes, whatever C
+is, and the pad's zeros add nothing to a sum. bf16 keeps float32's 8-bit exponent and 7 bits of
+mantissa, tf32 10: a product of two is exact in float32 and the sums are float32, so a product
+differs from the float32 one by the operands' rounding alone (about 2^-9 relative an operand
+in bf16, 2^-11 in tf32), and neither needs loss scaling.
+
+The backend's `operand(x)` makes one (round_bf16, round_tf32) where a product first reads x,
+and the backward's products read the same copy. A product written in bf16 (the MLP's
+pre-activation, GELU's output, their gradients) is a Bf16Matrix from the product's epilogue;
+bf16_values makes its float32 values where something reads them after all.
+"""
+import numpy as np
+from numba import cuda, float32
+
+from .ptx.mma import (bf16_pair, bf16_unpair, pack_bf16, store4_u32, tf32_value, tf32_values,
+                      unpack_bf16)
+from .ptx.vector import aligned16, load4, store4
+from .runtime.launch import blocks, check, check_float32, current_stream, launch
+
+
+# --- bf16 ------------------------------------------------------------------------------------
+
+class Bf16Matrix:
+    """x [R, C] rounded to bf16, as the kernel reads it: `words` uint32 [R, P/2] (pairs, the
+    lower index in the low half), P = C rounded up to 8, zeros from C to P. `shape` is x's."""
+    __slots__ = ("words", "shape")
+
+    def __init__(self, words, cols):
+        self.words, self.shape = words, (words.shape[0], cols)
+
+    @staticmethod
+    def words_shape(shape):
+        rows, cols = shape
+        return rows, -(-cols // 8) * 4
+
+    @classmethod
+    def allocate(cls, shape, empty):
+        """A new one, not yet rounded, for an x of `shape`: its words from empty(shape, dtype)."""
+        return cls(empty(cls.words_shape(shape), np.uint32), shape[1])
+
+
+def round_bf16_numpy(out, x):
+    """out (a Bf16Matrix of x's shape) = x rounded to bf16 (to nearest, ties to even)."""
+    rows, cols = x.shape
+    padded = np.zeros((rows, 2 * out.words.shape[1]), np.float32)
+    padded[:, :cols] = x
+    out.words[...] = pack_bf16(padded)
+
+
+def bf16_matrix_values(x):
+    """What the tensor cores multiply: a Bf16Matrix's values, or a float32 x rounded."""
+    if isinstance(x, Bf16Matrix):
+        return unpack_bf16(np.asarray(x.words))[:, :x.shape[1]]
+    words = Bf16Matrix(np.empty(Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
+    round_bf16_numpy(words, np.asarray(x, np.float32))
+    return bf16_matrix_values(words)
+
+
+@cuda.jit
+def round_bf16_kernel(words, x, whole_rows):
+    # words[R, P/2] = x[R, C] in bf16 pairs, zeros past C; one thread 8 values (one 16-byte
+    # store). whole_rows: x's rows are 16-byte aligned runs of 4 (then two 16-byte loads)
+    chunks = words.shape[1] // 4
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    row, first = c // chunks, 8 * (c % chunks)
+    if row >= words.shape[0]:
+        return
+    cols = x.shape[1]
+    v = cuda.local.array(8, float32)
+    if whole_rows and first + 8 <= cols:
+        v[0], v[1], v[2], v[3] = load4(x, (row, first))
+        v[4], v[5], v[6], v[7] = load4(x, (row, first + 4))
+    else:
+        for e in range(8):
+            v[e] = x[row, first + e] if first + e < cols else float32(0.0)
+    store4_u32(words, (row, first // 2), bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
+               bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]))
+
+
+def round_bf16(out, x):
+    """round_bf16_numpy on the GPU (out's words a device array)."""
+    launch_rounding(round_bf16_kernel, out, out.words, x)
+
+
+def bf16_values_numpy(out, x):
+    """out [R, C] (float32) = the values of x, a Bf16Matrix of that shape."""
+    out[...] = bf16_matrix_values(x)
+
+
+@cuda.jit
+def bf16_values_kernel(out, words):
+    # out[R, C] = the bf16 pairs of words[R, P/2] as float32s; a thread a pair
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    row, col = c // words.shape[1], 2 * (c % words.shape[1])
+    if row < out.shape[0] and col < out.shape[1]:
+        x0, x1 = bf16_unpair(words[row, col >> 1])
+        out[row, col] = x0
+        if col + 1 < out.shape[1]:
+            out[row, col + 1] = x1
+
+
+def bf16_values(out, x):
+    """bf16_values_numpy on the GPU: where a product's bf16 output (a GELU's, written as the
+    next product's operand) is read as float32 after all."""
+    check_float32(out=out)
+    check(tuple(out.shape) == tuple(x.shape), f"bf16_values: out {out.shape}, x {x.shape}")
+    launch(bf16_values_kernel, blocks(x.words.size, 128), 128, out, x.words)
+
+
+
+def launch_rounding(kernel, out, copy, x):
+    """Round x into `copy`, the array of the rounded operand `out` (Bf16Matrix, Tf32Matrix):
+    one thread of `kernel` for each 16 bytes of it."""
+    check_float32(x=x)
+    check(tuple(out.shape) == tuple(x.shape), f"rounding: out {out.shape}, x {x.shape}")
+    whole = x.shape[1] % 4 == 0 and aligned16(x)
+    launch(kernel, blocks(copy.size // 4, 128), 128, copy, x, whole)
+
+
+# --- the NumPy twin: the definition -------------------------------------------------------
+
+
+def rounded_bf16(x):
+    """A new Bf16Matrix of the float32 device array x (what the backend's `operand` makes)."""
+    check(len(x.shape) == 2, f"bf16 operands are 2-D, got {x.shape}")
+    out = Bf16Matrix.allocate(x.shape, device_empty)
+    round_bf16(out, x)
+    return out
+
+
+# --- bf16 heads: attention's q, k, v, dout ------------------------------------------------------
+
+class Bf16Heads:
+    """x [B,H,T,D] rounded to bf16, as the kernels here read it: `words` uint32 [B,H,T,D/2]
+    (pairs, contiguous); `shape` is x's. The model's attention rounds q, k and v once
+    (heads_operand) and hands the same copies to the forward and to the backward."""
+    __slots__ = ("words", "shape")
+
+    def __init__(self, words):
+        self.words = words
+        self.shape = (*words.shape[:3], 2 * words.shape[3])
+
+
+def heads_bf16(x):
+    """x [B,H,T,D] (float32, 16-byte aligned rows, D % 8 == 0) rounded to bf16 pairs: a new
+    Bf16Heads (a Bf16Heads is returned as it is)."""
+    if isinstance(x, Bf16Heads):
+        return x
+    B, H, T, D = x.shape
+    words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
+    launch(heads_bf16_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
+    return Bf16Heads(words)
+
+
+@cuda.jit
+def heads_bf16_kernel(words, x):
+    # words[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
+    # store)
+    B, H, T, W = words.shape
+    chunks = W // 4
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c >= B * H * T * chunks:
+        return
+    row, chunk = c // chunks, c % chunks
+    b, h, i = row // (H * T), (row // T) % H, row % T
+    x0, x1, x2, x3 = load4(x, (b, h, i, 8 * chunk))
+    x4, x5, x6, x7 = load4(x, (b, h, i, 8 * chunk + 4))
+    store4_u32(words, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
+               bf16_pair(x4, x5), bf16_pair(x6, x7))
+
+
+# --- tf32 ------------------------------------------------------------------------------------
+
+class Tf32Matrix:
+    """x [R, C] rounded to tf32, as the kernel reads it: `values` float32 [R, P], P = C rounded
+    up to 4, zeros from C to P; `words` the same memory as uint32 (what the kernel copies).
+    `shape` is x's."""
+    __slots__ = ("values", "words", "shape")
+
+    def __init__(self, values, cols):
+        self.values, self.words = values, values.view(np.uint32)
+        self.shape = values.shape[0], cols
+
+    @staticmethod
+    def values_shape(shape):
+        return shape[0], -(-shape[1] // 4) * 4
+
+    @classmethod
+    def allocate(cls, shape, empty):
+        """A new one, not yet rounded, for an x of `shape`: its values from empty(shape, dtype)."""
+        return cls(empty(cls.values_shape(shape), np.float32), shape[1])
+
+
+def round_tf32_numpy(out, x):
+    """out (a Tf32Matrix of x's shape) = x rounded to tf32 (to nearest, ties away from zero)."""
+    out.values[...] = 0
+    out.values[:, :x.shape[1]] = tf32_values(x)
+
+
+def tf32_matrix_values(x):
+    """What the tensor cores multiply: a Tf32Matrix's values, or a float32 x rounded."""
+    if isinstance(x, Tf32Matrix):
+        return np.asarray(x.values)[:, :x.shape[1]]
+    return tf32_values(x)
+
+
+@cuda.jit
+def round_tf32_kernel(out, x, whole_rows):
+    # out[R, P] = x[R, C] rounded to tf32, zeros past C; one thread 4 values (one 16-byte
+    # store). whole_rows: x's rows are 16-byte aligned runs of 4 (then one 16-byte load)
+    at = 4 * cuda.grid(1)               # the first of the thread's values, in out's order
+    row, first = at // out.shape[1], at % out.shape[1]
+    if row < out.shape[0]:
+        cols = x.shape[1]
+        if whole_rows and first + 4 <= cols:
+            x0, x1, x2, x3 = load4(x, (row, first))
+        else:                           # (the last of a row of another width)
+            x0 = x[row, first] if first < cols else float32(0.0)
+            x1 = x[row, first + 1] if first + 1 < cols else float32(0.0)
+            x2 = x[row, first + 2] if first + 2 < cols else float32(0.0)
+            x3 = x[row, first + 3] if first + 3 < cols else float32(0.0)
+        store4(out, (row, first), tf32_value(x0), tf32_value(x1), tf32_value(x2),
+               tf32_value(x3))
+
+
+def round_tf32(out, x):
+    """round_tf32_numpy on the GPU (out's values a device array)."""
+    launch_rounding(round_tf32_kernel, out, out.values, x)
+
+
+def rounded_tf32(x):
+    """A new Tf32Matrix of the float32 device array x (what the backend's `operand` makes)."""
+    check(len(x.shape) == 2, f"tf32 operands are 2-D, got {x.shape}")
+    out = Tf32Matrix.allocate(x.shape, device_empty)
+    round_tf32(out, x)
+    return out
+
+
+def device_empty(shape, dtype):
+    return cuda.device_array(shape, dtype, stream=current_stream())
