@@ -110,7 +110,10 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
                                    accumulate=accumulate)
             if bias is not None and bias.requires_grad:             # db = sum of dY's rows
                 db, accumulate = grad_slot(bias)
-                backend.sum_rows(db, dy if dy is not None else dy_operand, accumulate=accumulate)
+                # (bf16: the rows as the products read them, half the bytes of float32's; the
+                # sums float32, as autocast's bias gradient is of its bf16 dY)
+                rows_summed = dy_operand if dy is None or backend.precision == "bf16" else dy
+                backend.sum_rows(db, rows_summed, accumulate=accumulate)
         if not x.requires_grad:
             return
         product = dict(transpose_b=not transpose_weight, b_transposed=weight_t)
