@@ -77,7 +77,9 @@ class GPT:
         if cache is not None:
             cache.length += T
             normed = self.last_position(normed)     # (sampling reads the last logits only)
-        logits = ops.linear(normed, self["wte"], transpose_weight=True)       # [B,T,Vp]
+        # [B,T,Vp]; in bf16 written as the loss reads them, when a loss follows
+        logits = ops.linear(normed, self["wte"], transpose_weight=True,
+                            out_operand=batch.targets is not None)
         loss = (None if batch.targets is None else
                 ops.cross_entropy(logits, batch.targets, loss_grad, self.config.vocab_size))
         return logits, loss

@@ -57,7 +57,7 @@ def takes_matvec(x, weight, transpose_weight=False):
 
 
 def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_operand=None,
-           x_grad=None):
+           x_grad=None, out_operand=False):
     """x[..., K] . weight[K, N] + bias[N]  (weight[N, K] transposed when transpose_weight).
     activation="gelu": gelu of that (the MLP's first layer), computed in the matmul's epilogue
     and recorded as two ops, the linear layer then GELU: returns a GeluOutput.
@@ -65,17 +65,23 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     in bf16 rounded once, here, and the same copies in backward); x_operand: x's rows so made
     already (linears). x_grad: an InputGradient that makes dX (linears' products of one x);
     backward hands it its pair (dY, W) instead. A product of few rows without gradients runs
-    as matvec (takes_matvec), which rounds x's values itself as it reads them."""
+    as matvec (takes_matvec), which rounds x's values itself as it reads them. out_operand: y
+    is written as the op after it reads it (in bf16 a Bf16Matrix, an OperandTensor: the
+    logits, which the loss reads in bf16 as autocast's are)."""
     backend = x.backend
     K = x.shape[-1]
     N = weight.shape[0] if transpose_weight else weight.shape[1]
     w = weight_operand(weight)
-    y = _new(x, x.shape[:-1] + (N,)) if activation is None else None        # x . W + b
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: unknown activation {activation!r}")
     if x_operand is None:
         x_operand = getattr(x, "operand", None)     # (bf16: written so: an OperandTensor)
     matvec = x_operand is None and takes_matvec(x, weight, transpose_weight)
+    y = None                                                        # x . W + b
+    if activation is None and out_operand:
+        y = OperandTensor(backend, x.shape[:-1] + (N,), backend.precision == "bf16" and not matvec)
+    elif activation is None:
+        y = _new(x, x.shape[:-1] + (N,))
     g = None                                                       # gelu(y), the same kernel
     if activation == "gelu":
         # in bf16 the pre-activation and GELU's output are written only as the products read
@@ -512,7 +518,9 @@ def cross_entropy(logits, targets, loss_grad=None, vocab=None):
     the same pass."""
     backend = logits.backend
     V = logits.shape[-1]
-    rows = logits.data.reshape(-1, V)                                 # [N, Vp]
+    rows = getattr(logits, "operand", None)         # (bf16 logits: a Bf16Matrix [N, Vp])
+    if rows is None:
+        rows = logits.data.reshape(-1, V)                             # [N, Vp]
     N = rows.shape[0]
     if isinstance(targets, np.ndarray):
         targets = backend.to_device(targets.reshape(N), np.int32)
@@ -540,7 +548,8 @@ def cross_entropy(logits, targets, loss_grad=None, vocab=None):
 
         def backward():
             dlogits, accumulate = grad_slot(logits)
-            backend.crossentropy_backward(dlogits.reshape(-1, V), loss.grad, rows, lse,
-                                          targets, accumulate=accumulate, vocab=vocab)
+            backend.crossentropy_backward(dlogits.reshape(-1, V), loss.grad,
+                                          logits.data.reshape(-1, V), lse, targets,
+                                          accumulate=accumulate, vocab=vocab)
 
     return record(loss, [logits], backward)

@@ -132,6 +132,9 @@ def kernels():
     yield "gelu backward, 16-byte", gelu.gelu_backward4_kernel, (A1, A1, A1, BOOL)
     yield "cross-entropy fused, 16-byte", crossentropy.crossentropy_fused4_kernel, \
         (A1, A1, A2, A2, int32[::1], A1, int64)
+    for gradient in (True, False):          # bf16 logits: the loss and its gradient, or the loss
+        yield (f"cross-entropy of bf16 logits{', gradient' if gradient else ''}",
+               crossentropy.bf16_logits_kernel(gradient), (A1, A1, U2, U2, int32[::1], A1, int64))
 
 
 def cuda_tool(name):

@@ -17,21 +17,31 @@ The max is subtracted before exp, so logits of magnitude 100 (or 1e4) are fine i
 Padding columns (v >= V) are outside the softmax: their gradient is written as 0 (the LM head's
 backward multiplies the whole padded row).
 In bf16 training the fused kernel writes dlogits as the LM head's backward products read it, a
-Bf16Matrix (crossentropy_fused_bf16_kernel): each gradient rounded as round_bf16 would round the
-float32 one, so the same bits, but 2 bytes a logit written where float32 wrote 4 and a rounding
-pass then read them (at andrea-120m's [16384, 50304]: 1.6 GB written instead of 3.3 + 3.3 + 1.6).
+Bf16Matrix: each gradient rounded as round_bf16 would round the float32 one, so the same bits,
+but 2 bytes a logit written where float32 wrote 4 and a rounding pass then read them.
+
+Logits in bf16 (a Bf16Matrix, as the LM head's product writes them in bf16 training and
+evaluation, as autocast's are bf16) take bf16_logits_kernel: a block reads its row ONCE, 16
+bytes a copy, into shared memory (a row of 50304 bf16 is 98 KB, which a multiprocessor holds
+twice), folds it into the online softmax as it goes, and writes the gradient from shared memory.
+At andrea-120m's [16384, 50304] that is 1.6 GB read and 1.6 GB written, where float32 logits
+cost 3.3 GB read twice and 1.6 GB written (and the LM head's product wrote 3.3 GB, now 1.6).
+Its exponentials are ex2.approx (ptx/sfu.py: relative error ~2^-22, far below bf16's rounding of
+the logits): with half the bytes, the exact exp would bound the kernel instead of the memory.
 """
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, uint32
 
-from .operands import Bf16Matrix, device_empty, round_bf16, round_bf16_numpy
-from .ptx.mma import bf16_pair, store4_u32
+from .operands import (Bf16Matrix, bf16_matrix_values, device_empty, round_bf16,
+                       round_bf16_numpy)
+from .ptx.mma import bf16_pair, bf16_unpair, load4_u32, store4_u32
+from .ptx.sfu import exp2_fast
 from .ptx.vector import aligned16, load4, store4
 from .reduce import MAX_THREADS, block_max, block_sum
 from .runtime.device import SIMULATOR
-from .runtime.launch import check, check_float32, check_shape, inlined, launch
+from .runtime.launch import check, check_float32, check_shape, inlined, kernel_factory, launch
 
 THREADS = 32 if SIMULATOR else 256
 NEG_INF = float32(-np.inf)
@@ -199,6 +209,110 @@ def crossentropy_fused_bf16_kernel(losses, lse, dlogit_words, logits, targets, d
                              gradient4(x7, v + 7, V, row_lse, target, scale)))
 
 
+# --- logits in bf16: a row read once, into shared memory --------------------------------------
+
+BF16_THREADS = 32 if SIMULATOR else 512     # bf16_logits_kernel's block: two a multiprocessor
+LOG2E = float32(1.0 / math.log(2.0))        # (at 98 KB of shared memory each)
+
+
+@inlined
+def class_log2(x, v, V):
+    # a logit in base-2 units (x log2 e), or -inf for a padding column, outside the softmax
+    return x * LOG2E if v < V else NEG_INF
+
+
+@inlined
+def add_to_running_sum2(m, s, x0, x1, x2, x3, x4, x5, x6, x7):
+    # add_to_running_sum in base 2: (max m, sum s of 2^(x - m)) after eight more values
+    new_m = max(max(max(m, x0), max(x1, x2)), max(max(x3, x4), max(max(x5, x6), x7)))
+    if new_m == NEG_INF:
+        return m, s
+    s = s * exp2_fast(m - new_m) + (
+        (exp2_fast(x0 - new_m) + exp2_fast(x1 - new_m))
+        + (exp2_fast(x2 - new_m) + exp2_fast(x3 - new_m))
+        + (exp2_fast(x4 - new_m) + exp2_fast(x5 - new_m))
+        + (exp2_fast(x6 - new_m) + exp2_fast(x7 - new_m)))
+    return new_m, s
+
+
+@inlined
+def eight_classes(w0, w1, w2, w3, v, V):
+    # the eight logits of four words (columns v .. v + 7), in base 2, -inf past the classes
+    x0, x1 = bf16_unpair(w0)
+    x2, x3 = bf16_unpair(w1)
+    x4, x5 = bf16_unpair(w2)
+    x6, x7 = bf16_unpair(w3)
+    return (class_log2(x0, v, V), class_log2(x1, v + 1, V), class_log2(x2, v + 2, V),
+            class_log2(x3, v + 3, V), class_log2(x4, v + 4, V), class_log2(x5, v + 5, V),
+            class_log2(x6, v + 6, V), class_log2(x7, v + 7, V))
+
+
+@inlined
+def gradient2(x0, x1, v, V, lse2, target, scale):
+    # the bf16 pair of the gradients of base-2 logits x0, x1 at columns v, v + 1: (softmax -
+    # onehot) * scale, 0 in the padding (whose x is -inf: 2^-inf is 0)
+    g0 = exp2_fast(x0 - lse2) - (float32(1.0) if v == target else float32(0.0))
+    g1 = exp2_fast(x1 - lse2) - (float32(1.0) if v + 1 == target else float32(0.0))
+    return bf16_pair(g0 * scale if v < V else float32(0.0),
+                     g1 * scale if v + 1 < V else float32(0.0))
+
+
+@kernel_factory
+def bf16_logits_kernel(gradient):
+    """The loss of logits given as a Bf16Matrix's words, and with `gradient` dlogits too, as a
+    Bf16Matrix's words."""
+
+    @cuda.jit
+    def crossentropy_bf16_logits_kernel(losses, lse, dlogit_words, logit_words, targets, dloss,
+                                        V):
+        # losses[N], lse[N] (and dlogits) of logits [N, P/2] words; one block per row. Each
+        # thread copies 16-byte chunks c, c + blockDim, ... of the row into shared memory and
+        # folds their 8 logits into its running max and sum (base 2); the block combines them
+        # (block_max, block_sum: a fixed order); then each thread reads back the chunks it
+        # copied itself (no barrier needed for those) and writes their gradients
+        scratch = cuda.shared.array(MAX_THREADS, float32)
+        row = cuda.shared.array(0, uint32)
+        n = cuda.blockIdx.x
+        chunks = logit_words.shape[1] // 4
+        m, s = NEG_INF, float32(0.0)
+        for c in range(cuda.threadIdx.x, chunks, cuda.blockDim.x):
+            w0, w1, w2, w3 = load4_u32(logit_words, (n, 4 * c))
+            row[4 * c], row[4 * c + 1], row[4 * c + 2], row[4 * c + 3] = w0, w1, w2, w3
+            x0, x1, x2, x3, x4, x5, x6, x7 = eight_classes(w0, w1, w2, w3, 8 * c, V)
+            m, s = add_to_running_sum2(m, s, x0, x1, x2, x3, x4, x5, x6, x7)
+        row_max = block_max(m, scratch)
+        s = s * exp2_fast(m - row_max) if m > NEG_INF else float32(0.0)
+        lse2 = row_max + math.log2(block_sum(s, scratch))          # in base 2
+        target = targets[n]
+        if cuda.threadIdx.x == 0:
+            low, high = bf16_unpair(logit_words[n, target >> 1])
+            lse[n] = lse2 / LOG2E
+            losses[n] = lse2 / LOG2E - (high if target & 1 else low)
+        if gradient:
+            scale = dloss[0] / logit_words.shape[0]
+            for c in range(cuda.threadIdx.x, chunks, cuda.blockDim.x):
+                v = 8 * c
+                x0, x1, x2, x3, x4, x5, x6, x7 = eight_classes(
+                    row[4 * c], row[4 * c + 1], row[4 * c + 2], row[4 * c + 3], v, V)
+                store4_u32(dlogit_words, (n, 4 * c),
+                           gradient2(x0, x1, v, V, lse2, target, scale),
+                           gradient2(x2, x3, v + 2, V, lse2, target, scale),
+                           gradient2(x4, x5, v + 4, V, lse2, target, scale),
+                           gradient2(x6, x7, v + 6, V, lse2, target, scale))
+
+    return crossentropy_bf16_logits_kernel
+
+
+def launch_bf16_logits(losses, lse, dlogits, logits, targets, dloss, V):
+    """bf16_logits_kernel on logits (a Bf16Matrix); dlogits a Bf16Matrix of its shape, or None
+    (the loss alone, evaluation's)."""
+    gradient = dlogits is not None
+    words = logits.words
+    launch(bf16_logits_kernel(gradient), logits.shape[0], BF16_THREADS, losses, lse,
+           dlogits.words if gradient else words, words, targets,
+           dloss if gradient else lse, V, shared_bytes=4 * words.shape[1])
+
+
 @cuda.jit
 def crossentropy_backward_kernel(dlogits, logits, lse, targets, dloss, accumulate, V):
     # dlogits[N,Vp] (+)= (softmax - onehot) * dloss[0] / N, 0 in the padding columns v >= V;
@@ -241,12 +355,17 @@ def _check(logits, targets, vocab, **rows):
 
 def crossentropy_forward(loss, losses, lse, logits, targets, vocab=None):
     """loss[1] = mean cross-entropy; losses[N] per position; lse[N] saved for backward.
-    vocab: the classes are logits[:, :vocab] (the rest is padding); None: every column."""
-    check_float32(loss=loss, losses=losses, lse=lse, logits=logits)
+    vocab: the classes are logits[:, :vocab] (the rest is padding); None: every column.
+    logits: float32 [N, Vp], or a Bf16Matrix of that shape (bf16_logits_kernel)."""
+    bf16 = isinstance(logits, Bf16Matrix)
+    check_float32(loss=loss, losses=losses, lse=lse, **({} if bf16 else dict(logits=logits)))
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
     V = _check(logits, targets, vocab, losses=losses, lse=lse)
-    launch(crossentropy_forward_kernel, logits.shape[0], THREADS, losses, lse, logits, targets,
-           V)
+    if bf16:
+        launch_bf16_logits(losses, lse, None, logits, targets, None, V)
+    else:
+        launch(crossentropy_forward_kernel, logits.shape[0], THREADS, losses, lse, logits,
+               targets, V)
     launch(mean_kernel, 1, THREADS, loss, losses)
 
 
@@ -258,8 +377,20 @@ def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, d
     kernel: "fast" (16-byte loads and stores, crossentropy_fused4_kernel or, for a Bf16Matrix,
     crossentropy_fused_bf16_kernel: rows of 4k floats, aligned), "reference"
     (crossentropy_fused_kernel, any rows; a Bf16Matrix then rounded from its float32 output)
-    or "auto" (fast where the rows allow it)."""
+    or "auto" (fast where the rows allow it). logits may be a Bf16Matrix (then dlogits is one
+    too): bf16_logits_kernel, the row read once."""
     words = isinstance(dlogits, Bf16Matrix)
+    if isinstance(logits, Bf16Matrix):
+        check(words, "cross-entropy: with logits in bf16, dlogits is a Bf16Matrix too")
+        check_float32(loss=loss, losses=losses, lse=lse, dloss=dloss)
+        check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got "
+              f"{targets.dtype}")
+        V = _check(logits, targets, vocab, losses=losses, lse=lse)
+        check(tuple(dlogits.shape) == tuple(logits.shape), f"cross-entropy dlogits: shape "
+              f"{tuple(dlogits.shape)}, logits {tuple(logits.shape)}")
+        launch_bf16_logits(losses, lse, dlogits, logits, targets, dloss, V)
+        launch(mean_kernel, 1, THREADS, loss, losses)
+        return
     check_float32(loss=loss, losses=losses, lse=lse, logits=logits, dloss=dloss,
                   **({} if words else dict(dlogits=dlogits)))
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
@@ -293,6 +424,8 @@ def crossentropy_backward(dlogits, dloss, logits, lse, targets, accumulate=False
 
 
 def crossentropy_forward_numpy(loss, losses, lse, logits, targets, vocab=None):
+    if isinstance(logits, Bf16Matrix):              # (bf16 logits: their values)
+        logits = bf16_matrix_values(logits)
     V = _check(logits, targets, vocab, losses=losses, lse=lse)
     classes = logits[:, :V]
     m = classes.max(axis=1, keepdims=True)
@@ -316,6 +449,8 @@ def crossentropy_backward_numpy(dlogits, dloss, logits, lse, targets, accumulate
 
 def crossentropy_forward_backward_numpy(loss, losses, lse, dlogits, logits, targets, dloss,
                                         vocab=None, kernel="auto"):
+    if isinstance(logits, Bf16Matrix):              # (bf16 logits: their values)
+        logits = bf16_matrix_values(logits)
     crossentropy_forward_numpy(loss, losses, lse, logits, targets, vocab)
     words = isinstance(dlogits, Bf16Matrix)
     values = np.empty(logits.shape, np.float32) if words else dlogits
