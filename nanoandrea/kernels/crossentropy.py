@@ -34,12 +34,13 @@ import math
 import numpy as np
 from numba import cuda, float32, uint32
 
-from .operands import (Bf16Matrix, bf16_matrix_values, device_empty, round_bf16,
+from .operands import (Bf16Matrix, bf16_matrix_values, bf16_values, device_empty, round_bf16,
                        round_bf16_numpy)
 from .ptx.mma import bf16_pair, bf16_unpair, load4_u32, store4_u32
 from .ptx.sfu import exp2_fast
 from .ptx.vector import aligned16, load4, store4
 from .reduce import MAX_THREADS, block_max, block_sum
+from .runtime import device
 from .runtime.device import SIMULATOR
 from .runtime.launch import check, check_float32, check_shape, inlined, kernel_factory, launch
 
@@ -308,6 +309,13 @@ def launch_bf16_logits(losses, lse, dlogits, logits, targets, dloss, V):
     (the loss alone, evaluation's)."""
     gradient = dlogits is not None
     words = logits.words
+    if 4 * words.shape[1] > device.current().shared_bytes_optin:   # (a row past ~110k tokens:
+        values = device_empty(logits.shape, np.float32)           # float32 values, two reads)
+        bf16_values(values, logits)
+        launch(crossentropy_fused_bf16_kernel if gradient else crossentropy_forward_kernel,
+               logits.shape[0], THREADS, losses, lse, *((dlogits.words,) if gradient else ()),
+               values, targets, *((dloss,) if gradient else ()), V)
+        return
     launch(bf16_logits_kernel(gradient), logits.shape[0], BF16_THREADS, losses, lse,
            dlogits.words if gradient else words, words, targets,
            dloss if gradient else lse, V, shared_bytes=4 * words.shape[1])
