@@ -1,4 +1,4 @@
-"""The ANDREA model: GPT-2's architecture, written as the brief's five attention steps.
+"""The ANDREA model: GPT-2's architecture, its attention written as five steps.
 
     idx [B,T] -> token + position embedding -> n_layer blocks -> final layernorm -> LM head
     block:      x = x + attention(layernorm(x))     x = x + mlp(layernorm(x))     (pre-LN)

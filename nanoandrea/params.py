@@ -13,7 +13,7 @@ P numbers, and a checkpoint is one array. The 2-D weight matrices come first (th
 n_decay entries): they are the ones AdamW decays.
 
 Names follow GPT-2 where GPT-2 has the same tensor (wte, wpe, h.{i}.ln_1, h.{i}.mlp.c_fc, ...).
-Attention keeps the brief's four matrices: h.{i}.attn.w_q, w_k, w_v, w_o (each [C, C], all heads
+Attention keeps four matrices: h.{i}.attn.w_q, w_k, w_v, w_o (each [C, C], all heads
 side by side) with biases b_q, b_k, b_v, b_o; GPT-2's c_attn is [w_q | w_k | w_v].
 """
 from dataclasses import dataclass
@@ -24,7 +24,7 @@ import numpy as np
 from .autograd import Tensor
 
 
-ALIGN = 4            # floats: 16 bytes, what a vector load (kernels/vector.py) needs
+ALIGN = 4            # floats: 16 bytes, what a vector load (ptx/vector.py) needs
 
 
 def aligned(n):

@@ -3,7 +3,7 @@
     needed = kernels_of(work)       the (kernel, argument types) that work() launches, found by
                                     running it with every launch recorded and none made
                                     (kernels/runtime/launch.py `recording`): nothing runs on the GPU
-    compile_kernels(needed)         those the kernel cache (kernels/cache.py) does not hold yet,
+    compile_kernels(needed)         those the kernel cache (runtime/cache.py) does not hold yet,
                                     compiled by a pool of worker processes into it, with a line
                                     that says how far it is
 
@@ -97,10 +97,10 @@ def compile_kernels(needed, workers=None, report=None):
 
 
 def _slowest_first(item):
-    """The matmul and attention kernels take longest to compile (the tensor-core ones, of bf16
-    and tf32, are matmul_bf16's): they go to the pool first."""
+    """The matmul and attention kernels take longest to compile (the tensor-core ones most):
+    they go to the pool first."""
     module = cache.kernel_name(item[0])[0]
-    return (0 if module.endswith(("matmul", "matmul_bf16", "attention")) else 1,
+    return (0 if ".matmul." in module or ".attention." in module else 1,
             str(cache.kernel_name(item[0])))
 
 

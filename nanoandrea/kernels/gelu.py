@@ -87,7 +87,7 @@ def gelu_derivative(x):
 @inlined
 def gelu_value_sfu(x):
     # gelu(x) to ~2^-21: the tensor-core products' epilogues, whose results are rounded to bf16
-    # or feed bf16 operands (matmul_bf16.py, matmul_wgmma.py); there the exact form's
+    # or feed bf16 operands (matmul/mma_sync.py, matmul/wgmma.py); there the exact form's
     # instructions are a third of a tile's work
     s, _ = sigmoid_parts_sfu(x)
     return x * s

@@ -24,7 +24,7 @@ one after another. So:
                             query, WARPS warps of CHUNK / WARPS keys each. A warp's 32 lanes
                             split the head's D columns (a key's row is read by consecutive
                             lanes: coalesced); its score q . k_j meets in a butterfly of
-                            shuffles (reduce.warp_sum); each lane holds 4 of the columns, or
+                            shuffles (ptx/warp.warp_sum); each lane holds 4 of the columns, or
                             ceil(D / 32) past D = 128 (the kernel is made for the count: any D
                             is taken). The warp keeps the online softmax of its keys as the
                             flash attention forward does: the running max m, the sum l of

@@ -21,7 +21,7 @@ Each kernel here gives a warp 16 rows and multiplies with `mma.sync.m16n8k16` (p
                  dV += (P G)^T dO, dK += dS^T Q
 dq has a kernel of its own (7 products a pair of tiles where one kernel for all three makes 5)
 so that each gradient is one block's sum, in order, with no atomics and no partial sums to add:
-reproducible to the bit, as attention.py's.
+reproducible to the bit, as attention/reference.py's.
 
 Why P never leaves the registers: an accumulator of a 16 x 8 tile of S gives lane (g, t) =
 (lane // 4, lane % 4) the scores (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1); an A fragment of
@@ -137,7 +137,7 @@ def tile_functions(D):
         # acc[NT, 4] = the warp's rows (frag) . the tile's rows, along D: a [16, COLS] product.
         # The tile is B^T as it lies (rows n, pairs along k): ldmatrix gives B's fragments
         # of n8 tiles j, j + 1 in one; lanes 8q .. 8q+7 address matrix q's rows, q's high bit
-        # picks the tile, its low bit the chunk (matmul_bf16's high_bit_rows). Row 8 j + row_in
+        # picks the tile, its low bit the chunk (the mma.sync product's high_bit_rows). Row 8 j + row_in
         # is swizzled as row_in is (j even: a multiple of 16 rows), so a lane's address is one
         # sum a k16 step, and each n8 pair adds a constant to it
         row_in, chunk_in = (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1

@@ -1,4 +1,4 @@
-"""The pieces both fast attention kernels (kernels/attention.py) are built from: flash-attention
+"""The pieces both fast attention kernels (kernels/attention/float32.py) are built from: flash-attention
 tiles computed like a register-blocked SGEMM.
 
 A block owns a tile of rows (queries in the forward, keys in dk/dv) and streams tiles of columns
@@ -51,8 +51,8 @@ def fast_exp(x):
 def column_stager(COLS):
     """stage_columns(neg_lse_tiles, delta_tiles, at, lse, delta, b, h, n0, T, tid): a dk/dv
     kernel's query tile of COLS queries from n0 on, their -lse (log2 units; past T, -inf: P = 0)
-    and delta, into shared slots from `at` on (the tensor-core kernels, attention_bf16.py and
-    attention_wgmma.py, read a tile's P^T and dS^T by these columns)."""
+    and delta, into shared slots from `at` on (the tensor-core kernels, attention/mma_sync.py and
+    attention/wgmma.py, read a tile's P^T and dS^T by these columns)."""
     load_columns, store_columns = column_loader(COLS)
 
     @inlined
@@ -286,8 +286,8 @@ def labelled(kernel, threads, tile, shared_bytes=0):
 @inlined
 def dout_chunk(dout, out, b, h, i, d):
     # dout[b, h, i, d : d + 8] rounded to bf16 pairs (4 words) and its dot product with out's
-    # same 8 values: two 16-byte loads of each, the sums in one fixed order (attention_bf16's
-    # delta pass and attention_wgmma's dq, so that both give delta the same bits)
+    # same 8 values: two 16-byte loads of each, the sums in one fixed order (the mma.sync
+    # attention's delta pass and the wgmma attention's dq, so that both give delta the same bits)
     g0, g1, g2, g3 = load4(dout, (b, h, i, d))
     g4, g5, g6, g7 = load4(dout, (b, h, i, d + 4))
     o0, o1, o2, o3 = load4(out, (b, h, i, d))

@@ -1,13 +1,13 @@
 """Causal softmax attention on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a): bf16
 operands, float32 sums and softmax.
 
-attention_bf16's function, arguments, rounding and NumPy twins (read its doc, and attention.py's
-for the math), by other kernels: on a GPU of compute capability 9.0 (the H100, the H200)
-attention_bf16 sends its heads of D = 32 and 64 here (`takes`). What changes is who multiplies:
-attention_bf16's warps issue mma.sync, an m16n8k16 product a warp, each B fragment brought from
+The mma.sync attention's function, arguments, rounding and NumPy twins (read
+attention/mma_sync.py's doc, and attention/reference.py's for the math), by other kernels: on a
+GPU of compute capability 9.0 (the H100, the H200) the family's dispatch sends bf16 heads of D =
+32 and 64 here. What changes is who multiplies: the mma.sync kernels' warps issue mma.sync, an m16n8k16 product a warp, each B fragment brought from
 shared memory by ldmatrix first; here a warpgroup (4 warps, 128 threads) issues wgmma, a
 [64, N] x [N, 16] product the tensor cores run on their own, B read by them straight from
-shared memory (kernels/wgmma.py). The softmax between the products is the same arithmetic.
+shared memory (ptx/wgmma.py). The softmax between the products is the same arithmetic.
 
 A block is one warpgroup and owns 64 rows (wgmma's M): queries in the forward and dq, keys in
 dk/dv. Those rows are copied into shared memory once; the other side's rows stream past in
@@ -88,7 +88,7 @@ STEPS = COLS // 16                  # k16 steps of a product over a streamed til
 FRAG_WORDS = 4 * STEPS              # a thread's A fragments of scores [64, COLS] in bf16
 TWO_TILES_ROWS = 2 * COLS           # dk/dv's -lse and delta of two stages of query tiles
 LN2 = float32(math.log(2.0))
-# Descriptors (kernels/wgmma.py): a start-address field in 16-byte units | a layout's bits. A
+# Descriptors (ptx/wgmma.py): a start-address field in 16-byte units | a layout's bits. A
 # k16 step along a row is 32 bytes on (2 units), one down a tile's rows 16 rows of 128 bytes
 # (128 units); the two stages of streamed tiles are STAGE_UNITS apart
 MN_LAYOUT = MN_MAJOR(OWN_WORDS * 4)     # (one block of 64 columns: D <= 64; LBO unused)

@@ -128,7 +128,7 @@ def through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_
 
 def matmul_sum(out, pairs, transpose_b=False, accumulate=False, b_transposed=None):
     """out (+)= op(a_0) . op(b_0) + op(a_1) . op(b_1) + ... for pairs [(a_j, b_j)] of one
-    precision. On wgmma one pass over the pairs' K's, one after another (matmul_wgmma's
+    precision. On wgmma one pass over the pairs' K's, one after another (wgmma.matmul_wgmma's
     more_pairs): the sums stay in float32 registers, and out is written once where each
     product in turn would write it and the next read and write it again. Elsewhere one
     product after another, each after the first added to out. b_transposed: each pair's copy

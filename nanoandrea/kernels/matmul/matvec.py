@@ -4,13 +4,13 @@
     out[M,N] = x[M,K] . W[N,K]^T (+ bias[N])     transpose_b: the tied LM head, wte [Vp, C]
     gelu_out[M,N] = gelu(out)                    the MLP's first layer (as matmul's epilogue)
 
-W is float32, or in bf16 precision the weight's Bf16Matrix (matmul_bf16.py); then x's values
-are rounded to bf16 as they are read, so the product is matmul_bf16's: both operands rounded,
+W is float32, or in bf16 precision the weight's Bf16Matrix (matmul/mma_sync.py); then x's values
+are rounded to bf16 as they are read, so the product is the bf16 matmul's: both operands rounded,
 float32 sums. x stays a float32 array either way (its rounding costs no launch of its own).
 
 Why a kernel of its own: a product of M rows does 2M flops per weight it reads, so with M <= 16
 it is bound by reading W, ~0.5 GB a token at andrea-120m in float32. The tile kernels
-(matmul.py, matmul_bf16.py) spend a 128-row tile on those few rows and give a 768 x 768
+(matmul/float32.py, matmul/mma_sync.py) spend a 128-row tile on those few rows and give a 768 x 768
 product 6 blocks for 132 multiprocessors. Here every weight is read once, by a 16-byte (bf16:
 8-byte) load of consecutive columns, from enough blocks to fill the GPU:
 
@@ -26,7 +26,7 @@ matvec_kernel(rows, bf16)          W [K, N]; grid (N / BLOCK_COLUMNS, splits of 
 matvec_t_kernel(rows, bf16)        W [N, K] (transpose_b); grid N / (WARPS x WARP_COLUMNS)
     a warp takes WARP_COLUMNS output columns, each a row of W: lane l reads 4 consecutive k of
     each (coalesced), 128 apart, with x's same 4 k of every row, read once for the warp's
-    columns; each sum meets the other lanes' in a butterfly of shuffles (reduce.warp_sum).
+    columns; each sum meets the other lanes' in a butterfly of shuffles (ptx/warp.warp_sum).
 
 Both sum in a fixed order: the same inputs give the same bits at every call, whatever the
 schedule. They are not bit-equal to the tile kernels (which add k in another order): the

@@ -77,7 +77,7 @@ WAIT_FOR_OLDEST = wait_copies(STAGES - 2)   # (until the oldest slice's copies h
 def word_swizzle(chunks):
     """The stored place of 16-byte chunk c of row r in a tile read one 32-bit word a lane, 4
     rows (r mod 4 = 0 .. 3) by 8 consecutive words at a time (a tf32 fragment of a k-major
-    operand, matmul_tf32.py): c XOR 2 (r mod 4), so that the 4 rows' runs of 8 words (2 chunks)
+    operand, matmul/mma_sync.py): c XOR 2 (r mod 4), so that the 4 rows' runs of 8 words (2 chunks)
     fall in the 4 different quarters of a bank line (rows of 8 chunks or more). Adding a
     multiple of 4 to r, or of 8 to c, changes nothing (its bits lie above the XOR's): the
     fragments' offsets use that."""
@@ -98,7 +98,7 @@ def log2(n):
 def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     """The tensor-core kernel (see the module's doc) for one (transpose_a, transpose_b),
     epilogue: None, "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product,
-    plus bias, times gelu'(hidden)), and element type: "bf16", or "tf32" (matmul_tf32.py)."""
+    plus bias, times gelu'(hidden)), and element type: "bf16", or "tf32" (matmul/mma_sync.py)."""
     check(epilogue in EPILOGUES, f"matmul_mma: unknown epilogue {epilogue!r}")
     check(element in PER_WORD, f"matmul_mma: unknown element type {element!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k

@@ -3,16 +3,16 @@ emptied by its copy engine (TMA): bf16 operands, float32 sums.
 
     out[M,N]  (+)=  op(a)[M,K] . op(b)[K,N]  (+ bias[N])      op(x) = x or x^T
 
-matmul_bf16's function, with its arguments, operands (Bf16Matrix words) and epilogues, by
-another kernel: on a GPU of compute capability 9.0 (the H100, the H200) matmul_bf16 sends its
-products here (`takes` says which). Its NumPy twin is matmul_bf16's, matmul_bf16_numpy.
+The bf16 product's function, with its arguments, operands (Bf16Matrix words) and epilogues, by
+another kernel: on a GPU of compute capability 9.0 (the H100, the H200) the family's dispatch
+sends bf16 products here (`takes` says which). Its NumPy twin is reference.matmul_bf16_numpy.
 
-Why a second tensor-core kernel: mma.sync (matmul_bf16.py) is a warp's instruction on operands
+Why a second tensor-core kernel: mma.sync (matmul/mma_sync.py) is a warp's instruction on operands
 in its registers; every fragment comes from shared memory through ldmatrix first, and from
 Numba it reaches about 530-570 TFLOP/s on the H200 at best. wgmma is one instruction for a
 warpgroup of 4 warps (128 threads), D [64,256] += A [64,16] B [16,256], with A and B read by
 the tensor cores themselves straight from shared memory, named by matrix descriptors
-(kernels/wgmma.py), either operand as it lies, k-contiguous or not. The ladder
+(ptx/wgmma.py), either operand as it lies, k-contiguous or not. The ladder
 tools/dev/matmul/v12-v20 builds this kernel a step at a time, each step measured
 (docs/perf.md): v16 is the last with the threads copying (cp.async), v17 splits the block into
 a producer and consumers, v18 gives the copies to TMA, v19 the stores, v20 the registers.
@@ -24,7 +24,7 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words, biase
   producer     warpgroup 0: one thread copies every K slice of 64 of each of the block's
                128 x 256 tiles into one of 4 stages of shared memory (48 KB each; 3 with
                GELU's epilogue, whose buffers take the fourth: shared_layout), by TMA
-               (kernels/tma.py): op(a)'s slice as one box of 128 rows of 64 k (a, K-major)
+               (ptx/tma.py): op(a)'s slice as one box of 128 rows of 64 k (a, K-major)
                or two of 64 rows of k by 64 m (a^T, MN-major), op(b)'s as one box of 256 rows
                of 64 k (b^T) or four of 64 k by 64 n (b), each into wgmma's 128-byte swizzle,
                zeros past the operands' edges. It waits until a stage is released (`empty`,
@@ -54,9 +54,9 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words, biase
   registers    setmaxnreg: the producer warpgroup drops to 40 registers a thread, the
                consumers rise to 232 (the block's 65,536 / 384 = 168 each would spill the
                epilogue's addresses)
-  split-K      as matmul.py: the tiles of every slice of K are the blocks' work; their partial
+  split-K      as the float32 kernel's: the tiles of every slice of K are the blocks' work; their partial
                sums are added in a fixed order (matmul.sum_splits)
-Operands and out are named by tensor maps (kernels/tma.py: a device table, made once for each
+Operands and out are named by tensor maps (ptx/tma.py: a device table, made once for each
 array's memory). Offsets are 32-bit: the launcher checks that an operand has fewer than 2^31
 words.
 """
@@ -192,7 +192,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
     @inlined
     def start_sums(sums, bias, col0, N, thread):
         # the sums start at the bias of their columns (wgmma adds to what D holds), or at 0.
-        # wgmma's D layout (kernels/wgmma.py): thread 32 w + 4 g + t holds rows 16 w + g and 8
+        # wgmma's D layout (ptx/wgmma.py): thread 32 w + 4 g + t holds rows 16 w + g and 8
         # more, columns 8 j + 2 t and the next, in sums[4 j .. 4 j + 3]. All 32 loads issue
         # before the first wgmma needs them: one wait a tile, where the epilogue waited once a
         # box. Every load is made, none behind a test: ptxas serializes every wgmma of the

@@ -1,5 +1,5 @@
 """Asynchronous copies from global to shared memory (`cp.async`, sm_80 and later): the
-tensor-core matmul's (matmul_bf16.py) and the ladder's v7 on.
+tensor-core matmul's (matmul/mma_sync.py) and the ladder's v7 on.
 
     copy16_async(dst, (i, .., j), src, (r, .., c), valid)
         dst[i, .., j:j+4] = src[r, .., c:c+4] if valid else 0      16 bytes, started, not waited for

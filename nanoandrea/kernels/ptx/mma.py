@@ -1,5 +1,5 @@
-"""bf16 and tf32 tensor cores from Numba: what the tensor-core kernels (matmul_bf16.py,
-matmul_tf32.py, and the ladder's v11 on) are built from, each instruction with a simulator twin
+"""bf16 and tf32 tensor cores from Numba: what the tensor-core kernels (matmul/mma_sync.py,
+matmul/mma_sync.py, and the ladder's v11 on) are built from, each instruction with a simulator twin
 written from the PTX ISA's fragment definitions.
 
     d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   one warp's D = A B + C
@@ -44,7 +44,7 @@ indexing would add 64-bit offsets to a 64-bit pointer).
 
 On the GPU these are inline PTX (llvmlite InlineAsm; C tied to D's registers, so a chain of
 mma's into one accumulator moves nothing) and LLVM vector loads. Under the simulator, the same
-names are Python: the warp's 32 threads meet (reduce.warp_values), and each lane computes its
+names are Python: the warp's 32 threads meet (ptx/warp.warp_values), and each lane computes its
 part of the instruction's result from all lanes' operands.
 """
 import numpy as np

@@ -7,7 +7,7 @@
 bits of mantissa) or only summed with larger ones (a softmax row), neither the error nor the
 flush shows, and each saves the ten or so instructions of the exact forms: libdevice's exp2f
 adds a test and two multiplies to keep denormals, an IEEE division a Newton step, a fix-up and
-a slow path. The tensor-core attention's softmax (attention_bf16.py, attention_wgmma.py) and
+a slow path. The tensor-core attention's softmax (attention/mma_sync.py, attention/wgmma.py) and
 the bf16 products' GELU epilogues (gelu.gelu_value_sfu) use them. The simulator's twins are the
 exact forms.
 """

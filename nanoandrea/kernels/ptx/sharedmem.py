@@ -3,7 +3,7 @@
     buffer = dynamic_shared_floats()                 # inside a kernel: the dynamic array
     k_tile = shared_tile(buffer, 0, ROWS, D_ROW)     # k_tile[r, d], floats 0 .. ROWS*D_ROW - 1
     v_tile = shared_tile(buffer, ROWS * D_ROW, ROWS, D_ROW)
-    launch(kernel, grid, block, *args, shared_bytes=4 * 2 * ROWS * D_ROW)   (kernels/launch.py)
+    launch(kernel, grid, block, *args, shared_bytes=4 * 2 * ROWS * D_ROW)   (runtime/launch.py)
 
 A kernel's static shared arrays (`cuda.shared.array((R, C), float32)`) may hold at most 48 KB
 a block. An H200 multiprocessor has 228 KB, and a block may take up to 227 KB of it as

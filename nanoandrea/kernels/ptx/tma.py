@@ -1,5 +1,5 @@
 """Hopper's copy engine (the tensor memory accelerator, TMA) and the barriers a block's
-warpgroups meet at while it works: what matmul_wgmma.py is built from, each instruction with
+warpgroups meet at while it works: what matmul/wgmma.py is built from, each instruction with
 a simulator twin.
 
     maps, (i, j) = tensor_maps((x, pairs, rows), (y, ...))    the TENSOR MAPs (below) of
@@ -28,7 +28,7 @@ tensor in global memory (here always 3-D: columns, rows, planes; its base, sizes
 and a BOX of it (columns x rows x 1): one instruction, cp.async.bulk.tensor, issued by one
 thread, copies a whole box between global and shared memory while the threads go on. In
 shared memory a box's rows are 128 bytes (64 bf16 or 32 float32) in the 128-byte swizzle
-(16-byte chunk c of row r at c ^ r % 8, the layout wgmma reads: kernels/wgmma.py). Past the
+(16-byte chunk c of row r at c ^ r % 8, the layout wgmma reads: ptx/wgmma.py). Past the
 tensor's edges a load brings zeros and a store writes nothing, so a kernel's edge tiles need
 no code of their own. Coordinates here are in 32-bit words along a row (a bf16 pair, or one
 float32: `pairs` says which), as the kernels index their word arrays.
@@ -39,7 +39,7 @@ waiter names the phase by its parity (a fresh barrier counts its "previous" phas
 as complete). A store is asynchronous too: its bulk group says when it has read shared memory
 (the buffer may be written again) and when its writes are done. The copy engine reads and
 writes shared memory through the ASYNC proxy, the threads through the generic one: a thread's
-writes a store is to read need fence_proxy_async (kernels/wgmma.py) first.
+writes a store is to read need fence_proxy_async (ptx/wgmma.py) first.
 
 Where the maps live: Numba passes no 128-byte structure by value (as CUDA C's
 __grid_constant__ parameter), so each map is a row of one device table that kernels read

@@ -84,7 +84,7 @@ else:
     def item_pointer(context, builder, array_type, array, index_type, index):
         """LLVM pointer to array[index] (index: a tuple of integers), without Numba's
         negative-index wraparound (the indices are the caller's, non-negative). For the
-        intrinsics here and in tensorcores.py."""
+        intrinsics here and in ptx/mma.py."""
         array = context.make_array(array_type)(context, builder, array)
         indices = [context.cast(builder, value, kind, types.intp) for value, kind in
                    zip(cgutils.unpack_tuple(builder, index, len(index_type)), index_type)]

@@ -99,7 +99,7 @@ else:
     @inlined
     def quad_max(value):
         # the max of `value` over the 4 lanes 4g .. 4g+3 (one row of an mma accumulator, in
-        # tensorcores.py's layout), to each of them
+        # ptx/mma.py's layout), to each of them
         value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
         return max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 2))
 

@@ -1,5 +1,5 @@
-"""Hopper's warpgroup tensor-core instruction, wgmma (sm_90a), from Numba: what matmul_wgmma.py,
-attention_wgmma.py (and the matmul ladder from v12 on) are built from, each instruction with a
+"""Hopper's warpgroup tensor-core instruction, wgmma (sm_90a), from Numba: what matmul/wgmma.py,
+attention/wgmma.py (and the matmul ladder from v12 on) are built from, each instruction with a
 simulator twin written from the PTX ISA's definitions.
 
     acc = cuda.local.array(64, float32)          a thread's part of one 64 x 128 float32 D
@@ -38,7 +38,7 @@ g = lane // 4 and t = lane % 4, mma.sync's m16n8 layout once for each 8 columns 
 The same instruction comes in every width N from 8 to 256 in steps of 8 (m64nNk16: D [64,N],
 N/2 floats a thread, the same layout for j < N/8), and A may instead come from the threads'
 registers (the "RS" form; B is always read from shared memory): warp w holds A's rows 16w ..
-16w+15 as mma.sync's m16n8k16 A fragment (tensorcores.py; PTX ISA, "Register Fragments" for
+16w+15 as mma.sync's m16n8k16 A fragment (ptx/mma.py; PTX ISA, "Register Fragments" for
 A), four words of bf16 pairs,
     a0 = A[16w+g, 2t:2t+2]   a1 = A[16w+g+8, 2t:2t+2]   a2 = A[16w+g, 2t+8:2t+10]
     a3 = A[16w+g+8, 2t+8:2t+10]
@@ -80,7 +80,7 @@ each writing thread waits for its copies, then runs fence.proxy.async.shared::ct
 then the block's barrier makes everyone's copies visible to every warpgroup's wgmma.
 
 The accumulators go through the inline PTX as N/2 outputs tied to N/2 inputs (C = D's
-registers, as tensorcores.mma_bf16 ties its 4). wgmma's results are not there when the
+registers, as ptx/mma.mma_bf16 ties its 4). wgmma's results are not there when the
 instruction issues, only after wgmma.wait_group, so the wait (and wgmma.fence, before) take
 the same values as tied operands: every read of acc after the wait reads the wait's
 outputs, and the compiler cannot move one above it. A fragments in registers are tied through
@@ -100,7 +100,7 @@ decoded field by field) and adds this thread's part of A B to acc at once, a leg
 an asynchronous instruction; fences, commit and wait do nothing. The twin assumes a 1-D block
 (warpgroup = threadIdx.x // 128), and gives the shared array an address whose 1024-byte
 boundary is at word SIMULATED_START, not 0, as a GPU might. The twin of the register form
-gathers its warp's A fragments (reduce.warp_values), as tensorcores' mma twin does.
+gathers its warp's A fragments (ptx/warp.warp_values), as ptx/mma.py's mma twin does.
 """
 import functools
 from collections import namedtuple
@@ -111,7 +111,7 @@ from numba import cuda, float32, uint32
 from ..runtime.device import SIMULATOR
 from ..runtime.launch import inlined_by_numba
 
-M, N, K = 64, 128, 16           # matmul_wgmma's wgmma (m64n128k16); any N: m64nNk16
+M, N, K = 64, 128, 16           # the ladder's wgmma (m64n128k16); any N: m64nNk16
 ACCUMULATORS = M * N // 128     # a thread's float32s of that D: 64 (N/2 for m64nNk16)
 SWIZZLE_128B = 1                # the descriptor's code for the 128-byte swizzle
 ATOM_BYTES = 1024               # 8 rows of 128 bytes: one period of the swizzle
@@ -495,7 +495,7 @@ def wgmma_m64nNk16(n, a_layout, b_layout):
 
 
 def wgmma_m64n128k16(a_layout, b_layout):
-    """matmul_wgmma's wgmma: multiply(acc, a_tiles, a_word, b_tiles, b_word), D [64,128]."""
+    """The ladder's m64n128k16: multiply(acc, a_tiles, a_word, b_tiles, b_word), D [64,128]."""
     return wgmma_m64nNk16(N, a_layout, b_layout)
 
 

@@ -17,7 +17,7 @@ processes that share the folder (two trainings, the test suite's workers) never 
 one; an entry that does not load (a truncated file, another pickle) is compiled again. A folder
 that cannot be written is said once, and the run compiles in memory.
 
-`attach(kernel)` gives a numba-cuda dispatcher this cache (kernels/launch.py does it at a
+`attach(kernel)` gives a numba-cuda dispatcher this cache (runtime/launch.py does it at a
 kernel's first launch); the dispatcher then asks it before compiling and hands it what it
 compiled. Under the CUDA simulator nothing is compiled, and nothing is kept.
 """

@@ -51,7 +51,7 @@ if INLINER not in ("nvvm", "numba"):
 def inlined(function):
     """A device function inlined into every kernel that calls it.
       - "numba" (the default): Numba's inline="always" copies the callee's Numba IR into each
-        call site. Slow to compile (the compiled kernels are kept on disk: kernels/cache.py),
+        call site. Slow to compile (the compiled kernels are kept on disk: runtime/cache.py),
         and the fastest code on the H200.
       - "nvvm": `forceinline`, the LLVM `alwaysinline` attribute, and NVVM inlines: the same
         kernels compile 4-5 times faster, and the H200 driver's machine code of them runs a
@@ -74,7 +74,7 @@ def kernel_factory(make):
     """A function that makes a kernel from a few compile-time parameters (hashable values, a
     tile or a flag): called again with the same parameters it returns the same kernel, so each
     is compiled once, and the kernel keeps `made_by` = (module, factory, parameters), which
-    names it in the compile cache (kernels/cache.py) and lets another process make it again."""
+    names it in the compile cache (runtime/cache.py) and lets another process make it again."""
     signature = inspect.signature(make)
     made = {}
 
@@ -99,7 +99,7 @@ def launch(kernel, grid, block, *args, shared_bytes=0):
     """Launch `kernel` on the current stream. grid and block are ints or tuples. shared_bytes:
     the size of the kernel's dynamic shared array (`cuda.shared.array(0, ...)`, cut into
     tiles by kernels/sharedmem.py); over 48 KB, the kernel is let have that much first.
-    A kernel's first launch gives it the compile cache on disk (kernels/cache.py)."""
+    A kernel's first launch gives it the compile cache on disk (runtime/cache.py)."""
     if _recording is not None:
         _recording.add((kernel, argument_types(kernel, args)))
         return
