@@ -7,6 +7,9 @@ no traceback, and must never damage a checkpoint that was already there.
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +80,7 @@ def test_train_writes_logs_plot_samples_and_checkpoints(corpus, tmp_path):
     assert "ms/step" in result.output and "tok/s" in result.output and "grad norm" in result.output
     done, last = result.output.strip().splitlines()[-2:]    # the best, where the time went
     assert done.startswith("done: 12 steps, best val loss "), done
+    best = read_checkpoint(out / "best")["state"]
     assert last.startswith("time: ") and "s of training steps" in last, last
     spent = [float(x) for x in re.findall(r"([0-9.]+) s\b", last)]
     assert len(spent) == 5 and spent[1] > 0, last      # (12 tiny steps may round to 0.0 s)
@@ -92,7 +96,9 @@ def test_train_writes_logs_plot_samples_and_checkpoints(corpus, tmp_path):
     assert (out / "samples.txt").read_text().count("=== step") == 2      # (not the untrained)
     saved = read_checkpoint(out / "ckpt")
     assert saved["state"]["step"] == 12 and saved["config"].n_layer == 2
-    assert (out / "best").is_symlink() and read_checkpoint(out / "best")["state"]["step"] <= 12
+    assert best["step"] in (6, 12) and best["best_step"] == best["step"]
+    assert sorted(os.listdir(out)) == ["best", "ckpt", "loss.png", "metrics.jsonl", "samples.txt"]
+    assert not (out / "best").is_symlink() and not (out / "ckpt").is_symlink()   # plain folders
     names = json.loads((out / "ckpt" / "model.safetensors").read_bytes()[8:].split(b"}}")[0]
                        .decode(errors="ignore") + "}}")
     assert "h.0.attn.c_attn.weight" in names and names["wte.weight"]["shape"][1] == 16
@@ -262,26 +268,91 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
     assert all(np.array_equal(after["params"][k], before["params"][k]) for k in before["params"])
 
 
-def test_a_kill_while_saving_leaves_the_previous_checkpoint(corpus, tmp_path, monkeypatch):
+# A save of ckpt and best (step 99) over a run's (step 3), killed (SIGKILL) at its Nth file-system
+# call, for N = 1, 2, ... until a save runs whole: after each kill both checkpoints are read, then
+# a save of step 100 runs, which must finish or clear what the kill left. A fresh interpreter
+# (checkpoint.py imports no numba: no threads) forks a child a moment.
+KILLED_SAVES = """
+import json, os, shutil, signal, sys
+from pathlib import Path
+from nanoandrea.checkpoint import read_checkpoint, write_checkpoint_files
+base, work = Path(sys.argv[1]), Path(sys.argv[2])
+saved = read_checkpoint(base / "ckpt")
+def save(step):
+    write_checkpoint_files(work, ["ckpt", "best"], saved["config"], saved["params"],
+                           saved["tokenizer"], saved["train"], dict(saved["state"], step=step),
+                           {"m": saved["m"], "v": saved["v"]}, saved["step_count"])
+def steps():
+    return [read_checkpoint(work / name)["state"]["step"] for name in ("ckpt", "best")]
+moments = []
+while not moments or not moments[-1]["whole"]:
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(base, work)
+    child = os.fork()
+    if child == 0:
+        calls = []
+        def killed_at(moment, call):
+            def counted(*args, **kwargs):
+                calls.append(call)
+                if len(calls) == moment:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return call(*args, **kwargs)
+            return counted
+        for name in ("open", "mkdir", "rename", "replace", "link", "fsync", "unlink", "rmdir"):
+            setattr(os, name, killed_at(len(moments) + 1, getattr(os, name)))
+        save(99)
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    after_kill = steps()
+    save(100)
+    moments.append({"whole": os.WIFEXITED(status), "after_kill": after_kill,
+                    "left": sorted(os.listdir(work)), "after_next_save": steps()})
+print(json.dumps(moments))
+"""
+
+
+def test_a_kill_while_saving_leaves_the_previous_checkpoint(corpus, tmp_path):
+    """A kill at any moment of a save leaves ckpt and best loadable, each the old or the new
+    one, never a ckpt newer than best when the save was of both; the next save finishes the
+    switch or clears its leftovers. The folders hold no symbolic link (cp -r copies them)."""
     out = tmp_path / "run"
     assert train(corpus, out, "--max-steps", "3", "--eval-interval", "3").exit_code == 0
-    from nanoandrea import checkpoint
-    from nanoandrea.sample import load_model
-    saved = read_checkpoint(out / "ckpt")
-    model, tokenizer = load_model(out / "ckpt", "cpu")
+    done = subprocess.run([sys.executable, "-c", KILLED_SAVES, out, tmp_path / "work"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    moments = json.loads(done.stdout)
+    assert len(moments) > 20, moments                 # (every call of the save, one by one)
+    seen = {tuple(moment["after_kill"]) for moment in moments}
+    assert seen == {(3, 3), (3, 99), (99, 99)}, seen     # best is switched first
+    for moment in moments:
+        assert moment["left"] == ["best", "ckpt", "loss.png", "metrics.jsonl", "samples.txt"]
+        assert moment["after_next_save"] == [100, 100], moment
+    assert not any(path.is_symlink() for path in (out / "ckpt", out / "best"))
 
-    def killed(*args):
-        raise KeyboardInterrupt("killed while switching the link")
-    monkeypatch.setattr(checkpoint.os, "replace", killed)
-    from nanoandrea.optim import AdamW
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(out, ["ckpt"], model, AdamW(model.params), tokenizer, {},
-                        dict(saved["state"], step=99))
-    monkeypatch.undo()
-    assert read_checkpoint(out / "ckpt")["state"]["step"] == 3       # the link still points there
-    assert len(list(out.glob(".ckpt-*"))) == 2                       # and the half-made folder ...
-    save_checkpoint(out, ["ckpt"], model, AdamW(model.params), tokenizer, {},
-                    dict(saved["state"], step=100))
-    assert read_checkpoint(out / "ckpt")["state"]["step"] == 100
-    kept = {os.readlink(out / "ckpt"), os.readlink(out / "best")}
-    assert {p.name for p in out.glob(".ckpt-*")} == kept             # ... is cleared by the next
+
+def test_a_run_of_the_older_layout_loads_and_resumes(corpus, tmp_path):
+    """Runs written before checkpoints were plain folders: ckpt and best symbolic links to
+    .ckpt-<step>-<id>. sample and info read them, --resume continues them, and its first save
+    leaves plain folders and none of the older ones."""
+    out = tmp_path / "run"
+    assert train(corpus, out, "--max-steps", "6", "--eval-interval", "3").exit_code == 0
+    for name in ("ckpt", "best"):
+        step = read_checkpoint(out / name)["state"]["step"]
+        older = out / f".ckpt-{step:07d}-0123abcd"
+        if older.exists():
+            shutil.rmtree(out / name)           # (ckpt and best of one step: one folder)
+        else:
+            os.rename(out / name, older)
+        os.symlink(older.name, out / name)
+    best_step = read_checkpoint(out / "best")["state"]["step"]
+    sampled = run("sample", "--checkpoint", out / "best", "--device", "cpu",
+                  "--max-new-tokens", "5")
+    assert sampled.exit_code == 0, sampled.output
+    assert "step 6" in run("info", "--checkpoint", out / "ckpt").output
+    resumed = run("train", "--out", out, "--resume", "--device", "cpu", "--max-steps", "9")
+    assert resumed.exit_code == 0 and "resumed from" in resumed.output, resumed.output
+    assert sorted(os.listdir(out)) == ["best", "ckpt", "loss.png", "metrics.jsonl", "samples.txt"]
+    assert not (out / "best").is_symlink() and not (out / "ckpt").is_symlink()
+    assert read_checkpoint(out / "ckpt")["state"]["step"] == 9
+    assert read_checkpoint(out / "best")["state"]["step"] in (best_step, 9)
+
