@@ -537,6 +537,52 @@ def test_a_full_or_read_only_disk_stops_training_with_one_line(corpus, tmp_path,
     assert a_file.read_text() == "not a folder"
 
 
+def writes_into_read_only_folders():
+    """Whether this process writes where the mode bits say no (root, with its capability to)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o555)
+        try:
+            Path(folder, "probe").write_text("")
+            return True
+        except PermissionError:
+            return False
+        finally:
+            os.chmod(folder, 0o755)
+
+
+@pytest.mark.skipif(writes_into_read_only_folders(), reason="this user (root) writes into "
+                    "read-only folders anyway; test_a_full_or_read_only_disk_stops_training_"
+                    "with_one_line simulates one")
+def test_a_read_only_folder_is_one_line_for_every_writer(corpus, tmp_path, monkeypatch):
+    out, locked = tmp_path / "run", tmp_path / "locked"
+    assert train(corpus, out, "--max-steps", "3", "--eval-interval", "3").exit_code == 0
+    assert run("export", "--checkpoint", out / "ckpt", tmp_path / "hf").exit_code == 0
+    locked.mkdir()
+    os.chmod(out, 0o555)
+    os.chmod(locked, 0o555)
+    try:
+        before = listing(out)
+        assert_user_error(run("train", "--out", out, "--resume", "--device", "cpu",
+                              "--max-steps", "6"), f"{out} is not writable")
+        assert_user_error(train(corpus, out, "--overwrite"), f"{out} is not writable")
+        assert_user_error(train(corpus, locked / "run"), f"{locked} is not writable")
+        assert_user_error(run("prepare", corpus, "--out", locked / "data"),
+                          f"{locked} is not writable")
+        assert_user_error(run("export", "--checkpoint", out / "ckpt", locked / "hf"),
+                          f"{locked} is not writable")
+        assert_user_error(run("import", "--from-hf", tmp_path / "hf", locked / "imported"),
+                          f"{locked} is not writable")
+        assert_user_error(run("heads", "--checkpoint", out / "ckpt", "--text", corpus,
+                              "--out", locked / "heads"), f"{locked} is not writable")
+        monkeypatch.setenv("NANOANDREA_CACHE", str(locked / "cache"))
+        assert_user_error(train(corpus, tmp_path / "other"), f"{locked} is not writable")
+        assert listing(out) == before and os.listdir(locked) == []
+    finally:
+        os.chmod(out, 0o755)
+        os.chmod(locked, 0o755)
+
+
 BAD_SETTINGS = [("--lr", "-1e-3"), ("--lr", "0"), ("--lr", "nan"), ("--lr", "inf"),
                 ("--min-lr", "-1"), ("--warmup-steps", "-10"), ("--weight-decay", "-1"),
                 ("--beta1", "2"), ("--beta1", "-0.1"), ("--beta2", "1"), ("--grad-clip", "-1"),
@@ -622,3 +668,30 @@ def test_what_a_run_says_is_true(corpus, tmp_path):
     assert_user_error(run("train", "--device", "cpu", "--preset", "tiny", "--block-size",
                           "100000", "--out", tmp_path / "long"), "batch too large for memory")
     assert not (tmp_path / "long").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask 022", "umask 027"])
+def test_files_are_made_with_the_users_umask(corpus, tmp_path, umask):
+    """Every file and folder train, prepare, export, import and heads make (the data cache's
+    too) has the mode the umask gives (0644 / 0755 under 022), not mkstemp's owner-only one."""
+    previous = os.umask(umask)
+    try:
+        out = tmp_path / "run"
+        commands = [("train", "--data", corpus, "--out", out, "--device", "cpu", *TINY,
+                     "--max-steps", "1", "--eval-interval", "1"),
+                    ("prepare", corpus, "--out", tmp_path / "data", "--tokenizer", "bpe",
+                     "--vocab-size", "300"),
+                    ("export", "--checkpoint", out / "best", tmp_path / "hf"),
+                    ("import", "--from-hf", tmp_path / "hf", tmp_path / "imported"),
+                    ("heads", "--checkpoint", out / "ckpt", "--text", corpus, "--out",
+                     tmp_path / "heads", "--windows", "1", "--no-ablation")]
+        for command in commands:
+            result = run(*command)
+            assert result.exit_code == 0, (command, result.output)
+    finally:
+        os.umask(previous)
+    made = [path for path in tmp_path.rglob("*") if path != corpus]
+    assert len(made) > 40
+    wrong = {str(path.relative_to(tmp_path)): oct(path.stat().st_mode & 0o777) for path in made
+             if path.stat().st_mode & 0o777 != (0o777 if path.is_dir() else 0o666) & ~umask}
+    assert wrong == {}
