@@ -249,7 +249,7 @@ def _remove_older_layout(out_dir):
             remove(path)
 
 
-# --- reading ---------------------------------------------------------------------------------------
+# --- reading -------------------------------------------------------------------------------------
 
 def checkpoint_folder(folder):
     """The folder that holds the checkpoint `folder`: itself, or, while a kill has left its

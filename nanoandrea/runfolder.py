@@ -38,8 +38,8 @@ class OutFolderError(ValueError):
 
 class RunFolder:
     """What a folder holds of a run: `names`, the run's names there; `foreign`, the names a
-    run writes that hold something else; `step`, the step its checkpoint holds (None: no
-    checkpoint, or one too damaged to say)."""
+    run writes that hold something else; `step`, the step its checkpoint holds (ckpt's, else
+    best's; None: no checkpoint, or one too damaged to say)."""
 
     def __init__(self, out):
         self.out = Path(out)
@@ -52,8 +52,9 @@ class RunFolder:
             if folder.is_dir() and any((folder / f).is_file() for f in ("state.json",
                                                                           "model.safetensors")):
                 self.names.append(name)
-                if name == "ckpt" or not self.has_checkpoint:
-                    self._read_state(folder)
+                if not self.has_checkpoint:
+                    state = _state(folder)
+                    self.step, self.imported_from = state.get("step"), state.get("imported_from")
                 self.has_checkpoint = True
             else:
                 self.foreign.append(name)
@@ -68,10 +69,6 @@ class RunFolder:
         for name in PLOTS:
             if (self.out / name).exists():
                 (self.names if self.is_run else self.foreign).append(name)
-
-    def _read_state(self, folder):
-        state = _state(folder)
-        self.step, self.imported_from = state.get("step"), state.get("imported_from")
 
 
 def _state(folder):
@@ -145,12 +142,14 @@ def start_over(out):
     hidden by a rename (a kill midway leaves no half-deleted ckpt that would pass for the
     user's), then deleted. Returns the names deleted."""
     out = Path(out)
+    if not out.is_dir():
+        return []
     found = RunFolder(out)
     for name in NAMES:
-        if name in found.names:
-            target = out / name
-            if target.exists() or target.is_symlink():
-                os.rename(target, out / f".{name}.deleted")
+        target = out / name
+        if name in found.names and (target.exists() or target.is_symlink()):
+            remove(out / f".{name}.deleted")            # (an earlier start_over's, killed)
+            os.rename(target, out / f".{name}.deleted")
     fsync_folder(out)
     for name in found.names:
         if name not in NAMES:

@@ -172,7 +172,8 @@ def cpu_defaults_line(taken, values):
     """The line that says which of CPU_DEFAULTS a run on the CPU takes (those not given):
     the block size among them, lowered from the preset's."""
     preset_block = getattr(PRESETS.get(values["preset"]), "block_size", None)
-    words = {"preset": f"the {values['preset']} preset", "batch_size": f"batch {values['batch_size']}",
+    words = {"preset": f"the {values['preset']} preset",
+             "batch_size": f"batch {values['batch_size']}",
              "block_size": f"block {values['block_size']}" + (
                  f" ({values['preset']}'s is {preset_block})"
                  if preset_block and preset_block > values["block_size"] else ""),
@@ -372,9 +373,11 @@ class Trainer:
         except (KeyError, TypeError) as error:
             raise CheckpointError(f"the checkpoint {self.out / 'ckpt'} is damaged: its "
                                   f"state.json lacks {error}") from None
-        if not checkpoint_folder(self.out / "best").is_dir():     # (an older run's step-0 best,
-            self.best_val, self.best_step = math.inf, None        # never written: the next
-        if self.main:                                             # evaluation writes one)
+        # a run of older versions may have no best (step 0's loss counted as one, and no
+        # checkpoint is written at step 0): the next evaluation writes one
+        if not checkpoint_folder(self.out / "best").is_dir():
+            self.best_val, self.best_step = math.inf, None
+        if self.main:
             with writing(self.out):
                 truncate_logs(self.out, self.step)
         self.report(f"resumed from {self.out / 'ckpt'} at step {self.step}")

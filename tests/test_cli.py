@@ -391,6 +391,9 @@ def test_train_refuses_a_folder_that_holds_a_run(corpus, tmp_path):
     assert (out / "samples.txt").read_text().count("=== step") == 1
     assert (out / "notes.txt").read_text() == "the user's own"
     assert read_checkpoint(out / "best")["state"]["step"] == 2      # (this run's: see below)
+    new = tmp_path / "new"                                  # (--overwrite where there is no run)
+    assert train(corpus, new, "--max-steps", "1", "--eval-interval", "1",
+                 "--overwrite").exit_code == 0
 
 
 def test_a_run_that_evaluated_has_a_best_even_when_step_0_was_lower(corpus, tmp_path):
