@@ -121,8 +121,9 @@ def train_command(resume, overwrite, gpus, **given):
             raise click.UsageError("--gpus starts its own ranks: leave it out under torchrun "
                                    "or mpirun")
         _run(lambda: check_run_folder(given.get("out", "out"), resume, overwrite))
-        status = start_ranks(gpus, _arguments(train_command, dict(given, resume=resume,
-                                                                  overwrite=overwrite)), timeout)
+        with _sigterm_raises():
+            status = start_ranks(gpus, _arguments(train_command, dict(
+                given, resume=resume, overwrite=overwrite)), timeout)
         sys.exit(status)
     world = _run(lambda: world_from_environment(timeout))
     if world is None:
