@@ -175,8 +175,8 @@ def _at_least_1(value):
     return value is None or value >= 1
 
 
-# What each training setting means: (the option, whether a value has a meaning, which values
-# do). NaN fails every comparison, so no test lets it through.
+# What each training setting means: (the option, whether a value has a meaning, the values
+# that do). NaN fails every comparison, so every check here refuses it.
 SETTINGS = (
     *((name, _at_least_1, "at least 1") for name in (
         "batch_size", "block_size", "grad_accum", "max_steps", "log_interval", "eval_interval",

@@ -340,6 +340,26 @@ def test_a_kill_while_saving_leaves_the_previous_checkpoint(corpus, tmp_path):
     assert not any(path.is_symlink() for path in (out / "ckpt", out / "best"))
 
 
+def test_a_checkpoint_switched_while_it_is_read_is_read_again(corpus, tmp_path, monkeypatch):
+    """sample reading OUT/ckpt while the run switches in a new one: the files of one
+    checkpoint, the new one's, never some of each."""
+    from nanoandrea import checkpoint
+    out = tmp_path / "run"
+    assert train(corpus, out, "--max-steps", "1", "--eval-interval", "1").exit_code == 0
+    saved, reads = read_checkpoint(out / "ckpt"), []
+
+    def a_save_midway(folder, name, optimizer):
+        reads.append(folder)
+        if len(reads) == 1:
+            checkpoint.write_checkpoint_files(
+                out, ["ckpt"], saved["config"], saved["params"], saved["tokenizer"],
+                saved["train"], dict(saved["state"], step=2), {"m": saved["m"], "v": saved["v"]})
+        return read(folder, name, optimizer)
+    read = checkpoint._read
+    monkeypatch.setattr(checkpoint, "_read", a_save_midway)
+    assert read_checkpoint(out / "ckpt")["state"]["step"] == 2 and len(reads) == 2
+
+
 def test_a_run_of_the_older_layout_loads_and_resumes(corpus, tmp_path):
     """Runs written before checkpoints were plain folders: ckpt and best symbolic links to
     .ckpt-<step>-<id>. sample and info read them, --resume continues them, and its first save
