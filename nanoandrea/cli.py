@@ -4,6 +4,7 @@ Errors a user can fix (bad data, an unknown preset, a missing checkpoint, a NaN 
 memory) end in one line and a non-zero exit, never a traceback.
 """
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -27,8 +28,8 @@ def _run(action, user_errors=None):
         return action()
     except user_errors as error:
         raise click.ClickException(str(error)) from None
-    except KeyboardInterrupt:
-        raise click.ClickException("interrupted; the last checkpoint is intact") from None
+    except KeyboardInterrupt as stop:          # (Ctrl-C; SIGTERM as Terminated, which says so)
+        raise click.ClickException(str(stop) or "interrupted") from None
 
 
 def _echo(message):
@@ -80,7 +81,10 @@ def _train_options(f):
                      "step and replay it [on]"),
         click.option("--stop-at", type=int, help="stop after this step, with a checkpoint "
                      "(continue later with --resume)"),
-        click.option("--resume", is_flag=True, help="continue from OUT/ckpt"),
+        click.option("--resume", is_flag=True, help="continue the run in OUT from OUT/ckpt"),
+        click.option("--overwrite", is_flag=True, help="start over in an OUT that holds a "
+                     "run: delete its ckpt, best, metrics.jsonl, samples.txt and plots (the "
+                     "folder's other files stay) [refuse such an OUT]"),
         click.option("--log-heads/--no-log-heads", default=None,
                      help="at each evaluation, each head's share of its layer's attention "
                           "gradient: metrics.jsonl and heads_grad.png [off]"),
@@ -102,26 +106,35 @@ def _train_options(f):
 
 @click.command("train")
 @_train_options
-def train_command(resume, gpus, **given):
+def train_command(resume, overwrite, gpus, **given):
     """Train a model (default: andrea-12m on tiny Shakespeare)."""
     from .distributed import DEFAULT_TIMEOUT, start_ranks, world_from_environment
+    from .runfolder import check_run_folder
     given = {k: v for k, v in given.items() if v is not None}
+    if resume and overwrite:
+        raise click.UsageError("--resume continues the run in OUT, --overwrite deletes it: "
+                               "give one")
     timeout = given.get("rank_timeout", DEFAULT_TIMEOUT)   # (the launch's, not the run's:
                                                            # a checkpoint does not keep it)
     if gpus is not None:            # this process starts the ranks, and trains on none of them
         if "RANK" in os.environ:
             raise click.UsageError("--gpus starts its own ranks: leave it out under torchrun "
                                    "or mpirun")
-        status = start_ranks(gpus, _arguments(train_command, dict(given, resume=resume)), timeout)
+        _run(lambda: check_run_folder(given.get("out", "out"), resume, overwrite))
+        with _sigterm_raises():
+            status = start_ranks(gpus, _arguments(train_command, dict(
+                given, resume=resume, overwrite=overwrite)), timeout)
         sys.exit(status)
     world = _run(lambda: world_from_environment(timeout))
     if world is None:
-        _run(lambda: _train(given, resume))
+        with _sigterm_raises():
+            _run(lambda: _train(given, resume, overwrite))
         return
     try:
         if given.get("device", "auto") != "cpu" and _gpu_available():
             world.select_device()
-        _run(lambda: _train(given, resume, world))
+        with _sigterm_raises():
+            _run(lambda: _train(given, resume, overwrite, world))
         world.close()
     except BaseException as error:          # (an error line, and every rank stopped)
         if world.size == 1:
@@ -130,19 +143,76 @@ def train_command(resume, gpus, **given):
                    f"{type(error).__name__}: {error}")
 
 
-def _train(given, resume, world=None):
-    from .train import resolve_options, train
-    options = resolve_options(given, resume=resume, report=_echo)
-    for name in ("batch_size", "block_size", "grad_accum", "max_steps", "log_interval",
-                 "eval_interval", "eval_iters"):
-        if getattr(options, name) < 1:
-            raise click.BadParameter(f"must be at least 1, got {getattr(options, name)}",
-                                     param_hint="--" + name.replace("_", "-"))
-    result = train(options, resume=resume, report=_echo, world=world)
+def _train(given, resume, overwrite, world=None):
+    from .runfolder import check_run_folder
+    from .train import TrainOptions, resolve_options, train
+    if world is None or world.main:     # (train checks again; here a refusal is the only line)
+        check_run_folder(given.get("out", TrainOptions.out), resume, overwrite)
+    notes = []                  # (said once the settings are known to mean something)
+    options = resolve_options(given, resume=resume, report=notes.append)
+    check_settings(options)
+    for note in notes:
+        _echo(note)
+    result = train(options, resume=resume, report=_echo, world=world, overwrite=overwrite)
     if world is None or world.main:
-        _echo(f"done: {result['step']} steps, best val loss {result['best_val']:.4f} at step "
-              f"{result['best_step']}; checkpoints in {options.out}/ckpt and {options.out}/best")
+        _echo(done_line(result, Path(options.out)))
         _echo(spent_line(result["spent"]))
+
+
+def _positive(value):
+    return 0 < value < math.inf
+
+
+def _not_negative(value):
+    return 0 <= value < math.inf
+
+
+def _a_fraction(value):
+    return 0 <= value < 1
+
+
+def _at_least_1(value):
+    return value is None or value >= 1
+
+
+# What each training setting means: (the option, whether a value has a meaning, the values
+# that do). NaN fails every comparison, so every check here refuses it.
+SETTINGS = (
+    *((name, _at_least_1, "at least 1") for name in (
+        "batch_size", "block_size", "grad_accum", "max_steps", "log_interval", "eval_interval",
+        "eval_iters", "stop_at", "n_layer", "n_head", "n_embd")),
+    ("lr", _positive, "a positive number (at 0 nothing trains)"),
+    ("min_lr", _not_negative, "a number of at least 0"),
+    ("warmup_steps", lambda v: v >= 0, "at least 0"),
+    ("weight_decay", _not_negative, "a number of at least 0"),
+    ("beta1", _a_fraction, "in [0, 1)"),
+    ("beta2", _a_fraction, "in [0, 1)"),
+    ("grad_clip", _not_negative, "a number of at least 0 (0 turns clipping off)"),
+    ("dropout", _a_fraction, "in [0, 1)"),
+    ("seed", lambda v: v >= 0, "at least 0"),
+)
+
+
+def check_settings(options):
+    """Refuse, before any work, a training setting outside its meaning: a usage error that
+    names the option."""
+    for name, fits, meaning in SETTINGS:
+        value = getattr(options, name)
+        if not fits(value):
+            raise click.BadParameter(f"must be {meaning}, got {value}",
+                                     param_hint=f"'--{name.replace('_', '-')}'")
+    if options.min_lr > options.lr:
+        raise click.BadParameter(f"{options.min_lr} is above --lr {options.lr}: the schedule "
+                                 f"decays from --lr down to --min-lr", param_hint="'--min-lr'")
+
+
+def done_line(result, out):
+    """The line a run ends with: its steps, and the step each of its checkpoints holds."""
+    ckpt = ("no checkpoint" if result["checkpoint_step"] is None else
+            f"{out / 'ckpt'} (step {result['checkpoint_step']})")
+    best = ("no best (no evaluation after step 0)" if result["best_step"] is None else
+            f"{out / 'best'} (step {result['best_step']}, val loss {result['best_val']:.4f})")
+    return f"done: {result['step']} steps; checkpoints: {ckpt}, {best}"
 
 
 def spent_line(spent):
@@ -179,12 +249,14 @@ def _arguments(command, values):
 @click.option("--checkpoint", default="out/ckpt", show_default=True,
               type=click.Path(file_okay=False), help="a checkpoint folder (OUT/ckpt or OUT/best)")
 @click.option("--prompt", default="", help="text to continue")
-@click.option("--prompt-file", type=click.Path(dir_okay=False), help="read the prompt from a file")
+@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False),
+              help="read the prompt from a file")
 @click.option("--max-new-tokens", default=500, show_default=True, type=click.IntRange(min=0))
-@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0))
+@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0),
+              callback=lambda ctx, param, value: _finite(value), help="0: the likeliest token")
 @click.option("--top-k", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option("--num-samples", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=1337, show_default=True, type=int)
+@click.option("--seed", default=1337, show_default=True, type=click.IntRange(min=0))
 @click.option("--device", default="auto", type=click.Choice(["auto", "cuda", "cpu"]))
 @click.option("--precision", type=click.Choice(["auto", "fp32", "tf32", "bf16"]),
               help="the matmuls' [on a GPU: the one the checkpoint was trained in]")
@@ -200,7 +272,11 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
     def action():
         text = prompt
         if prompt_file:
-            text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
+            try:
+                text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
+            except OSError as error:
+                raise click.ClickException(f"cannot read --prompt-file {prompt_file}: "
+                                           f"{error.strerror}") from None
         model, tokenizer = load_model(checkpoint, device, precision)
         compile_kernels(for_sampling(model), report=lambda m: click.echo(m, err=True))
         prompt_ids = encode_prompt(tokenizer, text, model.config.block_size,
@@ -243,6 +319,12 @@ def sample_command(checkpoint, prompt, prompt_file, max_new_tokens, temperature,
                                   first[0] - started if first else None,
                                   full[0] if full else None), err=True)
     _run(action)
+
+
+def _finite(value):
+    if not math.isfinite(value):
+        raise click.BadParameter(f"must be a finite number, got {value}")
+    return value
 
 
 def sampling_speed(rows, new_tokens, seconds, first_seconds, full=None):
@@ -331,15 +413,18 @@ def prepare_command(source, out_dir, tokenizer, vocab_size, gpt2_files, text_fie
                 prepare(source, out_dir, tokenizer, vocab_size, report=_echo,
                         gpt2_files=gpt2_files, text_field=text_field, strict=strict,
                         workers=workers, shard_tokens=shard_tokens or SHARD_TOKENS)
-        except KeyboardInterrupt:
-            raise click.ClickException(f"interrupted; {out_dir} was not written") from None
-        except Terminated:
-            raise click.ClickException(f"terminated (SIGTERM); {out_dir} was not written") from None
+        except KeyboardInterrupt as stop:     # (Ctrl-C; SIGTERM as Terminated, which says so)
+            raise click.ClickException(f"{str(stop) or 'interrupted'}; {out_dir} was not "
+                                       f"written") from None
     _run(action, (DataError, TokenizerError))
 
 
-class Terminated(Exception):
-    """SIGTERM arrived (`kill`, a job scheduler's stop)."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (`kill`, a job scheduler's stop): a KeyboardInterrupt, so that what
+    stops cleanly on Ctrl-C stops so on SIGTERM too, whose text says which it was."""
+
+    def __init__(self):
+        super().__init__("terminated (SIGTERM)")
 
 
 @contextlib.contextmanager
@@ -352,7 +437,7 @@ def _sigterm_raises():
         return
 
     def terminated(signum, frame):
-        raise Terminated
+        raise Terminated()
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
         yield

@@ -12,6 +12,9 @@ A prepared data folder (docs/data.md) holds
                           tokenizer's kind and end-of-text id, the source and its fingerprint
 It is written in a temporary folder beside DIR and renamed to DIR when complete, so an
 interrupted `prepare` leaves no folder that `train --data DIR` could take for a prepared one.
+DIR is replaced whole, so it must be new, empty, or a dataset an earlier prepare made and
+nothing else: prepare refuses its own corpus, a folder that holds it, the current folder, and
+a folder of other files (check_destination).
 The val split is held-out documents: a document goes to val when val holds less than
 VAL_FRACTION of the tokens so far. A corpus of one document (a .txt file, as tiny Shakespeare)
 keeps its last VAL_FRACTION of characters for val instead.
@@ -24,11 +27,11 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -38,6 +41,7 @@ import click
 import numpy as np
 
 from .corpus import Corpus, DataError, corpus_files
+from .files import new_folder, reason, unwritable
 from .tokenizer import BPETokenizer, load_tokenizer, save_tokenizer, train_tokenizer
 
 DEFAULT_CORPUS = Path(__file__).parent / "data" / "tinyshakespeare.txt"
@@ -77,9 +81,13 @@ def _train(corpus, kind, vocab_size, report):
     report(f"training a {vocab_size}-token BPE on {len(sample) / 1e6:,.1f}M characters"
            f"{' sampled from the corpus' if corpus.total_bytes > SAMPLE_CHARACTERS else ''}")
     with click.progressbar(length=100, label="training the tokenizer", file=sys.stderr) as bar:
-        return train_tokenizer(kind, sample, vocab_size, end_of_text=True,
-                               progress=lambda done, total: bar.update(
-                                   int(100 * done / max(total, 1)) - bar.pos))
+        tokenizer = train_tokenizer(kind, sample, vocab_size, end_of_text=True,
+                                    progress=lambda done, total: bar.update(
+                                        int(100 * done / max(total, 1)) - bar.pos))
+    if vocab_size is not None and tokenizer.vocab_size < vocab_size:
+        report(f"the BPE has {tokenizer.vocab_size} tokens, not the {vocab_size} asked: every "
+               f"word of the text is one token by then (more text makes more)")
+    return tokenizer
 
 
 # --- the worker processes ----------------------------------------------------------------------
@@ -284,8 +292,9 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
 
     The tokenizer is trained on the corpus (a BPE on a sample of it), or, with gpt2_files (a
     folder holding GPT-2's vocab.json and merges.txt), loaded from those files."""
+    out_dir = Path(os.path.normpath(out_dir))
+    check_destination(source, out_dir)
     corpus = Corpus(source, text_field, strict)
-    out_dir = Path(out_dir)
     if gpt2_files is not None:
         tokenizer = _load_gpt2(gpt2_files)
         tokenizer_kind = f"bpe from {gpt2_files}"
@@ -297,10 +306,11 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
     if gpt2_files is None:
         tokenizer = _train(corpus, tokenizer_kind, vocab_size, report)
     dtype = np.uint16 if tokenizer.vocab_size <= 2 ** 16 else np.uint32
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(out_dir)
-    staging = Path(tempfile.mkdtemp(prefix=_owned_name(out_dir, "tmp") + "-", dir=out_dir.parent))
+    staging = None
     try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(out_dir)
+        staging = new_folder(out_dir.parent, _owned_name(out_dir, "tmp") + "-")
         started = time.perf_counter()
         with click.progressbar(length=max(corpus.total_bytes, 1), label="tokenizing",
                                file=sys.stderr, show_eta=True,
@@ -329,7 +339,8 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
     except OSError as error:
         raise _writing_error(error, out_dir) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     seconds = time.perf_counter() - started
     documents = [writers[name].documents for name in ("train", "val")]
     held_out = (f"{documents[0]:,} and {documents[1]:,} documents" if any(documents) else
@@ -339,6 +350,40 @@ def prepare(source, out_dir, tokenizer_kind="char", vocab_size=None, report=prin
            f"vocabulary {tokenizer.vocab_size}, tokenized in {seconds:.1f} s "
            f"({corpus.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s)")
     return out_dir
+
+
+# the files a prepare writes (the first layout's train.bin and val.bin among them)
+PREPARED_FILES = re.compile(r"(train|val)(-\d{5})?\.bin|meta\.json|tokenizer\.json")
+
+
+def check_destination(source, out_dir):
+    """Refuse, before any work, an out_dir whose replacement (prepare replaces it whole) would
+    lose what prepare did not make: the corpus itself, a folder holding it, the current folder,
+    a folder of other files. A new or empty folder, or an earlier prepare's, is taken."""
+    out, corpus = Path(out_dir).resolve(), Path(source).resolve()
+    here = Path.cwd().resolve()
+    new = f"name a new folder, e.g. --out data/{corpus.stem or 'corpus'}"
+    if out == corpus or out in corpus.parents:
+        raise DataError(f"--out {out_dir} {'is' if out == corpus else 'holds'} the corpus "
+                        f"{source}, and prepare replaces its --out folder whole: {new}")
+    if out == here or out in here.parents:
+        raise DataError(f"--out {out_dir} is the current folder"
+                        f"{'' if out == here else ' or one holding it'}, and prepare replaces "
+                        f"its --out folder whole: {new}")
+    if out.is_dir():
+        names = sorted(path.name for path in out.iterdir())
+        others = [name for name in names if not PREPARED_FILES.fullmatch(name)]
+        if names and not is_prepared(out):
+            raise DataError(f"{out_dir} is not empty and holds no dataset prepare made, and "
+                            f"prepare replaces its --out folder whole: choose a new or empty "
+                            f"folder")
+        if others:
+            raise DataError(f"{out_dir} holds, beside a prepared dataset, {', '.join(others)}, "
+                            f"which prepare did not make and would delete with the folder: "
+                            f"move them, or choose another --out")
+    problem = unwritable(out.parent)              # (where the staging folder and the rename go)
+    if problem:
+        raise DataError(f"cannot write {out_dir}: {problem}")
 
 
 def _check_splits(writers, corpus):
@@ -357,7 +402,7 @@ def _write_meta(staging, meta):
 
 
 def _owned_name(out_dir, kind):
-    """`.DIR.tmp-HOST-PID` (mkdtemp's random letters follow) or `.DIR.old-HOST-PID`: a
+    """`.DIR.tmp-HOST-PID` (random letters follow) or `.DIR.old-HOST-PID`: a
     temporary folder's name says which process made it, so that a later prepare can tell one
     left by a process killed outright (kill -9, the machine's crash) from one in use."""
     return f".{out_dir.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
@@ -373,7 +418,7 @@ def _remove_stale(out_dir):
             continue
         kind, _, owner = path.name[len(prefix):].partition("-")
         if kind == "tmp":
-            owner = owner.rpartition("-")[0]          # (mkdtemp's letters hold no "-")
+            owner = owner.rpartition("-")[0]          # (the random letters hold no "-")
         owner_host, _, pid = owner.rpartition("-")
         if kind in ("tmp", "old") and owner_host == host and pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
@@ -404,7 +449,7 @@ def _writing_error(error, out_dir):
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return DataError(f"the disk is full writing {out_dir}: nothing was written (free "
                          f"space and run again)")
-    return DataError(f"cannot write {out_dir}: {error.strerror or error}")
+    return DataError(f"cannot write {out_dir}: {reason(error)}; nothing was written")
 
 
 def is_prepared(folder):
@@ -423,6 +468,11 @@ def resolve_data(data, tokenizer_kind="char", vocab_size=None, cache_dir=None, r
     cache = Path(cache_dir) / f"{data.stem}-{tokenizer_kind}-{key}"
     if is_prepared(cache):
         return cache
+    problem = unwritable(cache_dir)
+    if problem:
+        raise DataError(f"cannot prepare {data} in the data cache {cache_dir}: {problem} (set "
+                        f"NANOANDREA_CACHE to a folder you can write, or give --data a folder "
+                        f"`nanoandrea prepare` made)")
     return prepare(data, cache, tokenizer_kind, vocab_size, report)
 
 

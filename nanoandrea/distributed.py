@@ -34,6 +34,7 @@ one gone), naming the rank. Checkpoints are written atomically, so the last one 
 """
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -597,5 +598,11 @@ def start_ranks(size, arguments, timeout=DEFAULT_TIMEOUT, environ=None, program=
                     if p.poll() is None:
                         p.kill()
             time.sleep(0.1)
-        except KeyboardInterrupt:         # (Ctrl-C reaches the ranks too: they say it, once)
+        except KeyboardInterrupt as stop:
+            # Ctrl-C reaches every rank from the terminal, and they say it once; SIGTERM (a
+            # job scheduler's stop, cli.Terminated) reached this process alone: rank 0 is
+            # sent it, and stops every rank with one line naming its last checkpoint
+            from .cli import Terminated
+            if isinstance(stop, Terminated) and ranks[0].poll() is None:
+                ranks[0].send_signal(signal.SIGTERM)
             deadline = deadline or time.monotonic() + timeout + 10

@@ -31,6 +31,7 @@ from .autograd import no_grad
 from .backend import Backend
 from .checkpoint import read_checkpoint
 from .data import DEFAULT_CORPUS, VAL_FRACTION
+from .files import reason, unwritable
 from .kernels.attention.reference import causal_probabilities
 from .model import GPT
 
@@ -131,6 +132,10 @@ def analyse(checkpoint, text=None, windows=4, ablation=True, report=print):
     else:
         text = Path(text).read_text(encoding="utf-8", errors="replace")
     if hasattr(tokenizer, "id_of_char"):
+        unseen = sorted(set(text) - set(tokenizer.id_of_char))
+        if unseen:
+            report(f"the text's characters {''.join(unseen)!r} are not in the model's "
+                   f"vocabulary: left out")
         text = "".join(c for c in text if c in tokenizer.id_of_char)
     tokens = tokenizer.encode(text)
     data = windows_of(tokens, config.block_size, windows)
@@ -210,20 +215,59 @@ def plot_maps(rows, maps, path, size=64):
         axis.set_xticks([])
         axis.set_yticks([])
     figure.tight_layout()
-    figure.savefig(path, dpi=150)
+    figure.savefig(path, format="png", dpi=150)
     plt.close(figure)
 
 
+OUTPUTS = ("heads.md", "heads.json", "heads.png")
+
+
 def heads_report(checkpoint, out, text=None, windows=4, ablation=True, report=print):
-    """Write heads.md (the table), heads.json and heads.png into `out`; return the table."""
-    rows, maps, base_loss = analyse(checkpoint, text, windows, ablation, report)
+    """Write heads.md (the table), heads.json and heads.png into `out`; return the table.
+    Each is written beside its name and renamed onto it once all three are whole; names an
+    earlier report of heads did not write are refused before any work."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_folder(out)
+    rows, maps, base_loss = analyse(checkpoint, text, windows, ablation, report)
     table = format_table(rows, base_loss)
-    (out / "heads.md").write_text("```\n" + table + "\n```\n")
-    (out / "heads.json").write_text(json.dumps({"loss": base_loss, "heads": rows}, indent=1))
-    plot_maps(rows, maps, out / "heads.png")
+    made = out if not out.exists() else None
+    written = {name: out / f".{name}.tmp" for name in OUTPUTS}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        written["heads.md"].write_text("```\n" + table + "\n```\n")
+        written["heads.json"].write_text(json.dumps({"loss": base_loss, "heads": rows},
+                                                    indent=1))
+        plot_maps(rows, maps, written["heads.png"])
+        for name, temporary in written.items():
+            temporary.replace(out / name)
+    except OSError as error:
+        raise HeadsError(f"cannot write {out}: {reason(error)}; nothing was written") from None
+    finally:
+        for temporary in written.values():
+            temporary.unlink(missing_ok=True)
+        if made is not None and made.is_dir() and not any(made.iterdir()):
+            made.rmdir()
     return table
+
+
+def check_output_folder(out):
+    """Refuse an --out where heads would replace what is not an earlier heads report (a
+    heads.json of another shape, a user's heads.md), or that cannot be written."""
+    taken = [name for name in OUTPUTS if (out / name).exists()]
+    if taken and not _is_a_report(out / "heads.json"):
+        raise HeadsError(f"{out} holds {', '.join(taken)}, which no earlier `nanoandrea "
+                         f"heads` wrote: choose another --out, or move them")
+    problem = unwritable(out)
+    if problem:
+        raise HeadsError(f"cannot write {out}: {problem}")
+
+
+def _is_a_report(path):
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and set(report) == {"loss", "heads"}
 
 
 # --- during training: each head's share of its layer's attention gradient (--log-heads) ------

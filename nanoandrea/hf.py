@@ -20,10 +20,10 @@ GPT-2's vocabulary has 50257 entries, the last "<|endoftext|>", which nanoandrea
 BPE does not encode or decode: an imported model keeps all 50257 rows (its logits equal the
 original's) and sampling never draws the ids its tokenizer cannot decode.
 """
+import contextlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ from .checkpoint import (CheckpointError, from_gpt2_names, load_safetensors, rea
                          save_safetensors, to_gpt2_names, write_checkpoint_files)
 from .params import parameter_layout
 from .config import ConfigError, GPTConfig
+from .files import new_folder, reason, unwritable
 from .tokenizer import BPETokenizer, TokenizerError, load_tokenizer, save_tokenizer
 
 ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")     # GELU's tanh form, nanoandrea's
@@ -64,14 +65,11 @@ def export_hf(checkpoint, out):
     """Write checkpoint (a folder) as a Hugging Face GPT-2 folder `out`, made whole in a
     temporary folder beside it and then renamed. Returns a line saying what the tokenizer
     export holds."""
+    out = Path(out)
+    _check_new_folder(out)
     saved = read_checkpoint(checkpoint, optimizer=False)
     config, tokenizer = saved["config"], saved["tokenizer"]
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise InteropError(f"{out} exists and is not empty: choose a new folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
-    try:
+    with _new_folder_in_place_of(out) as staging:
         (staging / "config.json").write_text(json.dumps(hf_config(config, tokenizer), indent=1))
         save_safetensors(staging / "model.safetensors",
                          to_gpt2_names(saved["params"], config), {"format": "pt"})
@@ -85,13 +83,36 @@ def export_hf(checkpoint, out):
                                                                 indent=1))
             note = ("tokenizer: a char tokenizer has no transformers class; its ids are in "
                     "char_vocab.json (the model loads without a tokenizer)")
+    return note
+
+
+def _check_new_folder(out):
+    """Refuse, before any work, an `out` that is not new or empty, or cannot be written."""
+    if out.exists() and any(out.iterdir()):
+        raise InteropError(f"{out} exists and is not empty: choose a new folder")
+    problem = unwritable(out.parent)
+    if problem:
+        raise InteropError(f"cannot write {out}: {problem}")
+
+
+@contextlib.contextmanager
+def _new_folder_in_place_of(out):
+    """A folder made whole beside `out` (_check_new_folder's), renamed `out` when the block
+    ends; an error or a stop deletes it, and a write that fails (read-only, full) is one
+    line."""
+    staging = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = new_folder(out.parent, f".{out.name}.tmp-")
+        yield staging
         if out.exists():
             out.rmdir()
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return note
+        os.rename(staging, out)
+    except OSError as error:
+        raise InteropError(f"cannot write {out}: {reason(error)}; nothing was written") from None
+    finally:
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def read_hf_folder(folder):
@@ -173,7 +194,9 @@ def _hf_tokenizer(folder):
 def import_hf(folder, out):
     """A Hugging Face GPT-2 folder as the checkpoint OUT/ckpt (also OUT/best), with a fresh
     optimizer state: `sample --checkpoint OUT/ckpt` and `train --out OUT --resume` (fine-
-    tuning) take it. Returns the model's config."""
+    tuning) take it. OUT must be new or empty, as export's. Returns the model's config."""
+    out = Path(out)
+    _check_new_folder(out)
     config, tensors, tokenizer = read_hf_folder(folder)
     if tokenizer.vocab_size > config.vocab_size:
         raise InteropError(f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens, the "
@@ -193,8 +216,9 @@ def import_hf(folder, out):
                      "dropout": config.dropout, "tokenizer": tokenizer.kind,
                      "imported_from": str(Path(folder).resolve())}
     state = {"step": 0, "imported_from": str(Path(folder).resolve())}
-    write_checkpoint_files(out, ["ckpt", "best"], config, params, tokenizer, train_options,
-                           state)
+    with _new_folder_in_place_of(out) as staging:
+        write_checkpoint_files(staging, ["ckpt", "best"], config, params, tokenizer,
+                               train_options, state)
     return config
 
 

@@ -190,13 +190,19 @@ def last_logits(backend, logits):
     return np.stack([backend.to_host(logits[b, -1]) for b in range(B)])
 
 
+class SamplingError(ValueError):
+    """sample cannot run as asked (no GPU for --device cuda); the message says what to do."""
+
+
 def load_model(checkpoint, device="auto", precision=None):
     """(model, tokenizer) from a checkpoint folder, its matmuls in `precision` (None: the
     precision it was trained in, on a GPU; fp32 on the CPU)."""
-    saved = read_checkpoint(Path(checkpoint), optimizer=False)
     name = "cuda" if device == "cuda" else "numpy" if device == "cpu" else "auto"
     if name == "auto":
         name = "cuda" if gpu_available() else "numpy"
+    elif name == "cuda" and not (gpu_available() or launch.SIMULATOR):
+        raise SamplingError("--device cuda: no usable CUDA GPU here (try --device cpu)")
+    saved = read_checkpoint(Path(checkpoint), optimizer=False)
     if precision is None:
         precision = saved["train"].get("precision", "fp32") if name == "cuda" else "fp32"
     backend = get_backend(name, precision=resolve_precision(precision, name))

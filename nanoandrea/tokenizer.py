@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import regex
 
+from .files import shareable
+
 FORMAT_NAME = "nanoandrea-tokenizer"
 FORMAT_VERSION = 1
 
@@ -495,10 +497,12 @@ def train_tokenizer(kind: str, text: str, vocab_size: int | None = None, progres
 
 def _write_atomically(path, text: str) -> None:
     """Write text as UTF-8 to a temporary file beside path, fsync it, then rename it onto path,
-    so that a reader never sees a half-written file."""
+    so that a reader never sees a half-written file. The file gets the umask's mode, not
+    mkstemp's owner-only one."""
     directory = os.path.dirname(os.path.abspath(path))
     descriptor, temporary_path = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     try:
+        shareable(temporary_path)
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             file.write(text)
             file.flush()

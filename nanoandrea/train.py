@@ -10,10 +10,12 @@ T=256) is nanoGPT's for this corpus.
 
 What a run leaves in OUT (default out/): metrics.jsonl (one JSON object per logged step and per
 evaluation), loss.png, samples.txt (a sample at every evaluation but the first), ckpt and best
-(checkpoints, see nanoandrea.checkpoint). `--resume` continues from OUT/ckpt; the resumed run's
-losses equal, step by step, those of a run never interrupted: the batches, the dropout masks
-and the evaluation batches all come from random states saved in the checkpoint or derived from
-the step.
+(checkpoints, see nanoandrea.checkpoint: ckpt the last evaluation's, best the one of the lowest
+val loss among this run's evaluations after step 0, which writes no checkpoint). A folder that
+holds a run is continued with `--resume` or started over with `--overwrite`, never written over
+without one (nanoandrea.runfolder). The resumed run's losses equal, step by step, those of a
+run never interrupted: the batches, the dropout masks and the evaluation batches all come from
+random states saved in the checkpoint or derived from the step.
 
 On several ranks (train --gpus N, torchrun, mpirun: nanoandrea/distributed.py) --batch-size is
 the batch of all ranks together, each rank training on its batch_size / N rows of it, so a
@@ -34,10 +36,11 @@ import click
 import numpy as np
 
 from .backend import get_backend, resolve_precision
-from .checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from .config import ConfigError, get_preset, parameter_breakdown
+from .checkpoint import CheckpointError, checkpoint_folder, read_checkpoint, save_checkpoint
+from .config import PRESETS, ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
 from .distributed import DistributedError, data_parallel
+from .files import WriteError, writing
 from .heads import HeadsError, gradient_shares, plot_gradient_shares
 from .hf import InteropError
 from .kernels.attention import TENSOR_CORE_HEAD_SIZES
@@ -46,6 +49,9 @@ from .kernels.runtime.device import SIMULATOR, gpu_available
 from .model import GPT
 from .optim import AdamW, ShardedAdamW, learning_rate
 from .precompile import compile_kernels, for_training
+from .runfolder import (OutFolderError, check_run_folder, checkpoint_step, start_over,
+                        truncate_logs)
+from .sample import SamplingError
 from .step import EvalStep, TrainStep
 from .tokenizer import TokenizerError
 
@@ -104,11 +110,17 @@ SHAPE_OPTIONS = ("preset", "data", "tokenizer", "vocab_size", "n_layer", "n_head
                  "block_size")
 
 
-def precision_line(precision, head_size):
+def precision_line(precision, head_size, device="cuda"):
     """What a run's precision puts on the tensor cores, as its first line says it
-    (backend.py): in bf16 the attention too, where a tensor-core kernel takes its head size."""
+    (backend.py): in bf16 the attention too, where a tensor-core kernel takes its head size.
+    On the CPU there are none: the NumPy twins round the operands as the tensor cores would,
+    for the same numbers, not for speed."""
     if precision == "fp32":
         return "float32 throughout"
+    if device == "cpu":
+        rounded = ("matmuls' and attention's operands rounded to bf16" if precision == "bf16"
+                   else "matmuls' operands rounded to tf32, attention float32")
+        return f"{rounded}, float32 sums (NumPy on the CPU: {precision}'s numbers, not its speed)"
     if precision == "tf32":
         return "matmuls tf32 on the tensor cores, attention float32"
     if head_size in TENSOR_CORE_HEAD_SIZES:
@@ -130,11 +142,11 @@ def resolve_options(given, resume=False, report=print):
     if device == "auto":
         device = "cuda" if gpu_available() else "cpu"
         if device == "cpu":
-            report("no usable GPU: training on the CPU with the NumPy backend"
-                   + ("" if "preset" in given else " and the small andrea-mini preset"))
+            report("no usable GPU: training on the CPU with the NumPy backend")
     elif device == "cuda" and not gpu_available():
         raise TrainingError("--device cuda: no usable CUDA GPU here (try --device cpu)")
     values = dict(CPU_DEFAULTS) if device == "cpu" else {}
+    saved = {}
     if resume:
         saved = _saved_options(Path(given.get("out", TrainOptions.out)))
         # (an imported model, not yet trained here, takes the data the user gives it)
@@ -148,19 +160,46 @@ def resolve_options(given, resume=False, report=print):
         values.update({k: v for k, v in saved.items() if k not in ("device", "stop_at")})
     values.update(given)
     values["device"] = device
+    taken = [k for k in CPU_DEFAULTS if device == "cpu" and k not in given and k not in saved]
+    if taken:
+        report(cpu_defaults_line(taken, values))
     values["precision"] = resolve_precision(values.get("precision", "auto"), device)
     fields = {f.name for f in dataclasses.fields(TrainOptions)}
     return TrainOptions(**{k: v for k, v in values.items() if k in fields})
 
 
+def cpu_defaults_line(taken, values):
+    """The line that says which of CPU_DEFAULTS a run on the CPU takes (those not given):
+    the block size among them, lowered from the preset's."""
+    preset_block = getattr(PRESETS.get(values["preset"]), "block_size", None)
+    words = {"preset": f"the {values['preset']} preset",
+             "batch_size": f"batch {values['batch_size']}",
+             "block_size": f"block {values['block_size']}" + (
+                 f" ({values['preset']}'s is {preset_block})"
+                 if preset_block and preset_block > values["block_size"] else ""),
+             "max_steps": f"{values['max_steps']} steps",
+             "eval_interval": f"an evaluation every {values['eval_interval']} steps",
+             "eval_iters": f"{values['eval_iters']} batches an evaluation",
+             "warmup_steps": f"{values['warmup_steps']} warmup steps"}
+    return ("on the CPU, where not given: " + ", ".join(words[k] for k in taken)
+            + " (each option sets its own)")
+
+
 def _saved_options(out):
-    folder = out / "ckpt"
+    folder = checkpoint_folder(out / "ckpt")
     if not folder.exists():
-        raise CheckpointError(f"--resume: no checkpoint in {out} (expected {folder})")
+        raise CheckpointError(f"--resume: no checkpoint in {out} (expected {out / 'ckpt'})")
     config = folder / "config.json"
     if not config.is_file():
-        raise CheckpointError(f"--resume: {folder} is not a checkpoint folder")
-    return json.loads(config.read_text()).get("train", {})
+        raise CheckpointError(f"--resume: {out / 'ckpt'} is not a checkpoint folder")
+    try:
+        saved = json.loads(config.read_text()).get("train", {})
+        if not isinstance(saved, dict):
+            raise ValueError(f"its train options are {type(saved).__name__}, not a mapping")
+    except (OSError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"--resume: the checkpoint {out / 'ckpt'} is damaged "
+                              f"(config.json: {error})") from None
+    return saved
 
 
 def model_config(options, vocab_size):
@@ -188,13 +227,18 @@ def flops_per_token(config):
     return 6.0 * n + 6.0 * config.n_layer * config.n_embd * config.block_size
 
 
-def estimate_step_bytes(config, batch_size):
+def estimate_step_bytes(config, batch_size, backend="cuda"):
     """A generous estimate of the memory a training step needs (activations and their gradients
-    kept for backward, logits twice, the flat [4, P] parameter buffer)."""
+    kept for backward, logits twice, the flat [4, P] parameter buffer). The NumPy backend's
+    attention (kernels/attention.py's twins) also makes [B,H,T,T] arrays, one layer at a time:
+    the scores, the probabilities, their gradient and the dropout factors, with temporaries
+    about 7.5 such arrays at once (measured; 5.5 without dropout), counted as 8."""
     C, V, L = config.n_embd, config.vocab_size, config.n_layer
     tokens = batch_size * config.block_size
     per_token = L * (40 * C) + 4 * V + 8 * C
-    return 4 * (tokens * per_token * 2 + 4 * parameter_breakdown(config)[-1][1])
+    attention = (8 * batch_size * config.n_head * config.block_size ** 2 if backend == "numpy"
+                 else 0)
+    return 4 * (tokens * per_token * 2 + 4 * parameter_breakdown(config)[-1][1] + attention)
 
 
 def _available_bytes(backend):
@@ -247,6 +291,7 @@ class Trainer:
                                     shard=(self.rank, self.ranks))
         self.step = 0
         self.best_val = math.inf
+        self.owns_checkpoint = False    # whether OUT/ckpt is this run's (resumed, or written)
         # wall time this process spent on each part of the run, said when it ends (spent_line)
         self.spent = dict(training=0.0, losses=0.0, samples=0.0, saves=0.0)
         self.best_step = None
@@ -277,7 +322,7 @@ class Trainer:
         return result
 
     def _check_memory(self):
-        need = estimate_step_bytes(self.config, self.rank_batch)
+        need = estimate_step_bytes(self.config, self.rank_batch, self.backend.name)
         have = _available_bytes(self.backend)
         if have is not None and need > have:
             where = "the GPU has" if self.backend.name == "cuda" else "the machine has"
@@ -302,6 +347,7 @@ class Trainer:
 
     # --- resume -------------------------------------------------------------------------
     def resume(self):
+        self.owns_checkpoint = True
         saved = read_checkpoint(self.out / "ckpt")
         if saved["config"] != self.config:
             raise CheckpointError(f"--resume: the checkpoint's model {saved['config']} differs "
@@ -319,20 +365,30 @@ class Trainer:
             return
         self.optimizer.load_moments(saved["m"], saved["v"])
         self.optimizer.step_count = saved["step_count"]
-        self.step = state["step"]
-        self.best_val = state["best_val"]
-        self.best_step = state["best_step"]
-        self.batches.load_state(state["batches"])
-        self.history = state["history"]
-        self._truncate_metrics(self.step)
+        try:
+            self.step = state["step"]
+            self.best_val, self.best_step = state["best_val"], state["best_step"]
+            self.batches.load_state(state["batches"])
+            self.history = state["history"]
+        except (KeyError, TypeError) as error:
+            raise CheckpointError(f"the checkpoint {self.out / 'ckpt'} is damaged: its "
+                                  f"state.json lacks {error}") from None
+        # a run of older versions may have no best (step 0's loss counted as one, and no
+        # checkpoint is written at step 0): the next evaluation writes one
+        if not checkpoint_folder(self.out / "best").is_dir():
+            self.best_val, self.best_step = math.inf, None
+        if self.main:
+            with writing(self.out):
+                truncate_logs(self.out, self.step)
         self.report(f"resumed from {self.out / 'ckpt'} at step {self.step}")
 
-    def _truncate_metrics(self, step):
-        """Drop the lines a crashed run logged after its checkpoint: they will be logged again."""
-        path = self.out / "metrics.jsonl"
-        if path.exists() and self.main:
-            lines = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= step]
-            path.write_text("".join(l + "\n" for l in lines))
+    def checkpoints_said(self):
+        """Where this run's last checkpoint is, for the line that says it stopped; a checkpoint
+        in OUT that is not this run's is never named (a run does not resume from it)."""
+        step = checkpoint_step(self.out) if self.owns_checkpoint else None
+        if step is None:
+            return "no checkpoint was written"
+        return f"the last checkpoint, {self.out / 'ckpt'}, holds step {step}"
 
     # --- the loop -------------------------------------------------------------------------
     def train_step(self):
@@ -350,10 +406,12 @@ class Trainer:
     def run(self):
         o = self.options
         if self.main:
-            self.out.mkdir(parents=True, exist_ok=True)
+            with writing(self.out):
+                self.out.mkdir(parents=True, exist_ok=True)
         total = parameter_breakdown(self.config)[-1][1]
-        precision = precision_line(self.backend.precision, self.config.head_size)
-        self.report(f"{o.preset}: {total:,} parameters, {self.config}, backend "
+        precision = precision_line(self.backend.precision, self.config.head_size,
+                                   "cpu" if self.backend.name == "numpy" else "cuda")
+        self.report(f"{model_name(o)}: {total:,} parameters, {self.config}, backend "
                     f"{self.backend.name}, {precision}")
         ranks = "" if self.world is None else (
             f", over {self.ranks} ranks ({self.rank_batch} sequences each"
@@ -388,6 +446,7 @@ class Trainer:
         if self.main:
             self.plot()
         return {"step": self.step, "best_val": self.best_val, "best_step": self.best_step,
+                "checkpoint_step": checkpoint_step(self.out) if self.main else None,
                 "spent": dict(self.spent)}
 
     def _compile(self):
@@ -413,8 +472,7 @@ class Trainer:
         bad = np.flatnonzero(~np.isfinite(losses))
         if bad.size:
             raise TrainingError(f"the loss is {losses[bad[0]]} at step {first + bad[0] + 1}: "
-                                f"stopped; the last good checkpoint is in {self.out / 'ckpt'} "
-                                f"(try a lower --lr)")
+                                f"stopped; {self.checkpoints_said()} (try a lower --lr)")
         loss = float(losses.mean())
         tokens_per_s = self.tokens_per_step / seconds_per_step
         mfu = (flops_per_token(self.config) * tokens_per_s / (self.peak * self.ranks)
@@ -430,7 +488,7 @@ class Trainer:
                            mfu=mfu))
 
     def _metrics(self, record):
-        with open(self.out / "metrics.jsonl", "a") as f:
+        with writing(self.out / "metrics.jsonl"), open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
     # --- evaluation, samples, checkpoints --------------------------------------------------
@@ -468,9 +526,9 @@ class Trainer:
         train_loss, val_loss = self.estimate_loss("train"), self.estimate_loss("val")
         self.spent["losses"] += time.perf_counter() - started
         if not (math.isfinite(val_loss) and math.isfinite(train_loss)):
-            raise TrainingError(f"the loss is {val_loss} at step {self.step}: stopped; the last "
-                                f"good checkpoint is in {self.out / 'ckpt'} (try a lower --lr)")
-        improved = val_loss < self.best_val
+            raise TrainingError(f"the loss is {val_loss} at step {self.step}: stopped; "
+                                f"{self.checkpoints_said()} (try a lower --lr)")
+        improved = save and val_loss < self.best_val    # (step 0's writes no checkpoint)
         if improved:
             self.best_val, self.best_step = val_loss, self.step
         self.history["val_step"].append(self.step)
@@ -483,8 +541,9 @@ class Trainer:
             self.history.setdefault("head_steps", []).append(self.step)
             self.history.setdefault("head_shares", []).append(shares)
             record["head_grad_share"] = shares
-            plot_gradient_shares(self.history["head_steps"], self.history["head_shares"],
-                                 self.out / "heads_grad.png")
+            with writing(self.out / "heads_grad.png"):
+                plot_gradient_shares(self.history["head_steps"], self.history["head_shares"],
+                                     self.out / "heads_grad.png")
         self._metrics(record)
         started = time.perf_counter()
         if self.step > 0:               # (the untrained model's text says nothing)
@@ -495,9 +554,11 @@ class Trainer:
             state = dict(step=self.step, best_val=self.best_val, best_step=self.best_step,
                          batches=self.batches.state(), history=self.history,
                          val_loss=val_loss, seed=o.seed)
-            links = ["ckpt", "best"] if improved else ["ckpt"]
-            save_checkpoint(self.out, links, self.model, self.optimizer, self.dataset.tokenizer,
-                            dataclasses.asdict(o), state)
+            self.owns_checkpoint = True
+            with writing(f"a checkpoint in {self.out}"):
+                save_checkpoint(self.out, ["ckpt", "best"] if improved else ["ckpt"], self.model,
+                                self.optimizer, self.dataset.tokenizer, dataclasses.asdict(o),
+                                state)
         self.plot()
         self.spent["saves"] += time.perf_counter() - started
 
@@ -509,7 +570,8 @@ class Trainer:
                        top_k=200, rng=np.random.default_rng(self.step),
                        vocab=tokenizer.vocab_size)
         text = tokenizer.decode(ids[0])
-        with open(self.out / "samples.txt", "a", encoding="utf-8") as f:
+        path = self.out / "samples.txt"
+        with writing(path), open(path, "a", encoding="utf-8") as f:
             f.write(f"=== step {self.step} ===\n{text}\n\n")
 
     def plot(self):
@@ -524,14 +586,26 @@ class Trainer:
         axes.plot(self.history["val_step"], self.history["val"], "o-", label="val")
         axes.set_xlabel("step")
         axes.set_ylabel("cross-entropy loss")
-        axes.set_title(f"{self.options.preset} on {Path(self.dataset.meta['source']).name}")
+        axes.set_title(f"{model_name(self.options)} on "
+                       f"{Path(self.dataset.meta['source']).name}")
         axes.grid(alpha=0.3)
         axes.legend()
         figure.tight_layout()
         temporary = self.out / ".loss.png.tmp"
-        figure.savefig(temporary, format="png", dpi=100)
-        plt.close(figure)
-        temporary.replace(self.out / "loss.png")
+        try:
+            with writing(self.out / "loss.png"):
+                figure.savefig(temporary, format="png", dpi=100)
+                temporary.replace(self.out / "loss.png")
+        finally:
+            plt.close(figure)
+
+
+def model_name(options):
+    """What the run's first line calls its model: the preset, or where an imported model came
+    from (its shape is its own, whatever preset its options name)."""
+    if options.imported_from:
+        return f"GPT-2 imported from {options.imported_from}"
+    return options.preset
 
 
 def _explain_memory_error(error, options):
@@ -545,16 +619,35 @@ def _explain_memory_error(error, options):
     return error
 
 
-def train(options: TrainOptions, resume=False, report=print, world=None):
+def train(options: TrainOptions, resume=False, report=print, world=None, overwrite=False):
+    """Train as `options` say; resume: continue OUT/ckpt; overwrite: delete the run in OUT
+    (its names only) once this one has started (nanoandrea.runfolder)."""
+    main = world is None or world.main
+    if main:
+        check_run_folder(options.out, resume, overwrite)
     trainer = Trainer(options, report, world)
-    if resume:
-        trainer.resume()
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # NaNs are caught
-        return trainer.run()                                               # and reported above
+    try:
+        if resume:
+            trainer.resume()
+        if overwrite and main:
+            with writing(options.out):
+                deleted = start_over(options.out)
+            if deleted:
+                report(f"--overwrite: deleted the earlier run's {', '.join(deleted)} in "
+                       f"{options.out}")
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # NaNs are caught
+            return trainer.run()                                              # and reported
+    except KeyboardInterrupt as stop:       # (Ctrl-C; SIGTERM as cli.Terminated, which says so)
+        raise TrainingError(f"{str(stop) or 'interrupted'} at step {trainer.step}; "
+                            f"{trainer.checkpoints_said()}") from None
+    except WriteError as error:
+        raise TrainingError(f"{error}; stopped at step {trainer.step}, "
+                            f"{trainer.checkpoints_said()}") from None
 
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingError, TokenizerError,
-               InteropError, HeadsError, DistributedError)
+               InteropError, HeadsError, DistributedError, OutFolderError, WriteError,
+               SamplingError)
 
 
 def main():

@@ -394,3 +394,86 @@ def test_a_later_prepare_deletes_the_temporary_folders_of_ended_ones(tmp_path, g
             gpt2_files=gpt2_files, workers=1)
     kept = {what for what, name in folders.items() if (tmp_path / name).exists()}
     assert kept == {"alive", "another host's", "another DIR's"}
+
+
+# --- where prepare writes ---------------------------------------------------------------------
+
+def test_prepare_writes_only_a_new_folder_or_its_own_dataset(tmp_path, monkeypatch):
+    """prepare replaces --out whole: its own corpus, a folder holding it, the current folder,
+    or a folder of other files would be lost, so each is refused before any work, one line,
+    every file untouched. A new, empty or earlier prepared folder is written (atomically)."""
+    texts = tmp_path / "my_texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text(SHAKESPEARE[:3000])
+    (texts / "b.txt").write_text(SHAKESPEARE[3000:6000])
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "precious.txt").write_text("the user's")
+    (keep / "inner").mkdir()
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    for here, source, out, said in [
+            (tmp_path, texts, texts, f"--out {texts} is the corpus {texts}"),
+            (tmp_path, texts / "a.txt", texts, f"--out {texts} holds the corpus"),
+            (texts, "a.txt", ".", "--out . holds the corpus a.txt"),
+            (keep, texts / "a.txt", ".", "--out . is the current folder"),
+            (keep / "inner", texts / "a.txt", "..",
+             "--out .. is the current folder or one holding it"),
+            (tmp_path, texts, keep, f"{keep} is not empty and holds no dataset")]:
+        monkeypatch.chdir(here)
+        assert_user_error(run("prepare", source, "--out", out), said)
+    monkeypatch.chdir(tmp_path)
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+    data = tmp_path / "data"
+    assert run("prepare", texts, "--out", data).exit_code == 0
+    assert run("prepare", texts, "--out", data, "--tokenizer", "bpe",
+               "--vocab-size", "300").exit_code == 0            # (its own dataset: replaced)
+    assert Dataset(data).meta["tokenizer"] == "bpe"
+    (data / "notes.txt").write_text("mine")
+    assert_user_error(run("prepare", texts, "--out", data),
+                      f"{data} holds, beside a prepared dataset, notes.txt, which prepare did "
+                      f"not make")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run("prepare", texts, "--out", empty).exit_code == 0 and Dataset(empty)
+    assert left_behind(tmp_path) == []
+
+
+def test_a_read_only_folder_or_cache_is_one_line(tmp_path, monkeypatch):
+    """The folder that would hold --out, or the data cache train prepares into, cannot be
+    written (read-only; simulated, as root writes there anyway): one line, nothing made."""
+    source = tmp_path / "corpus.txt"
+    source.write_text(SHAKESPEARE[:20_000])
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **options: (
+        not (Path(path) == locked and mode & os.W_OK) and real_access(path, mode, **options)))
+    assert_user_error(run("prepare", source, "--out", locked / "data"),
+                      f"cannot write {locked / 'data'}: {locked} is not writable")
+    monkeypatch.setenv("NANOANDREA_CACHE", str(locked / "cache"))
+    assert_user_error(run("train", "--data", source, "--device", "cpu", "--out",
+                          tmp_path / "run", "--max-steps", "1"),
+                      f"cannot prepare {source} in the data cache {locked / 'cache'}: {locked} "
+                      f"is not writable (set NANOANDREA_CACHE to a folder you can write")
+    assert os.listdir(locked) == [] and not (tmp_path / "run").exists()
+
+    def read_only(parent, prefix):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(data, "new_folder", read_only)
+    assert_user_error(run("prepare", source, "--out", tmp_path / "out"),
+                      f"cannot write {tmp_path / 'out'}: the file system is read-only; nothing "
+                      f"was written")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bpe_smaller_than_asked_is_said(tmp_path):
+    source = tmp_path / "small.txt"
+    source.write_text("to be or not to be, that is the question\n" * 30)
+    result = run("prepare", source, "--out", tmp_path / "out", "--tokenizer", "bpe",
+                 "--vocab-size", "4096")
+    assert result.exit_code == 0, result.output
+    vocabulary = Dataset(tmp_path / "out").vocab_size
+    assert vocabulary < 4096
+    assert (f"the BPE has {vocabulary} tokens, not the 4096 asked: every word of the text is "
+            f"one token by then (more text makes more)") in result.output

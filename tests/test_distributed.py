@@ -187,6 +187,30 @@ def test_a_rank_that_dies_or_hangs_stops_the_others_with_one_line(corpus, tmp_pa
         assert read_checkpoint(out / "ckpt")["state"]["step"] % 5 == 0
 
 
+def test_sigterm_to_train_gpus_stops_every_rank_with_one_line(corpus, tmp_path):
+    """A job scheduler's SIGTERM reaches `train --gpus 2` alone: rank 0 is sent it, and every
+    rank stops, with one line naming the step the last checkpoint holds."""
+    out = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "nanoandrea", "train", "--data", corpus,
+                                "--max-steps", "100000", *RUN, "--eval-interval", "5", "--out",
+                                out, "--gpus", "2"], env=environment(tmp_path),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (out / "ckpt").exists() or process.poll() is not None, 120,
+                 "the first checkpoint")
+        process.send_signal(signal.SIGTERM)
+        output, errors = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    errors = [line for line in (output + errors).splitlines() if "Error" in line]
+    step = read_checkpoint(out / "ckpt")["state"]["step"]
+    assert process.returncode == 1 and len(errors) == 1, errors
+    assert re.fullmatch(rf"Error: rank 0: terminated \(SIGTERM\) at step \d+; the last "
+                        rf"checkpoint, {re.escape(str(out / 'ckpt'))}, holds step {step}; "
+                        rf"stopping every rank", errors[0]), errors
+
+
 # --- the buckets, in one process ---------------------------------------------------------------
 
 class RecordingCommunicator:

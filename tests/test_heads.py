@@ -1,6 +1,8 @@
 """`nanoandrea heads` (nanoandrea/heads.py): the patterns score what they name, the attention
 maps are the model's, ablation zeroes one head, and bad input ends in one line."""
+import errno
 import json
+import os
 
 import numpy as np
 
@@ -118,3 +120,38 @@ def test_a_uniform_head_has_a_lift_of_one_on_every_pattern():
     for name, value in uniform_scores(masks).items():
         assert np.isnan(value) and np.isnan(scores[name][0, 0]) or value == scores[name][0, 0]
     assert uniform_scores(masks)["local"] > uniform_scores(masks)["current"]
+
+
+def test_heads_says_what_it_leaves_out_and_writes_only_its_own_report(corpus, tmp_path,
+                                                                      monkeypatch):
+    """Characters the model has never seen: one line naming them. --out: written whole (a full
+    disk leaves nothing), replacing only an earlier report of heads."""
+    out = tmp_path / "run"
+    assert run("train", "--data", corpus, "--out", out, "--device", "cpu", *TINY,
+               "--max-steps", "1", "--eval-interval", "1").exit_code == 0
+    text = tmp_path / "text.txt"
+    text.write_text(corpus.read_text() + "caf\u00e9 \u2713\n")
+    arguments = ("heads", "--checkpoint", out / "ckpt", "--text", text, "--windows", "1",
+                 "--no-ablation", "--out")
+    result = run(*arguments, tmp_path / "heads")
+    assert result.exit_code == 0, result.output
+    assert "the text's characters '\u00e9\u2713' are not in the model's vocabulary: left out" in (
+        result.stderr)
+    assert run(*arguments, tmp_path / "heads").exit_code == 0         # (its own: replaced)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "heads.md").write_text("my notes")
+    assert_user_error(run(*arguments, mine), f"{mine} holds heads.md, which no earlier "
+                                             f"`nanoandrea heads` wrote")
+    assert os.listdir(mine) == ["heads.md"] and (mine / "heads.md").read_text() == "my notes"
+    from nanoandrea import heads
+
+    def disk_full(rows, maps, path, size=64):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(heads, "plot_maps", disk_full)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "heads").iterdir()}
+    for folder in (tmp_path / "heads", tmp_path / "new"):
+        assert_user_error(run(*arguments, folder), f"cannot write {folder}: the disk is full; "
+                                                   f"nothing was written")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "heads").iterdir()} == before
+    assert not (tmp_path / "new").exists()

@@ -2,6 +2,7 @@
 samples, fine-tunes and exports again with the same logits; exported folders load in
 transformers as they are; bad folders end in one line. On the CPU backend in CI; on the GPU
 machine `load_model` takes the GPU, and the same logits are checked there."""
+import errno
 import json
 import struct
 
@@ -86,6 +87,9 @@ def test_an_imported_model_fine_tunes_with_a_fresh_optimizer(hf_folder, tmp_path
                  "--eval-iters", "2", "--batch-size", "2")
     assert result.exit_code == 0, result.output
     assert "fine-tuning" in result.output and "fresh optimizer state" in result.output
+    banner = next(line for line in result.output.splitlines() if "parameters" in line)
+    assert banner.startswith(f"GPT-2 imported from {hf_folder}: ") and "preset" not in result.output
+    assert "andrea-mini" not in result.output and "andrea-120m" not in result.output
     saved = read_checkpoint(tmp_path / "run" / "ckpt")
     assert saved["state"]["step"] == 4 and saved["step_count"] == 4
     losses = [r["loss"] for r in metrics(tmp_path / "run") if "loss" in r]
@@ -158,3 +162,30 @@ def test_imported_logits_on_the_gpu_equal_transformers(hf_folder, tmp_path):
         logits, _ = model.forward(ids)
     got = model.backend.to_host(logits.data)[..., :SHAPE["vocab_size"]]
     assert_close(got, hf_logits(hf_folder, ids))
+
+
+def test_import_and_export_write_only_a_new_folder_whole(hf_folder, tmp_path, monkeypatch):
+    """import refuses a folder that is not empty (a run's: its trained ckpt and best stay), as
+    export does; a disk that fills midway leaves neither a half-written folder nor a
+    temporary one."""
+    run_folder = tmp_path / "run"
+    assert run("import", "--from-hf", hf_folder, run_folder).exit_code == 0
+    (run_folder / "notes.txt").write_text("mine")
+    before = {p: p.read_bytes() for p in run_folder.rglob("*") if p.is_file()}
+    for command in (("import", "--from-hf", hf_folder, run_folder),
+                    ("export", "--checkpoint", run_folder / "ckpt", run_folder)):
+        assert_user_error(run(*command), f"{run_folder} exists and is not empty: choose a new "
+                                         f"folder")
+    assert {p: p.read_bytes() for p in run_folder.rglob("*") if p.is_file()} == before
+    from nanoandrea import checkpoint, hf
+
+    def disk_full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as disk:
+        disk.setattr(checkpoint, "save_safetensors", disk_full)
+        disk.setattr(hf, "save_safetensors", disk_full)
+        for command, out in ((("import", "--from-hf", hf_folder), tmp_path / "imported"),
+                             (("export", "--checkpoint", run_folder / "ckpt"), tmp_path / "hf2")):
+            assert_user_error(run(*command, out), f"cannot write {out}: the disk is full; "
+                                                  f"nothing was written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]
