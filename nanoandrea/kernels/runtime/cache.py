@@ -31,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ...files import shareable
+
 SUFFIX = ".kernel"
 
 
@@ -197,6 +199,7 @@ class KernelCache:
             handle, temporary = tempfile.mkstemp(dir=where, prefix=".writing-")
             with os.fdopen(handle, "wb") as f:
                 f.write(payload)
+            shareable(temporary)        # (mkstemp's 0600: a team's shared cache reads it)
             os.replace(temporary, self.path(_argument_types(signature)))
         except OSError as error:
             _cannot_write(where, error)
