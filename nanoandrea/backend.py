@@ -32,6 +32,7 @@ from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embe
                       heads, layernorm, matmul, operands, reduce)
 from .kernels.attention import kvcache
 from .kernels.runtime.device import SIMULATOR, gpu_available
+from .kernels.runtime.device import current as current_device
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 
@@ -191,6 +192,11 @@ def _stream():
 _backends = {}
 
 
+def default_device():
+    """'cuda' where a CUDA GPU is usable, else 'cpu' (the NumPy backend)."""
+    return "cuda" if gpu_available() else "cpu"
+
+
 def resolve_precision(precision, device):
     """'auto': bf16 on a GPU with bf16 tensor cores (compute capability 8.0 and up), else
     fp32 (on the CPU, rounding the operands to bf16 costs time and saves none)."""
@@ -198,8 +204,7 @@ def resolve_precision(precision, device):
         return precision
     if device != "cuda" or SIMULATOR:
         return "fp32"
-    from numba import cuda
-    return "bf16" if cuda.get_current_device().compute_capability >= (8, 0) else "fp32"
+    return "bf16" if current_device().compute_capability >= (8, 0) else "fp32"
 
 
 def get_backend(name="auto", dtype=None, precision="fp32"):

@@ -216,7 +216,7 @@ def done_line(result, out):
 
 
 def spent_line(spent):
-    """Where a run's time went (Trainer.spent): its steps, as their log lines time them, and
+    """Where a run's time went (train.Run.spent): its steps, as their log lines time them, and
     its evaluations, part by part."""
     evaluations = spent["losses"] + spent["samples"] + spent["saves"]
     return (f"time: {spent['training']:.1f} s of training steps, {evaluations:.1f} s of "

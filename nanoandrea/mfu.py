@@ -14,14 +14,17 @@ from .kernels.attention import TENSOR_CORE_HEAD_SIZES
 from .kernels.runtime import device
 
 
-def precision_line(precision, head_size, on_gpu=True):
-    """What a run's precision puts on the tensor cores: in bf16 the attention too, where a
-    tensor-core kernel takes its head size. On the CPU (the NumPy twins), what is rounded."""
+def precision_line(precision, head_size, device="cuda"):
+    """What a run's precision puts on the tensor cores, as its first line says it: in bf16 the
+    attention too, where a tensor-core kernel takes its head size. On the CPU there are none:
+    the NumPy twins round the operands as the tensor cores would, for the same numbers, not for
+    speed."""
     if precision == "fp32":
         return "float32 throughout"
-    if not on_gpu:
-        return (f"matmul operands rounded to {precision} by the NumPy twins, float32 sums"
-                + (", attention's too" if precision == "bf16" else ""))
+    if device == "cpu":
+        rounded = ("matmuls' and attention's operands rounded to bf16" if precision == "bf16"
+                   else "matmuls' operands rounded to tf32, attention float32")
+        return f"{rounded}, float32 sums (NumPy on the CPU: {precision}'s numbers, not its speed)"
     if precision == "tf32":
         return "matmuls tf32 on the tensor cores, attention float32"
     if head_size in TENSOR_CORE_HEAD_SIZES:

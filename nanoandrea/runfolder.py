@@ -29,7 +29,7 @@ PLOTS = ("loss.png", "heads_grad.png")
 HIDDEN = (".ckpt.*", ".best.*", ".ckpt-*", ".best-*", *(f".{name}.tmp" for name in LOGS + PLOTS))
 
 
-SAMPLE_HEADING = re.compile(r"^=== step (\d+) ===$", re.MULTILINE)     # (Trainer.write_sample)
+SAMPLE_HEADING = re.compile(r"^=== step (\d+) ===$", re.MULTILINE)     # (train.Run.write_sample)
 
 
 class OutFolderError(ValueError):

@@ -247,11 +247,9 @@ class TextStream:
             self.printed = text
 
 
-def main():
-    from .cli import sample_command
-    sample_command(prog_name="python -m nanoandrea.sample")
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":      # python -m nanoandrea.sample: `nanoandrea sample`, by the cli
+    import runpy
+    import sys
+    sys.argv[1:1] = ["sample"]
+    runpy.run_module("nanoandrea", run_name="__main__", alter_sys=True)
 

@@ -6,6 +6,19 @@
     evaluation.add(x, y)          the loss of one batch, without gradients or dropout, added to
     evaluation.mean()             a device total; the mean of those added, read once (EvalStep)
 
+The walk from the training loop to a kernel launch, here for the LM head's product (the first
+step runs eagerly and launches; later steps replay what it recorded):
+    train.loop                    loss = run.stepper(batches, seeds, lr)
+    step.TrainStep.__call__       the batch, seeds and lr to device buffers; self._run()
+    step.GraphedCall._run         eager the first time: self._body(); later: the graph replayed
+    step.TrainStep._body          zero the gradients; model.forward(batch), backward, AdamW
+    model.GPT.forward             embedding, the blocks, ln_f; logits = ops.linear(x, wte^T)
+    ops.linear                    backend.matmul(logits, x_operand, wte_operand, ...)
+    kernels/matmul matmul_bf16    operands in bf16 (rounded once already), then matmul(...)
+    kernels/matmul matmul         choose(): "wgmma" on an H100 -> wgmma.matmul_wgmma(...)
+    kernels/matmul/wgmma.py       launch(wgmma_matmul_kernel(...), grid, 384 threads, ...)
+    kernels/runtime/launch.py     kernel[grid, block, stream, shared bytes](*args)
+
 Eagerly, a step is ~450 kernel launches from Python, each ~30 us of interpreter time: for a
 small model the GPU waits on Python. So on the GPU the step is run eagerly once (compiling
 every kernel and counting the bytes it allocates), then captured once as a CUDA graph and from
@@ -49,8 +62,23 @@ import numpy as np
 
 from . import autograd, schedule
 from .batch import TokenBatch
+from .kernels.dropout import mix32
 from .kernels.ptx import tma
 from .kernels.runtime import launch, memory
+
+
+def dropout_seed(seed, step, micro, rank=0):
+    """The dropout masks of (step, micro-batch): a hash (the kernels' own, kernels/dropout.py),
+    so a resumed run draws the same ones; on rank r > 0 of several, hashed again with r (each
+    rank's rows get masks of their own)."""
+    mixed = mix32(mix32(seed) ^ mix32(step * 64 + micro + 1))
+    return mixed if rank == 0 else mix32(mixed ^ mix32(rank))
+
+
+def evaluation_seed(seed, step, split):
+    """The seed of the batches an evaluation at `step` draws from `split`: the training
+    batches never depend on when evaluations happen, and a resumed run draws the same."""
+    return mix32(seed + 7919 * step + (split == "val"))
 
 
 class GraphedCall:
@@ -135,18 +163,17 @@ class TrainStep(GraphedCall):
         backend.fill(self.loss_grad, 1.0 / (grad_accum * ranks))        # /d(loss)
 
     def __call__(self, batches, seeds, lr):
-        """batches: grad_accum pairs (x, y) of host ids [B,T]; seeds: grad_accum dropout seeds."""
+        """batches: grad_accum pairs (x, y) of host ids [B,T]; seeds: grad_accum dropout seeds
+        (dropout_seed). What changes between steps goes to fixed device buffers first, then
+        the step runs (eagerly, or its graph replayed)."""
         with launch.using_stream(self.launch_stream):
-            return self._step(batches, seeds, lr)
-
-    def _step(self, batches, seeds, lr):
-        for batch, (x, y) in zip(self.batches, batches, strict=True):
-            batch.load(x, y)
-        self.backend.copy_from_host(self.seeds, np.asarray(seeds, dtype=np.int64))
-        self.optimizer.prepare(lr)
-        replayed = self._run()
-        if replayed and self.parallel is not None and not self.communicate_in_graph:
-            self._communicate_and_update()
+            for batch, (x, y) in zip(self.batches, batches, strict=True):
+                batch.load(x, y)
+            self.backend.copy_from_host(self.seeds, np.asarray(seeds, dtype=np.int64))
+            self.optimizer.prepare(lr)
+            replayed = self._run()
+            if replayed and self.parallel is not None and not self.communicate_in_graph:
+                self._communicate_and_update()
         return self.loss
 
     def _body(self, communicate=True):

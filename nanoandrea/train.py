@@ -1,6 +1,11 @@
 """Training: `python -m nanoandrea.train` (the same as `nanoandrea train`).
 
-    data -> batches -> forward -> loss.backward() -> AdamW -> (log, evaluate, sample, checkpoint)
+    train(options)      the loop, top to bottom: each step draws its batches and dropout seeds,
+                        runs forward, backward and AdamW (step.TrainStep: on the GPU one CUDA
+                        graph), and every log_interval steps logs, every eval_interval steps
+                        evaluates, samples and writes a checkpoint
+    Run                 what the loop works with: the data, the model, the optimizer, the step,
+                        and how a run logs, evaluates, samples, writes checkpoints and plots
 
 With no arguments it trains andrea-12m on the embedded tiny Shakespeare with the char tokenizer,
 on the GPU; without a usable GPU it says so and trains the small andrea-mini on the CPU with the
@@ -35,7 +40,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .backend import get_backend, resolve_precision
+from .backend import default_device, get_backend, resolve_precision
 from .checkpoint import CheckpointError, checkpoint_folder, read_checkpoint, save_checkpoint
 from .config import PRESETS, ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
@@ -43,16 +48,14 @@ from .distributed import DistributedError, data_parallel
 from .files import WriteError, writing
 from .heads import HeadsError, gradient_shares, plot_gradient_shares
 from .hf import InteropError
-from .kernels.attention import TENSOR_CORE_HEAD_SIZES
-from .kernels.dropout import mix32
-from .kernels.runtime.device import SIMULATOR, gpu_available
+from .mfu import mfu, peak_flops, precision_line
 from .model import GPT
 from .optim import AdamW, ShardedAdamW, learning_rate
 from .precompile import compile_kernels, for_training
 from .runfolder import (OutFolderError, check_run_folder, checkpoint_step, start_over,
                         truncate_logs)
 from .sample import SamplingError
-from .step import EvalStep, TrainStep
+from .step import EvalStep, TrainStep, dropout_seed, evaluation_seed
 from .tokenizer import TokenizerError
 
 
@@ -110,40 +113,15 @@ SHAPE_OPTIONS = ("preset", "data", "tokenizer", "vocab_size", "n_layer", "n_head
                  "block_size")
 
 
-def precision_line(precision, head_size, device="cuda"):
-    """What a run's precision puts on the tensor cores, as its first line says it
-    (backend.py): in bf16 the attention too, where a tensor-core kernel takes its head size.
-    On the CPU there are none: the NumPy twins round the operands as the tensor cores would,
-    for the same numbers, not for speed."""
-    if precision == "fp32":
-        return "float32 throughout"
-    if device == "cpu":
-        rounded = ("matmuls' and attention's operands rounded to bf16" if precision == "bf16"
-                   else "matmuls' operands rounded to tf32, attention float32")
-        return f"{rounded}, float32 sums (NumPy on the CPU: {precision}'s numbers, not its speed)"
-    if precision == "tf32":
-        return "matmuls tf32 on the tensor cores, attention float32"
-    if head_size in TENSOR_CORE_HEAD_SIZES:
-        return "matmuls and attention bf16 on the tensor cores"
-    return (f"matmuls bf16 on the tensor cores, attention float32 (no tensor-core kernel takes "
-            f"heads of {head_size})")
-
-
-# dense peaks of the matmuls' precision: float32 without tensor cores, tf32 and bf16 on them
-PEAK_FLOPS = {"fp32": {"H200": 67e12, "H100": 67e12, "A100": 19.5e12},
-              "tf32": {"H200": 495e12, "H100": 495e12, "A100": 156e12},
-              "bf16": {"H200": 989e12, "H100": 989e12, "A100": 312e12}}
-
-
 def resolve_options(given, resume=False, report=print):
     """TrainOptions from the options the user gave (a dict without the Nones): the device
     decides the defaults, and with --resume the checkpoint's own options fill the rest."""
     device = given.get("device", "auto")
     if device == "auto":
-        device = "cuda" if gpu_available() else "cpu"
+        device = default_device()
         if device == "cpu":
             report("no usable GPU: training on the CPU with the NumPy backend")
-    elif device == "cuda" and not gpu_available():
+    elif device == "cuda" and default_device() != "cuda":
         raise TrainingError("--device cuda: no usable CUDA GPU here (try --device cpu)")
     values = dict(CPU_DEFAULTS) if device == "cpu" else {}
     saved = {}
@@ -214,19 +192,6 @@ def model_config(options, vocab_size):
                       dropout=options.dropout, **shape)
 
 
-def dropout_seed(seed, step, micro, rank=0):
-    """The dropout masks of (step, micro-batch): a hash, so a resumed run draws the same ones;
-    on rank r > 0 of several, hashed again with r (each rank's rows get masks of their own)."""
-    mixed = mix32(mix32(seed) ^ mix32(step * 64 + micro + 1))
-    return mixed if rank == 0 else mix32(mixed ^ mix32(rank))
-
-
-def flops_per_token(config):
-    """Training FLOPs per token: 6 per parameter (matmuls forward and backward) + attention."""
-    n = parameter_breakdown(config)[-1][1]
-    return 6.0 * n + 6.0 * config.n_layer * config.n_embd * config.block_size
-
-
 def estimate_step_bytes(config, batch_size, backend="cuda"):
     """A generous estimate of the memory a training step needs (activations and their gradients
     kept for backward, logits twice, the flat [4, P] parameter buffer). The NumPy backend's
@@ -255,7 +220,9 @@ def _available_bytes(backend):
     return None
 
 
-class Trainer:
+class Run:
+    """A training run's parts, which the loop (train) works with."""
+
     def __init__(self, options: TrainOptions, report=print, world=None):
         """world: this process's rank among several (distributed.World), or None."""
         self.options = o = options
@@ -302,7 +269,7 @@ class Trainer:
         self.evaluation = None          # the evaluation's EvalStep, made at the first one
         self.history = {"step": [], "loss": [], "val_step": [], "val": []}
         self.tokens_per_step = o.batch_size * self.config.block_size * o.grad_accum
-        self.peak = self._peak_flops()
+        self.peak = peak_flops(self.backend.precision) if self.backend.name == "cuda" else None
 
     def _resolve_data(self):
         """The prepared data folder (rank 0 prepares it, if need be, before the others look)."""
@@ -335,15 +302,6 @@ class Trainer:
 
     def _per_rank(self):
         return "" if self.world is None else f", {self.rank_batch} a rank"
-
-    def _peak_flops(self):
-        if self.backend.name != "cuda":
-            return None
-        from numba import cuda
-        name = cuda.get_current_device().name
-        name = name.decode() if isinstance(name, bytes) else name
-        peaks = PEAK_FLOPS[self.backend.precision]
-        return next((peak for key, peak in peaks.items() if key in name), None)
 
     # --- resume -------------------------------------------------------------------------
     def resume(self):
@@ -390,20 +348,9 @@ class Trainer:
             return "no checkpoint was written"
         return f"the last checkpoint, {self.out / 'ckpt'}, holds step {step}"
 
-    # --- the loop -------------------------------------------------------------------------
-    def train_step(self):
-        o = self.options
-        lr = learning_rate(self.step, o.lr, o.min_lr, o.warmup_steps, o.max_steps)
-        batches = [self.batches.next() for _ in range(o.grad_accum)]
-        seeds = [dropout_seed(o.seed, self.step, micro, self.rank)
-                 for micro in range(o.grad_accum)]
-        loss = self.stepper(batches, seeds, lr)
-        slot = self.window[self.step % o.log_interval:][:1]
-        self.backend.add_into(slot, loss)
-        self.step += 1
-        return lr
-
-    def run(self):
+    # --- what the loop calls ------------------------------------------------------------
+    def say_what_runs(self):
+        """The run's first lines: the model, the backend and precision, the tokens per step."""
         o = self.options
         if self.main:
             with writing(self.out):
@@ -419,38 +366,27 @@ class Trainer:
         self.report(f"{self.tokens_per_step:,} tokens per step ({o.batch_size} x "
                     f"{self.config.block_size} x {o.grad_accum}{ranks}), {o.max_steps} steps, "
                     f"out {self.out}")
-        last_stop = o.max_steps if o.stop_at is None else min(o.max_steps, o.stop_at)
-        if self.backend.name == "cuda" and not SIMULATOR:   # (a first run compiles them all)
-            self._compile()
-        if self.step == 0 and last_stop > 0:
-            self.evaluate(save=False)                 # the untrained model's loss, for the plot
-        clock, steps_since, paused = time.perf_counter(), 0, 0.0
-        while self.step < last_stop:
-            try:
-                lr = self.train_step()
-            except Exception as error:
-                raise _explain_memory_error(error, o) from error
-            steps_since += 1
-            # (the first step is logged too: it says that training has started, and its time
-            # is the one-off cost of the first step: the graph's capture)
-            if self.step % o.log_interval == 0 or self.step == last_stop or self.step == 1:
-                losses = self.window_losses(steps_since)  # waits for the GPU to finish the
-                elapsed = time.perf_counter() - clock - paused    # steps: their real time
-                self.log(lr, losses, elapsed / steps_since, steps_since)
-                self.spent["training"] += elapsed
-                clock, steps_since, paused = time.perf_counter(), 0, 0.0
-            if self.step % o.eval_interval == 0 or self.step == last_stop:
-                started = time.perf_counter()
-                self.evaluate(save=True)
-                paused += time.perf_counter() - started
-        if self.main:
-            self.plot()
-        return {"step": self.step, "best_val": self.best_val, "best_step": self.best_step,
-                "checkpoint_step": checkpoint_step(self.out) if self.main else None,
-                "spent": dict(self.spent)}
 
-    def _compile(self):
-        """Compile the kernels the run launches (with an optimizer like the run's)."""
+    def start_over(self):
+        """--overwrite: delete the earlier run's names in OUT, now that this run has started."""
+        if not self.main:
+            return
+        with writing(self.out):
+            deleted = start_over(self.out)
+        if deleted:
+            self.report(f"--overwrite: deleted the earlier run's {', '.join(deleted)} in "
+                        f"{self.out}")
+
+    def keep_loss(self, loss):
+        """Add the step's loss (a device array) to the log window's slot, without a wait."""
+        slot = self.window[self.step % self.options.log_interval:][:1]
+        self.backend.add_into(slot, loss)
+
+    def compile(self):
+        """Compile the kernels the run launches (with an optimizer like the run's), those the
+        kernel cache does not hold yet; nothing on the CPU."""
+        if self.backend.name != "cuda":
+            return
         optimizer = (ShardedAdamW(self.model.params, self.optimizer.communicator)
                      if isinstance(self.optimizer, ShardedAdamW) else None)
         self._rank_0_first(lambda: compile_kernels(
@@ -475,17 +411,17 @@ class Trainer:
                                 f"stopped; {self.checkpoints_said()} (try a lower --lr)")
         loss = float(losses.mean())
         tokens_per_s = self.tokens_per_step / seconds_per_step
-        mfu = (flops_per_token(self.config) * tokens_per_s / (self.peak * self.ranks)
-               if self.peak else None)
+        utilisation = mfu(self.config, tokens_per_s, self.peak, self.ranks)
         norm = self.optimizer.grad_norm()
         self.history["step"].append(self.step)
         self.history["loss"].append(loss)
         line = (f"step {self.step:5d} | loss {loss:.4f} | lr {lr:.2e} | grad norm {norm:.3f} | "
                 f"{seconds_per_step * 1e3:7.1f} ms/step | {tokens_per_s:9,.0f} tok/s")
-        self.report(line + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""))
+        self.report(line + (f" | MFU {100 * utilisation:.1f}%" if utilisation is not None
+                            else ""))
         self._metrics(dict(step=self.step, loss=loss, lr=lr, grad_norm=norm,
                            ms_per_step=seconds_per_step * 1e3, tokens_per_s=tokens_per_s,
-                           mfu=mfu))
+                           mfu=utilisation))
 
     def _metrics(self, record):
         with writing(self.out / "metrics.jsonl"), open(self.out / "metrics.jsonl", "a") as f:
@@ -502,7 +438,7 @@ class Trainer:
             self.evaluation = EvalStep(self.model, self.rank_batch, self.config.block_size,
                                        cuda_graph=o.cuda_graph, streams=self.stepper)
         sampler = BatchSampler(self.dataset.splits[split], o.batch_size, self.config.block_size,
-                               seed=mix32(o.seed + 7919 * self.step + (split == "val")))
+                               seed=evaluation_seed(o.seed, self.step, split))
         # (a bar on a terminal; in a log, where click prints each bar's label as a line of its
         # own, nothing: the eval line follows)
         bar = (click.progressbar(range(o.eval_iters), label=f"eval {split}", file=sys.stderr,
@@ -622,27 +558,61 @@ def _explain_memory_error(error, options):
 def train(options: TrainOptions, resume=False, report=print, world=None, overwrite=False):
     """Train as `options` say; resume: continue OUT/ckpt; overwrite: delete the run in OUT
     (its names only) once this one has started (nanoandrea.runfolder)."""
-    main = world is None or world.main
-    if main:
+    if world is None or world.main:
         check_run_folder(options.out, resume, overwrite)
-    trainer = Trainer(options, report, world)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # (a NaN loss is said)
+        return loop(options, resume, report, world, overwrite)
+
+
+def loop(o, resume, report, world, overwrite):
+    """The loop, top to bottom."""
+    run = Run(o, report, world)
     try:
         if resume:
-            trainer.resume()
-        if overwrite and main:
-            with writing(options.out):
-                deleted = start_over(options.out)
-            if deleted:
-                report(f"--overwrite: deleted the earlier run's {', '.join(deleted)} in "
-                       f"{options.out}")
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # NaNs are caught
-            return trainer.run()                                              # and reported
+            run.resume()
+        if overwrite:
+            run.start_over()
+        run.say_what_runs()
+        run.compile()                       # (a first run on a machine compiles them all)
+        last_step = o.max_steps if o.stop_at is None else min(o.max_steps, o.stop_at)
+        if run.step == 0 and last_step > 0:
+            run.evaluate(save=False)        # the untrained model's loss, for the plot
+        clock, steps, paused = time.perf_counter(), 0, 0.0
+        while run.step < last_step:
+            lr = learning_rate(run.step, o.lr, o.min_lr, o.warmup_steps, o.max_steps)
+            batches = [run.batches.next() for _ in range(o.grad_accum)]
+            seeds = [dropout_seed(o.seed, run.step, micro, run.rank)
+                     for micro in range(o.grad_accum)]
+            try:
+                loss = run.stepper(batches, seeds, lr)      # forward, backward, AdamW
+            except Exception as error:
+                raise _explain_memory_error(error, o) from error
+            run.keep_loss(loss)             # (on the device: the host runs ahead of the GPU)
+            run.step += 1
+            steps += 1
+            # (the first step is logged too: it says that training has started, and its time
+            # is the one-off cost of the first step, the graph's capture)
+            if run.step % o.log_interval == 0 or run.step == last_step or run.step == 1:
+                losses = run.window_losses(steps)           # waits for the GPU: the steps'
+                elapsed = time.perf_counter() - clock - paused          # real time
+                run.log(lr, losses, elapsed / steps, steps)
+                run.spent["training"] += elapsed
+                clock, steps, paused = time.perf_counter(), 0, 0.0
+            if run.step % o.eval_interval == 0 or run.step == last_step:
+                started = time.perf_counter()
+                run.evaluate(save=True)     # the losses, a sample, a checkpoint, the plot
+                paused += time.perf_counter() - started
+        if run.main:
+            run.plot()
+        return {"step": run.step, "best_val": run.best_val, "best_step": run.best_step,
+                "checkpoint_step": checkpoint_step(run.out) if run.main else None,
+                "spent": dict(run.spent)}
     except KeyboardInterrupt as stop:       # (Ctrl-C; SIGTERM as cli.Terminated, which says so)
-        raise TrainingError(f"{str(stop) or 'interrupted'} at step {trainer.step}; "
-                            f"{trainer.checkpoints_said()}") from None
+        raise TrainingError(f"{str(stop) or 'interrupted'} at step {run.step}; "
+                            f"{run.checkpoints_said()}") from None
     except WriteError as error:
-        raise TrainingError(f"{error}; stopped at step {trainer.step}, "
-                            f"{trainer.checkpoints_said()}") from None
+        raise TrainingError(f"{error}; stopped at step {run.step}, "
+                            f"{run.checkpoints_said()}") from None
 
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingError, TokenizerError,
@@ -650,10 +620,7 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingError, Tokenizer
                SamplingError)
 
 
-def main():
-    from .cli import train_command
-    train_command(prog_name="python -m nanoandrea.train")
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":      # python -m nanoandrea.train: `nanoandrea train`, by the cli
+    import runpy
+    sys.argv[1:1] = ["train"]
+    runpy.run_module("nanoandrea", run_name="__main__", alter_sys=True)

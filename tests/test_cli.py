@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from conftest import GPU
 from nanoandrea.checkpoint import read_checkpoint, save_checkpoint
 from nanoandrea.cli import main
-from nanoandrea.train import precision_line
+from nanoandrea.mfu import precision_line
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 40
@@ -486,14 +486,14 @@ def test_sigterm_and_ctrl_c_end_training_with_one_line_naming_the_checkpoint(cor
                         rf"{re.escape(str(out / 'ckpt'))}, holds step {step}", lines[0]), lines
     assert set(os.listdir(out)) <= {"ckpt", "best", "loss.png", "metrics.jsonl", "samples.txt"}
 
-    from nanoandrea.train import Trainer
-    original = Trainer.write_sample
+    from nanoandrea.train import Run
+    original = Run.write_sample
 
     def pressed_ctrl_c_at_step_6(self):
         if self.step == 6:
             raise KeyboardInterrupt
         original(self)
-    monkeypatch.setattr(Trainer, "write_sample", pressed_ctrl_c_at_step_6)
+    monkeypatch.setattr(Run, "write_sample", pressed_ctrl_c_at_step_6)
     result = train(corpus, tmp_path / "again", "--max-steps", "9", "--eval-interval", "3")
     assert_user_error(result, f"interrupted at step 6; the last checkpoint, "
                               f"{tmp_path / 'again' / 'ckpt'}, holds step 3")
