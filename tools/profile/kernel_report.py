@@ -285,7 +285,7 @@ def main():
             result = subprocess.run([ptxas, f"-arch=sm_90{arch}", "-v", str(source), "-o",
                                      str(cubin)], capture_output=True, text=True)
             lines = [line.split("info    :")[-1].strip() for line in result.stderr.splitlines()
-                     if "registers" in line or "spill" in line]
+                     if re.search(r"Used \d+ registers|bytes spill", line)]
             # ptxas's performance warnings (C7510-C7515: wgmma serialized, and why)
             lines += [re.sub(r" for the function '.*", "", line.split("info    :")[-1].strip())
                       for line in result.stderr.splitlines() if "Potential Performance Loss" in line]
