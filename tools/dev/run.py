@@ -319,7 +319,7 @@ class Attention:
     @staticmethod
     def reference(q, k, v, dout):
         """out, lse, dq, dk, dv of causal attention in float64: the math of
-        nanoandrea/kernels/attention.py's NumPy twins, copied (no dropout)."""
+        nanoandrea/kernels/attention/reference.py's NumPy twins, copied (no dropout)."""
         T, D = q.shape[-2:]
         scale = 1.0 / np.sqrt(D)
 

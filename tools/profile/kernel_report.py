@@ -101,7 +101,7 @@ def kernels():
                    (V4, A3, A4, A4, A4, float32, *DROP, int64))
         yield f"attention dk/dv D={D}, dropout", attention.dkdv_kernel(D, dkdv_tile, True), \
             (V4, V4, A4, V4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
-    W4 = types.uint32[:, :, :, ::1]             # attention_bf16's heads in bf16 pairs
+    W4 = types.uint32[:, :, :, ::1]             # the tensor-core attention's heads in bf16 pairs
     for D in attention_mma.HEAD_SIZES:
         for dropout in (False, True):
             named = f"D={D}{', dropout' if dropout else ''}"
