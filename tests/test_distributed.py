@@ -362,12 +362,13 @@ def test_train_on_one_gpu_through_nccl_equals_plain_train(corpus, tmp_path, extr
 
 
 def test_pytorch_ddp_baseline_keeps_its_ranks_equal(tmp_path):
-    """tools/torch_ddp.py (issue 30's baseline) under torchrun, 2 CPU ranks on gloo: it trains,
-    reports tokens/s, and both ranks end with the same parameters (DDP averaged them)."""
+    """tools/baselines/torch_ddp.py (the several-GPU baseline) under torchrun, 2 CPU ranks on
+    gloo: it trains, reports tokens/s, and both ranks end with the same parameters (DDP
+    averaged them)."""
     from nanoandrea.distributed import _free_port
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", str(_free_port()), str(ROOT / "tools" / "torch_ddp.py"),
+         "--master_port", str(_free_port()), str(ROOT / "tools" / "baselines" / "torch_ddp.py"),
          "--preset", "andrea-mini", "--batch-size", "4", "--block-size", "32", "--vocab-size",
          "65", "--steps", "3", "--warmup", "1", "--precision", "fp32", "--device", "cpu"],
         env=environment(tmp_path), capture_output=True, text=True, timeout=300)

@@ -1,5 +1,8 @@
 """The whole model: loss and every parameter gradient against PyTorch autograd on the same
 weights and batch; the per-head view of the fused projections; the parameter counts."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -10,11 +13,13 @@ from nanoandrea.autograd import Tensor, _tape, no_grad
 from nanoandrea.backend import get_backend
 from nanoandrea.config import ConfigError, get_preset, parameter_breakdown
 from nanoandrea.model import GPT
-from nanoandrea.torch_gpt import TorchGPT
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "baselines"))
+from torch_gpt import TorchGPT  # noqa: E402  (the PyTorch GPT-2 the benchmark runs too)
 
 
 def torch_loss_and_grads(model, idx, targets, dtype):
-    reference = TorchGPT(model.config, model.params.state_dict(), dtype=dtype)
+    reference = TorchGPT.from_nanoandrea(model.config, model.params.state_dict(), dtype=dtype)
     _, loss = reference(torch.as_tensor(idx), torch.as_tensor(targets))
     loss.backward()
     return loss.item(), reference.grads()
@@ -181,7 +186,7 @@ def test_bf16_matmuls_match_pytorch_autocast(rng, backend_name, fused_loss):
         config, B, T = get_preset("tiny"), 2, 5
     model = GPT(config, get_backend(backend_name, precision="bf16"), seed=5)
     idx, targets = batch(rng, config, B, T)
-    reference = TorchGPT(config, model.params.state_dict(), dtype=torch.float32)
+    reference = TorchGPT.from_nanoandrea(config, model.params.state_dict(), dtype=torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, autocast_loss = reference(torch.as_tensor(idx), torch.as_tensor(targets))
     autocast_loss.backward()

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Steps of tools/gpu.sh on several trees in one call, one after another on the same machine,
-# so that a change is timed beside the code before it (docs/perf.md: predictions are checked
-# side by side). Each tree is a folder variants/NAME of this checkout, made before the call,
+# so that a change is timed beside the code before it, on the same GPU in the same call. Each tree is a folder variants/NAME of this checkout, made before the call,
 #     mkdir -p variants/before && git archive main nanoandrea tools tests pyproject.toml \
 #         | tar -x -C variants/before
 # (the package, the tools and the tests are what a step needs, ~3 MB; not ignored by git, the

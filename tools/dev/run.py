@@ -1,7 +1,10 @@
 """Check and time the numbered teaching versions of an op: tools/dev/<op>/v<N>_<idea>.py.
 
+    python tools/dev/run.py                       # both ladders, each at its default shape
     python tools/dev/run.py matmul    [--shape M,N,K]   [--only v3,v4] [--json PATH]
     python tools/dev/run.py attention [--shape B,H,T,D] [--only v1,v2] [--json PATH]
+    python tools/dev/run.py --json results.json   # then: the README's table, from that run
+    python tools/dev/run.py --table results.json  #   (markdown; no GPU needed)
 
 Every version is imported in the order of its number and checked against float64 NumPy on
 fresh random inputs, its outputs poisoned with NaN first (so an element it never writes
@@ -47,9 +50,15 @@ Timing: CUDA events (numba.cuda.event) on the default stream, after warm-up (the
 compiles) and two seconds of the library's op to bring the clocks up; the median of --repeat
 timings. The timings' inputs are not the check's: before a version is timed, its output on
 them is checked against the library's float32 result on the same values (within its
-tolerance; a version that fails is not timed, and the run exits with status 1). Each timing covers 5 calls queued behind ~6 ms of other work, so that the GPU runs
-them back to back and the host's launch overhead is not counted (what a CUDA-graph replay
-pays); calls over 20 ms are timed one at a time. CuPy and torch are imported only to time.
+tolerance; a version that fails is not timed, and the run exits with status 1). Each timing
+covers 5 calls queued behind ~6 ms of other work, so that the GPU runs them back to back and
+the host's launch overhead is not counted (what a CUDA-graph replay pays); calls over 20 ms are
+timed one at a time. CuPy and torch are imported only to time.
+
+--json writes the run (its device, date, each op's shape and rows); --table prints a run's
+results as tools/dev/README.md's table: a version a row, its idea, its ratio to the library
+(matmul: the plain product, other orientations beside it; attention: forward + backward where
+there is a backward, the forward beside it), the GPU and the date.
 
 Without a GPU (no NVIDIA device, or NUMBA_ENABLE_CUDASIM=1) the kernels run in Numba's CUDA
 simulator: the driver then only checks, at tiny sizes (matmul 128,128,32; attention 1,2,40,32),
@@ -72,13 +81,13 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:   # (as tests/conftest.py: no GPU, 
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if glob.glob("/dev/nvidia[0-9]*") else "1"
 os.environ.setdefault("CUPY_TF32", "0")         # (read when CuPy is imported)
 sys.path.insert(0, str(HERE.parents[1]))
-sys.path.insert(0, str(HERE.parent))           # (tools/: bench.py's timing)
+sys.path.insert(0, str(HERE.parent))           # (tools/: the benchmarks' timing)
 
 import numpy as np  # noqa: E402
-from bench import keep_gpu_busy, median_ms_per_call, warm_up_and_time_one  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from nanoandrea.kernels.launch import SIMULATOR  # noqa: E402
+from benchmarks.timing import keep_gpu_busy, median_ms_per_call, warm_up_and_time_one  # noqa: E402
+from nanoandrea.kernels.runtime.device import SIMULATOR  # noqa: E402
 
 
 # --- the versions --------------------------------------------------------------------------
@@ -92,17 +101,20 @@ def versions(op):
 
 def load(path):
     """The version at `path`, imported as the module named by its file (v3_register_blocking).
-    Its folder goes on sys.path, so that a version may import the helpers beside it
-    (attention/flash_tiles.py), and so that precompile's worker processes import it too."""
+    Its folder goes on sys.path, so that precompile's worker processes import it by that name
+    too."""
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
     return importlib.import_module(path.stem)
 
 
-def idea(module, width=64):
-    """The first line of the version's docstring, shortened to `width` characters."""
-    line = (module.__doc__ or "").strip().split("\n")[0]
-    return line if len(line) <= width else line[:width - 3] + "..."
+def idea(module):
+    """The first line of the version's docstring."""
+    return (module.__doc__ or "").strip().split("\n")[0]
+
+
+def shortened(text, width=64):
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def selected(paths, only):
@@ -156,7 +168,7 @@ class Matmul:
     @staticmethod
     def bf16(module):
         """Whether the version multiplies bf16 operands (PRECISION = "bf16": a and b come as
-        uint32 arrays of bf16 pairs, nanoandrea/kernels/tensorcores.py), else float32."""
+        uint32 arrays of bf16 pairs, nanoandrea/kernels/ptx/mma.py), else float32."""
         return getattr(module, "PRECISION", "fp32") == "bf16"
 
     @staticmethod
@@ -169,7 +181,7 @@ class Matmul:
     def operands(module, a, b):
         """a, b as the version takes them (host arrays), and their float64 values."""
         if Matmul.bf16(module):
-            from nanoandrea.kernels.tensorcores import bf16_values, pack_bf16
+            from nanoandrea.kernels.ptx.mma import bf16_values, pack_bf16
             return (pack_bf16(a), pack_bf16(b),
                     bf16_values(a).astype(np.float64), bf16_values(b).astype(np.float64))
         return a, b, a.astype(np.float64), b.astype(np.float64)
@@ -256,7 +268,7 @@ class Matmul:
                                lambda: error(""))]
                 continue
             import torch
-            from nanoandrea.kernels.tensorcores import pack_bf16
+            from nanoandrea.kernels.ptx.mma import pack_bf16
             ours[name] = []
             for ta, tb in Matmul.transposes(module):
                 label = " ".join(filter(None, ["bf16", Matmul.orientation(ta, tb)]))
@@ -307,7 +319,7 @@ class Attention:
     @staticmethod
     def reference(q, k, v, dout):
         """out, lse, dq, dk, dv of causal attention in float64: the math of
-        nanoandrea/kernels/attention.py's NumPy twins, copied (no dropout)."""
+        nanoandrea/kernels/attention/reference.py's NumPy twins, copied (no dropout)."""
         T, D = q.shape[-2:]
         scale = 1.0 / np.sqrt(D)
 
@@ -332,7 +344,7 @@ class Attention:
         q, k, v, dout = (random_float32(rng, shape) for _ in range(4))
         Q, K, V, DOUT = (cuda.to_device(x) for x in (q, k, v, dout))
         if Attention.bf16(module):
-            from nanoandrea.kernels.tensorcores import bf16_values
+            from nanoandrea.kernels.ptx.mma import bf16_values
             q, k, v, dout = (bf16_values(x) for x in (q, k, v, dout))
         got = dict(out=poisoned(shape), lse=poisoned((B, H, T)))
         module.forward(got["out"], got["lse"], Q, K, V)
@@ -573,47 +585,109 @@ def print_table(op, rows, title):
         ms = row.get("ms")
         timing = (f"{ms:9.3f} {row['tflops']:8.2f} {row['ratio']:9.2f}x" if ms is not None
                   else f"{'-':>9s} {'-':>8s} {'-':>10s}")
-        print(f"{row['version']:26s} {row['idea']:64s} "
+        print(f"{row['version']:26s} {shortened(row['idea']):64s} "
               + (f"{row.get('pass', ''):12s} " if passes else "") + f"{error:>8s} {timing}"
               + (f"  {row['note']}" if row.get("note") else ""))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("op", choices=sorted(OPS))
-    parser.add_argument("--shape", help="matmul M,N,K; attention B,H,T,D (default: the op's "
-                        "GPU shape, or its tiny one in the simulator)")
-    parser.add_argument("--only", default="", help="comma-separated versions: v3,v4")
-    parser.add_argument("--repeat", type=int, default=10, help="timings a median is taken of")
-    parser.add_argument("--json", help="also write the rows to this file")
-    args = parser.parse_args()
-    op = OPS[args.op]
-    shape = (parse_shape(args.shape, op) if args.shape else
-             op.simulator_shape if SIMULATOR else op.gpu_shape)
-    paths = selected(versions(op.name), args.only)
+# --- the results table (tools/dev/README.md) -----------------------------------------------
+
+def ratio_text(op_name, passes):
+    """One version's timed passes [(pass, ratio)] as the table says them: matmul "0.80x cuBLAS
+    bf16 (b^T 0.79x, a^T 0.78x)", attention "fwd+bwd 0.99x SDPA float32 (fwd 1.03x)"."""
+    ratios = dict(passes)
+    bf16 = any(name.startswith("bf16") for name in ratios)
+    library = f"{OPS[op_name].library} {'bf16' if bf16 else 'float32'}"
+    ratios = {name.removeprefix("bf16").strip(): ratio for name, ratio in ratios.items()}
+    main = ("" if op_name == "matmul" else "fwd+bwd" if "fwd+bwd" in ratios else "fwd")
+    others = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in ratios.items() if name != main)
+    return (f"{main} " if main else "") + f"{ratios[main]:.2f}x {library}" + (
+        f" ({others})" if others else "")
+
+
+def markdown_table(results):
+    """A run's results (main's --json) as markdown lines: a caption, then one table, a row a
+    version of each op: version, idea, ratio to cuBLAS or SDPA, GPU, date."""
+    shapes = ", ".join(f"{name} at {'x'.join(map(str, op['shape']))}"
+                       for name, op in results["ops"].items())
+    lines = [f"{shapes}; ratio = the library's time / the version's (above 1: faster).", "",
+             "| version | idea | ratio to cuBLAS or SDPA | GPU | date |",
+             "|---|---|---|---|---|"]
+    for name, op in results["ops"].items():
+        versions = {}                   # version -> (idea, [(pass, ratio)], note)
+        for row in op["rows"]:
+            if row["version"] == OPS[name].library:
+                continue
+            idea_text, passes, note = versions.setdefault(row["version"],
+                                                          (row["idea"], [], row.get("note")))
+            if row.get("ratio") is not None:
+                passes.append((row.get("pass", ""), row["ratio"]))
+        for version, (idea_text, passes, note) in versions.items():
+            ratio = (ratio_text(name, passes) if passes else
+                     "not timed" + (f": {note}" if note else ""))
+            lines.append(f"| {name} {version} | {idea_text.replace('|', '/')} | {ratio} | "
+                         f"{results['device']} | {results['date']} |")
+    return lines
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+def run_op(op, shape, only, repeat):
+    """Check (and on a GPU time) the versions of one op: (rows, the shape, whether any
+    failed)."""
+    paths = selected(versions(op.name), only)
     print(f"{op.name} at {'x'.join(map(str, shape))} ({op.axes}), float32, on {device_name()}: "
           f"{len(paths)} version(s) in tools/dev/{op.name}/", flush=True)
-
     if not SIMULATOR:
         precompile_all(op, paths, shape)
     rows, timable = check_all(op, paths, shape, np.random.default_rng(0))
     if SIMULATOR:
         title = "Checked in Numba's CUDA simulator, not timed (timings need a GPU)."
     else:
-        rows = time_all(op, shape, timable, rows, args.repeat)
+        rows = time_all(op, shape, timable, rows, repeat)
         title = (f"{op.name} {'x'.join(map(str, shape))} on {device_name()}, "
                  f"{datetime.date.today()}: ratio = {op.library} ms / version ms")
     print_table(op, rows, title)
+    if not paths:
+        print(f"(no versions found in tools/dev/{op.name}/)")
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("ops", nargs="*", metavar="op", help="matmul, attention (default both)")
+    parser.add_argument("--shape", help="matmul M,N,K; attention B,H,T,D (one op; default: the "
+                        "op's GPU shape, or its tiny one in the simulator)")
+    parser.add_argument("--only", default="", help="comma-separated versions: v3,v4")
+    parser.add_argument("--repeat", type=int, default=10, help="timings a median is taken of")
+    parser.add_argument("--json", help="also write the run's results to this file")
+    parser.add_argument("--table", metavar="JSON", help="print the markdown table of a run's "
+                        "--json results, and run nothing")
+    args = parser.parse_args(argv)
+    if args.table:
+        print("\n".join(markdown_table(json.loads(Path(args.table).read_text()))))
+        return
+    unknown = [name for name in args.ops if name not in OPS]
+    if unknown:
+        parser.error(f"no op {', '.join(unknown)}: one of {', '.join(OPS)}")
+    names = args.ops or list(OPS)
+    if args.shape and len(names) != 1:
+        parser.error("--shape: name one op")
+    results = dict(device=device_name(), date=str(datetime.date.today()), timed=not SIMULATOR,
+                   ops={})
+    failed = []
+    for name in names:
+        op = OPS[name]
+        shape = (parse_shape(args.shape, op) if args.shape else
+                 op.simulator_shape if SIMULATOR else op.gpu_shape)
+        rows = run_op(op, shape, args.only, args.repeat)
+        results["ops"][name] = dict(shape=list(shape), library=op.library, rows=rows)
+        failed += [f"{name} {row['version']}" for row in rows if not row["ok"]]
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(
-            op=op.name, shape=list(shape), device=device_name(),
-            date=str(datetime.date.today()), timed=not SIMULATOR, rows=rows), indent=1) + "\n")
-    failed = [row["version"] for row in rows if not row["ok"]]
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     if failed:
         print(f"\nFAILED: {', '.join(failed)}", file=sys.stderr)
         sys.exit(1)
-    if not paths:
-        print(f"(no versions found in tools/dev/{op.name}/)")
 
 
 if __name__ == "__main__":

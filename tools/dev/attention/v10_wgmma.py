@@ -1,38 +1,37 @@
 """wgmma: a warpgroup's [64, N] x [N, 16] products, P and dS as A from the registers.
-H200 2026-12-03: fwd 0.090 ms (0.92x SDPA bf16), fwd+bwd 0.460 ms (0.77x) at [16,12,1024,64],
-q, k, v given in bf16; 0.029 / 0.156 ms (1.34x / 1.09x) at [64,12,256,32] (then the package's
-kernels: tools/bench.py --only attention --precision bf16, docs/runs/2026-12-03)
+H200 2026-12-03: fwd+bwd 0.77x SDPA bf16 at [16,12,1024,64] (fwd 0.92x), q, k, v given in bf16
+
+Measured as the package's kernels then (tools/bench.py --only attention --precision bf16):
+0.460 ms at [16,12,1024,64]; 1.09x (forward 1.34x) at [64,12,256,32].
 
 v9's walk (the package's mma.sync kernels), each product one instruction for a warpgroup (4
-warps, 128 threads) in place of a warp's mma.sync: kernels/wgmma.py's m64nNk16. The tensor cores
-read B straight from the shared tiles (no ldmatrix); the A of the second product of each pair,
-P or dS, comes from the registers the first product left its scores in (the RS form). A block
+warps, 128 threads) in place of a warp's mma.sync: kernels/ptx/wgmma.py's m64nNk16. The tensor
+cores read B straight from the shared tiles (no ldmatrix); the A of the second product of each
+pair, P or dS, comes from the registers the first product left its scores in (the RS form). A block
 is one warpgroup and 64 rows; the streamed tiles are 64 rows of 128 bytes, and each serves two
 products through two descriptors (K-major for the scores, MN-major for O, dQ, dK, dV). Each
 product's group of wgmma's is waited for before the next step: the tensor cores idle between
 them unless another block on the multiprocessor has work for them. Three kernels as before
 (forward, dq, dk/dv), no atomics, no dropout here. Here it runs as the ladder calls it: float32
-q, k, v, dout, each call rounding them (attention_bf16.heads_bf16).
+q, k, v, dout, each call rounding them (rounded_heads).
 """
 import math
 
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from nanoandrea.kernels import attention
-from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
-from nanoandrea.kernels.attention import NEG_INF, no_dropout
-from nanoandrea.kernels.attention_bf16 import heads_bf16
-from nanoandrea.kernels.attention_tiles import LOG2E
-from nanoandrea.kernels.sfu import exp2_fast
-from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
-from nanoandrea.kernels.reduce import quad_max, quad_sum
-from nanoandrea.kernels.tensorcores import bf16_pair
-from nanoandrea.kernels.vector import flat, load2, store2
-from nanoandrea.kernels.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start,
-                                      dynamic_shared_words, fence_for, fence_proxy_async,
-                                      wait_for, wgmma_commit, wgmma_m64nNk16)
+from nanoandrea.kernels.ptx.asynccopy import commit_copies, copy16_async, wait_copies
+from nanoandrea.kernels.ptx.mma import bf16_pair, store4_u32
+from nanoandrea.kernels.ptx.sfu import exp2_fast
+from nanoandrea.kernels.ptx.vector import flat, load2, load4, store2
+from nanoandrea.kernels.ptx.warp import WARP, quad_max, quad_sum, warp_sum
+from nanoandrea.kernels.ptx.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start,
+                                          dynamic_shared_words, fence_for, fence_proxy_async,
+                                          wait_for, wgmma_commit, wgmma_m64nNk16)
+from nanoandrea.kernels.runtime.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
 
+LOG2E = float32(1.0 / math.log(2.0))
+NEG_INF = float32(-math.inf)
 PRECISION = "bf16"
 HEAD_SIZES = (32, 64)
 ROWS = 64                           # a block's own rows: wgmma's M, one warpgroup
@@ -154,6 +153,12 @@ def bounds(blocks_per_sm):
     return {} if SIMULATOR else dict(launch_bounds=(THREADS, blocks_per_sm))
 
 
+@inlined
+def no_dropout(seed, site, threshold, keep, b, h, i, j, H, T):
+    # the dropout factor G_ij of a kernel built without dropout: 1 (the hash is not compiled in)
+    return float32(1.0)
+
+
 @kernel_factory
 def forward_kernel(D):
     """The forward for heads of D."""
@@ -168,7 +173,7 @@ def forward_kernel(D):
     @cuda.jit(**bounds(4))
     def attention_forward_wgmma_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
                                        site, threshold, keep):
-        # q, k, v: heads_bf16's words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
+        # q, k, v: rounded_heads' words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
         # keys) first; block THREADS; dynamic shared memory shared_bytes(1, 2): Q's rows, then
         # two stages of a K tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
         words = dynamic_shared_words()
@@ -439,11 +444,94 @@ def dkdv_kernel(D):
     return attention_dkdv_wgmma_kernel
 
 
+# --- q, k, v and dout rounded to bf16 pairs, each call ----------------------------------------
+
+@cuda.jit
+def round_heads_kernel(words, x):
+    # words[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
+    # store)
+    B, H, T, W = words.shape
+    chunks = W // 4
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c >= B * H * T * chunks:
+        return
+    row, chunk = c // chunks, c % chunks
+    b, h, i = row // (H * T), (row // T) % H, row % T
+    x0, x1, x2, x3 = load4(x, (b, h, i, 8 * chunk))
+    x4, x5, x6, x7 = load4(x, (b, h, i, 8 * chunk + 4))
+    store4_u32(words, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
+               bf16_pair(x4, x5), bf16_pair(x6, x7))
+
+
+def rounded_heads(x):
+    """x [B,H,T,D] (float32, D % 8 == 0) rounded to bf16: uint32 pairs [B,H,T,D/2]."""
+    B, H, T, D = x.shape
+    words = cuda.device_array((B, H, T, D // 2), np.uint32)
+    launch(round_heads_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
+    return words
+
+
+_no_seed = []
+
+
+def no_dropout_arguments():
+    """The kernels' dropout arguments (seed, site, threshold, keep) for none: a seed array on
+    the device that no_dropout never reads."""
+    if not _no_seed:
+        _no_seed.append(cuda.to_device(np.zeros(1, dtype=np.int64)))
+    return _no_seed[0], np.int64(0), np.int64(0), np.float32(1.0)
+
+
+# --- delta_i = dout_i . out_i, before the backward's kernels -------------------------------
+
+DELTA_WARPS = 2 if SIMULATOR else 4     # warps a block, and rows a warp (all their loads in
+DELTA_ROWS = 4                          # flight at once)
+
+
+@cuda.jit
+def delta_kernel(delta, dout, out):
+    # delta[B,H,T] = dout[B,H,T,D] . out[B,H,T,D] along D (D % 4 == 0, D <= 4 WARP); grid
+    # (T / (DELTA_WARPS DELTA_ROWS), B*H), block (WARP, DELTA_WARPS): a warp takes DELTA_ROWS
+    # consecutive rows, lane l holds d = 4l .. 4l+3 of each (one 16-byte load an array), and
+    # each row's sum meets in warp_sum. Every load is issued before the first product (a row
+    # past T is row T-1 again, not stored).
+    _, H, T, D = out.shape
+    b = cuda.blockIdx.y // H
+    h = cuda.blockIdx.y - b * H
+    lane = cuda.threadIdx.x
+    d = 4 * lane
+    first = (cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y) * DELTA_ROWS
+    g = cuda.local.array((DELTA_ROWS, 4), float32)       # dout, out of this lane's 4 d
+    o = cuda.local.array((DELTA_ROWS, 4), float32)       # in each row
+    partial = cuda.local.array(DELTA_ROWS, float32)      # and their dot product
+    for r in range(DELTA_ROWS):
+        partial[r] = float32(0.0)
+    if d < D:
+        for r in range(DELTA_ROWS):                      # every load first, ...
+            t = min(first + r, T - 1)
+            g[r, 0], g[r, 1], g[r, 2], g[r, 3] = load4(dout, (b, h, t, d))
+            o[r, 0], o[r, 1], o[r, 2], o[r, 3] = load4(out, (b, h, t, d))
+        for r in range(DELTA_ROWS):                      # ... then the products
+            for i in range(4):
+                partial[r] += g[r, i] * o[r, i]
+    for r in range(DELTA_ROWS):
+        total = warp_sum(partial[r])                     # every lane of the warp calls it
+        if lane == 0 and first + r < T:
+            delta[b, h, first + r] = total
+
+
+def row_delta(delta, dout, out):
+    """delta[B,H,T] = dout . out along D (the backward's first pass)."""
+    B, H, T, D = out.shape
+    launch(delta_kernel, (blocks(T, DELTA_WARPS * DELTA_ROWS), B * H), (WARP, DELTA_WARPS),
+           delta, dout, out)
+
+
 def forward(out, lse, q, k, v):
     B, H, T, D = q.shape
-    words = [heads_bf16(x).words for x in (q, k, v)]
+    words = [rounded_heads(x) for x in (q, k, v)]
     launch(forward_kernel(D), (B * H, blocks(T, ROWS)), THREADS, out, lse, *words,
-           np.float32(LOG2E / math.sqrt(D)), *attention.dropout_arguments(0.0, None, 0),
+           np.float32(LOG2E / math.sqrt(D)), *no_dropout_arguments(),
            shared_bytes=shared_bytes(1, 2))
 
 
@@ -455,10 +543,10 @@ def backward(dq, dk, dv, dout, q, k, v, out, lse):
     if (B, H, T) not in _deltas:      # (delta_i = dout_i . out_i, the backward's scratch)
         _deltas[B, H, T] = cuda.device_array((B, H, T), np.float32)
     delta = _deltas[B, H, T]
-    attention.attention_delta(delta, dout, out)
-    words = [heads_bf16(x).words for x in (dout, q, k, v)]
+    row_delta(delta, dout, out)
+    words = [rounded_heads(x) for x in (dout, q, k, v)]
     scale = np.float32(1.0 / math.sqrt(D))
-    drop = attention.dropout_arguments(0.0, None, 0)
+    drop = no_dropout_arguments()
     grid = (B * H, blocks(T, ROWS))
     launch(dq_kernel(D), grid, THREADS, dq, *words, lse, delta, np.float32(LOG2E * scale),
            scale, *drop, False, shared_bytes=shared_bytes(2, 2))

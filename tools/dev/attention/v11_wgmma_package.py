@@ -1,10 +1,12 @@
-"""The package's wgmma attention (nanoandrea/kernels/attention_wgmma.py): v10, its second wait deferred.
-H200 2026-12-03: fwd 0.089 ms (0.93x SDPA bf16), fwd+bwd 0.466 ms (0.76x) at [16,12,1024,64],
-q, k, v given in bf16 (v10: 0.090 / 0.460, the same within a run's spread); 0.030 / 0.158 ms
-(1.30x / 1.09x) at [64,12,256,32] (tools/bench.py --only attention --precision bf16,
-docs/runs/2026-12-03/v11-*.log). No faster than v10, for 15-25% fewer instructions: what holds
-both is not their issue; the package keeps this one, whose tiles already overlap their
-products, the shape a deeper pipeline needs
+"""The package's wgmma attention (kernels/attention/wgmma.py): v10, its second wait deferred.
+H100 2026-12-07: fwd+bwd 0.67x SDPA bf16 at [16,12,1024,64] rounding q, k, v (0.96x given bf16)
+
+As first kept (H200, 2026-12-03) it was no faster than v10, for 15-25% fewer instructions:
+what held both was not their issue; the package kept this one, whose tiles already overlap
+their products, the shape a deeper pipeline needs. The figure above is the package's kernel
+as it is now: called as the ladder calls it, each call rounding float32 q, k, v and dout
+(0.561 ms); given q, k, v in bf16 already, as the model and SDPA have them, 0.389 ms, 0.96x
+(forward 0.86x; tools/bench.py --only attention --precision bf16).
 
 What changed since v10, all in the package:
   deferred wait  each tile's second product (O += P V; dQ += dS K; dV, dK) is left running:
@@ -20,15 +22,20 @@ What changed since v10, all in the package:
   descriptors    made once a kernel; a k16 step, a stage, the second way of reading a tile
                  are constants added to them (v10 built each wgmma's two from its addresses)
   copies         a thread's copy offsets made once (v10 recomputed them each tile)
-Offline (sm_90a, `python tools/kernel_report.py --sass --only "attention wgmma"`): instructions
-a tile off the diagonal at D = 64, forward 324 (v10: ~390), dq 288 (~380), dk/dv 456 (~530).
+Offline (sm_90a, `python tools/profile/kernel_report.py --sass --only "attention wgmma"`):
+instructions a tile off the diagonal at D = 64, forward 324 (v10: ~390), dq 288 (~380), dk/dv
+456 (~530). Later, in the package: at D = 64 the backward's second product waited for within
+its tile under launch bounds of 4 (dq) and 3 (dk/dv) blocks a multiprocessor (kept in flight,
+ptxas serialized every wgmma: its warning C7512); dq stages dout itself, rounding it and
+summing each row's delta while its K and V tiles are on their way; each copy issued as soon
+as its stage is free; every load before the stores in dq.
 Here it runs as the ladder calls it: float32 q, k, v, dout, each call rounding them, no dropout.
 """
 import numpy as np
 from numba import cuda
 
-from nanoandrea.kernels.attention_bf16 import attention_backward_bf16, attention_forward_bf16
-from nanoandrea.kernels.attention_wgmma import HEAD_SIZES  # noqa: F401
+from nanoandrea.kernels.attention import attention_backward_bf16, attention_forward_bf16
+from nanoandrea.kernels.attention.wgmma import HEAD_SIZES  # noqa: F401 (what run.py reads)
 
 PRECISION = "bf16"
 

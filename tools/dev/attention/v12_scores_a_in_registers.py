@@ -1,8 +1,9 @@
-"""The scores' A in registers: each score wgmma reads only B from shared memory. Not kept.
-H200 2026-12-03: fwd 0.091 ms (0.91x SDPA bf16), fwd+bwd 0.518 ms (0.69x) at [16,12,1024,64],
-q, k, v given in bf16 (v11: 0.089 / 0.466); 0.032 / 0.179 ms (1.21x / 0.97x; v11 1.30x / 1.09x)
-at [64,12,256,32] (then the package's kernels: tools/bench.py --only attention --precision bf16,
-docs/runs/2026-12-03/v12-*.log); correct, and the same bits as the mma.sync kernels
+"""Not kept: the scores' A in registers, each score wgmma reading only B from shared memory.
+H200 2026-12-03: fwd+bwd 0.69x SDPA bf16 at [16,12,1024,64] (fwd 0.91x), q, k, v given in bf16
+
+Measured as the package's kernels then (tools/bench.py --only attention --precision bf16):
+0.518 ms against v11's 0.466 at [16,12,1024,64]; at [64,12,256,32] 0.97x against v11's 1.09x.
+Correct, and the same bits as the mma.sync kernels.
 
 v11 (the package's kernels) with the scores' A, the block's own rows (Q and dO; K and V in
 dk/dv), loaded into registers once, in the RS form that P's A already takes: a score wgmma
@@ -19,21 +20,19 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from nanoandrea.kernels import attention
-from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
-from nanoandrea.kernels.attention import NEG_INF, dropout_factor, no_dropout
-from nanoandrea.kernels.attention_bf16 import heads_bf16
-from nanoandrea.kernels.attention_tiles import LOG2E
-from nanoandrea.kernels.sfu import exp2_fast
-from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
-from nanoandrea.kernels.reduce import quad_max, quad_sum
-from nanoandrea.kernels.tensorcores import bf16_pair
-from nanoandrea.kernels.vector import flat, load2, store2
-from nanoandrea.kernels.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start,
-                                      descriptor_high, dynamic_shared_words, fence_for,
-                                      fence_proxy_async, shared_descriptor, wait_for,
-                                      wgmma_by_descriptors, wgmma_commit)
+from nanoandrea.kernels.ptx.asynccopy import commit_copies, copy16_async, wait_copies
+from nanoandrea.kernels.ptx.mma import bf16_pair, store4_u32
+from nanoandrea.kernels.ptx.sfu import exp2_fast
+from nanoandrea.kernels.ptx.vector import flat, load2, load4, store2
+from nanoandrea.kernels.ptx.warp import WARP, quad_max, quad_sum, warp_sum
+from nanoandrea.kernels.ptx.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start,
+                                          descriptor_high, dynamic_shared_words, fence_for,
+                                          fence_proxy_async, shared_descriptor, wait_for,
+                                          wgmma_by_descriptors, wgmma_commit)
+from nanoandrea.kernels.runtime.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
 
+LOG2E = float32(1.0 / math.log(2.0))
+NEG_INF = float32(-math.inf)
 PRECISION = "bf16"
 
 HEAD_SIZES = (32, 64)
@@ -50,7 +49,7 @@ ROW_FRAG_WORDS = 4 * 4              # ... of the block's own rows [64, D], D <= 
 TWO_TILES_ROWS = 2 * COLS           # dk/dv's -lse and delta of two stages of query tiles
 LN2 = float32(math.log(2.0))
 WAIT_ALL = wait_copies(0)
-# Descriptors (kernels/wgmma.py): a start-address field in 16-byte units | a layout's bits. A
+# Descriptors (kernels/ptx/wgmma.py): a start-address field in 16-byte units | a layout's bits. A
 # k16 step along a row is 32 bytes on (2 units), one down a tile's rows 16 rows of 128 bytes
 # (128 units); the two stages of streamed tiles are STAGE_UNITS apart
 MN_LAYOUT = MN_MAJOR(4 * TILE_WORDS)    # (one block of 64 columns: D <= 64; LBO unused)
@@ -191,14 +190,20 @@ def bounds(blocks_per_sm):
     return {} if SIMULATOR else dict(launch_bounds=(THREADS, blocks_per_sm))
 
 
+@inlined
+def no_dropout(seed, site, threshold, keep, b, h, i, j, H, T):
+    # the dropout factor G_ij of a kernel built without dropout: 1 (the hash is not compiled in)
+    return float32(1.0)
+
+
 @kernel_factory
-def forward_kernel(D, dropout):
-    """The forward for heads of D; dropout: built with the dropout hash, else without."""
+def forward_kernel(D):
+    """The forward for heads of D (no dropout)."""
     f = tile_functions(D)
     copy_start, copy_tile, load_rows = f["copy_start"], f["copy_tile"], f["load_rows"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
-    factor = dropout_factor if dropout else no_dropout
+    factor = no_dropout
     fence_s, wait_s = fence_for(), wait_for(S_ACC, O_ACC, FRAG_WORDS)
     fence_o, wait_o = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
 
@@ -268,7 +273,7 @@ def forward_kernel(D, dropout):
     @cuda.jit(**bounds(4))
     def attention_forward_wgmma_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
                                        site, threshold, keep):
-        # q, k, v: heads_bf16's words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
+        # q, k, v: rounded_heads' words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
         # keys) first; block THREADS; dynamic shared memory shared_bytes(2): two stages of a K
         # tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
         words = dynamic_shared_words()
@@ -322,13 +327,13 @@ def forward_kernel(D, dropout):
 
 
 @kernel_factory
-def dq_kernel(D, dropout):
+def dq_kernel(D):
     """dq for heads of D: the forward's walk over the key tiles, P from lse."""
     f = tile_functions(D)
     copy_start, copy_tile, load_rows = f["copy_start"], f["copy_tile"], f["load_rows"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
-    factor = dropout_factor if dropout else no_dropout
+    factor = no_dropout
     fence_s, wait_s = fence_for(), wait_for(S_ACC, S_ACC, O_ACC, FRAG_WORDS)
     fence_q, wait_q = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
 
@@ -430,13 +435,13 @@ def dq_kernel(D, dropout):
 
 
 @kernel_factory
-def dkdv_kernel(D, dropout):
+def dkdv_kernel(D):
     """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
     f = tile_functions(D)
     copy_start, copy_tile, load_rows = f["copy_start"], f["copy_tile"], f["load_rows"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     past, store_rows, O_ACC = f["past"], f["store_rows"], f["O_ACC"]
-    factor = dropout_factor if dropout else no_dropout
+    factor = no_dropout
     fence_s = fence_for()
     wait_s = wait_for(S_ACC, S_ACC, O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS)
     fence_kv, wait_kv = fence_for(O_ACC, O_ACC, FRAG_WORDS, FRAG_WORDS), wait_for(O_ACC, O_ACC)
@@ -563,11 +568,94 @@ def dkdv_kernel(D, dropout):
     return attention_dkdv_wgmma_kernel
 
 
+# --- q, k, v and dout rounded to bf16 pairs, each call ----------------------------------------
+
+@cuda.jit
+def round_heads_kernel(words, x):
+    # words[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
+    # store)
+    B, H, T, W = words.shape
+    chunks = W // 4
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c >= B * H * T * chunks:
+        return
+    row, chunk = c // chunks, c % chunks
+    b, h, i = row // (H * T), (row // T) % H, row % T
+    x0, x1, x2, x3 = load4(x, (b, h, i, 8 * chunk))
+    x4, x5, x6, x7 = load4(x, (b, h, i, 8 * chunk + 4))
+    store4_u32(words, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
+               bf16_pair(x4, x5), bf16_pair(x6, x7))
+
+
+def rounded_heads(x):
+    """x [B,H,T,D] (float32, D % 8 == 0) rounded to bf16: uint32 pairs [B,H,T,D/2]."""
+    B, H, T, D = x.shape
+    words = cuda.device_array((B, H, T, D // 2), np.uint32)
+    launch(round_heads_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
+    return words
+
+
+_no_seed = []
+
+
+def no_dropout_arguments():
+    """The kernels' dropout arguments (seed, site, threshold, keep) for none: a seed array on
+    the device that no_dropout never reads."""
+    if not _no_seed:
+        _no_seed.append(cuda.to_device(np.zeros(1, dtype=np.int64)))
+    return _no_seed[0], np.int64(0), np.int64(0), np.float32(1.0)
+
+
+# --- delta_i = dout_i . out_i, before the backward's kernels -------------------------------
+
+DELTA_WARPS = 2 if SIMULATOR else 4     # warps a block, and rows a warp (all their loads in
+DELTA_ROWS = 4                          # flight at once)
+
+
+@cuda.jit
+def delta_kernel(delta, dout, out):
+    # delta[B,H,T] = dout[B,H,T,D] . out[B,H,T,D] along D (D % 4 == 0, D <= 4 WARP); grid
+    # (T / (DELTA_WARPS DELTA_ROWS), B*H), block (WARP, DELTA_WARPS): a warp takes DELTA_ROWS
+    # consecutive rows, lane l holds d = 4l .. 4l+3 of each (one 16-byte load an array), and
+    # each row's sum meets in warp_sum. Every load is issued before the first product (a row
+    # past T is row T-1 again, not stored).
+    _, H, T, D = out.shape
+    b = cuda.blockIdx.y // H
+    h = cuda.blockIdx.y - b * H
+    lane = cuda.threadIdx.x
+    d = 4 * lane
+    first = (cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y) * DELTA_ROWS
+    g = cuda.local.array((DELTA_ROWS, 4), float32)       # dout, out of this lane's 4 d
+    o = cuda.local.array((DELTA_ROWS, 4), float32)       # in each row
+    partial = cuda.local.array(DELTA_ROWS, float32)      # and their dot product
+    for r in range(DELTA_ROWS):
+        partial[r] = float32(0.0)
+    if d < D:
+        for r in range(DELTA_ROWS):                      # every load first, ...
+            t = min(first + r, T - 1)
+            g[r, 0], g[r, 1], g[r, 2], g[r, 3] = load4(dout, (b, h, t, d))
+            o[r, 0], o[r, 1], o[r, 2], o[r, 3] = load4(out, (b, h, t, d))
+        for r in range(DELTA_ROWS):                      # ... then the products
+            for i in range(4):
+                partial[r] += g[r, i] * o[r, i]
+    for r in range(DELTA_ROWS):
+        total = warp_sum(partial[r])                     # every lane of the warp calls it
+        if lane == 0 and first + r < T:
+            delta[b, h, first + r] = total
+
+
+def row_delta(delta, dout, out):
+    """delta[B,H,T] = dout . out along D (the backward's first pass)."""
+    B, H, T, D = out.shape
+    launch(delta_kernel, (blocks(T, DELTA_WARPS * DELTA_ROWS), B * H), (WARP, DELTA_WARPS),
+           delta, dout, out)
+
+
 def forward(out, lse, q, k, v):
     B, H, T, D = q.shape
-    words = [heads_bf16(x).words for x in (q, k, v)]
-    launch(forward_kernel(D, False), (B * H, blocks(T, ROWS)), THREADS, out, lse, *words,
-           np.float32(LOG2E / math.sqrt(D)), *attention.dropout_arguments(0.0, None, 0),
+    words = [rounded_heads(x) for x in (q, k, v)]
+    launch(forward_kernel(D), (B * H, blocks(T, ROWS)), THREADS, out, lse, *words,
+           np.float32(LOG2E / math.sqrt(D)), *no_dropout_arguments(),
            shared_bytes=shared_bytes(2))
 
 
@@ -579,12 +667,12 @@ def backward(dq, dk, dv, dout, q, k, v, out, lse):
     if (B, H, T) not in _deltas:      # (delta_i = dout_i . out_i, the backward's scratch)
         _deltas[B, H, T] = cuda.device_array((B, H, T), np.float32)
     delta = _deltas[B, H, T]
-    attention.attention_delta(delta, dout, out)
-    words = [heads_bf16(x).words for x in (dout, q, k, v)]
+    row_delta(delta, dout, out)
+    words = [rounded_heads(x) for x in (dout, q, k, v)]
     scale = np.float32(1.0 / math.sqrt(D))
-    drop = attention.dropout_arguments(0.0, None, 0)
+    drop = no_dropout_arguments()
     grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D, False), grid, THREADS, dq, *words, lse, delta, np.float32(LOG2E * scale),
+    launch(dq_kernel(D), grid, THREADS, dq, *words, lse, delta, np.float32(LOG2E * scale),
            scale, *drop, False, shared_bytes=shared_bytes(2))
-    launch(dkdv_kernel(D, False), grid, THREADS, dk, dv, *words, lse, delta,
+    launch(dkdv_kernel(D), grid, THREADS, dk, dv, *words, lse, delta,
            np.float32(LOG2E * scale), scale, *drop, False, shared_bytes=shared_bytes(2))

@@ -1,5 +1,5 @@
 """One block per (batch, head), a thread per row, global memory.
-H200 2026-12-01: fwd 0.01x, fwd+bwd 0.00x SDPA float32 at [16,12,1024,64] (tools/dev/run.py)
+H200 2026-12-01: fwd+bwd 0.00x SDPA float32 at [16,12,1024,64] (fwd 0.01x)
 
 The starting point, and the design of the package's first reference kernels (any D), without
 dropout (attention.py's reference kernels are now a warp a row: lanes split D). A block
@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
+from nanoandrea.kernels.runtime.launch import SIMULATOR, inlined, launch
 
 HEAD_SIZES = None                       # any D
 THREADS = 32 if SIMULATOR else 128      # a block's threads, sharing out the head's rows

@@ -1,5 +1,5 @@
 """Query tiles in the grid, keys in shared memory, online softmax.
-H200 2026-12-01: fwd 0.31x, fwd+bwd 0.23x SDPA float32 at [16,12,1024,64] (tools/dev/run.py)
+H200 2026-12-01: fwd+bwd 0.23x SDPA float32 at [16,12,1024,64] (fwd 0.31x)
 
 Three changes to v1, each a standard one:
   - The grid is (B*H, T/ROWS): a block takes ROWS query rows of one head, a thread per row, so
@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import SIMULATOR, blocks, launch
+from nanoandrea.kernels.runtime.launch import SIMULATOR, blocks, launch
 
 HEAD_SIZES = None                               # any D (a compile-time constant)
 ROWS, KEYS = (16, 8) if SIMULATOR else (64, 32)  # rows (= threads) a block; keys a tile

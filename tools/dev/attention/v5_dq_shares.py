@@ -1,7 +1,7 @@
 """The package's backward: dq's shares from dk/dv, summed in order.
-H200 2026-12-01: fwd 1.03x, fwd+bwd 0.99x SDPA float32 at [16,12,1024,64] (tools/dev/run.py)
+H200 2026-12-01: fwd+bwd 0.99x SDPA float32 at [16,12,1024,64] (fwd 1.03x, v3's)
 
-This version calls the package's backward (attention_backward, kernel="fast"): it is what
+This version calls the package's backward (attention_backward, kernel="float32"): it is what
 the product runs, and a copy here would only duplicate it. v4 computes S and dP twice, once
 in each kernel; here the dk/dv kernel computes them once for all three gradients. For each
 pair of a key tile and a query tile it has dS in shared memory already (for dk += dS^T Q),
@@ -24,11 +24,11 @@ _deltas = {}
 
 
 def forward(out, lse, q, k, v):
-    attention_forward(out, lse, q, k, v, kernel="fast")
+    attention_forward(out, lse, q, k, v, kernel="float32")
 
 
 def backward(dq, dk, dv, dout, q, k, v, out, lse):
     B, H, T, _ = q.shape
     if (B, H, T) not in _deltas:      # (delta_i = dout_i . out_i, the backward's scratch)
         _deltas[B, H, T] = cuda.device_array((B, H, T), np.float32)
-    attention_backward(dq, dk, dv, _deltas[B, H, T], dout, q, k, v, out, lse, kernel="fast")
+    attention_backward(dq, dk, dv, _deltas[B, H, T], dout, q, k, v, out, lse, kernel="float32")

@@ -1,7 +1,7 @@
 """Not kept: the forward on the tensor cores, 3xTF32 mma.sync.
-H200 2026-12-01: fwd 1.34x SDPA float32 at [16,12,1024,64] (tools/dev/run.py)
+H200 2026-12-01: fwd 1.34x SDPA float32 at [16,12,1024,64]
 
-v3's tiles and online softmax, with every product on the tensor cores (instructions.py: one
+v3's tiles and online softmax, with every product on the tensor cores (mma3_tf32 below: one
 warp's 16 x 8 x 8 mma.sync on TF32 inputs). TF32 keeps 10 mantissa bits; splitting each float
 into two TF32 parts, x = hi + lo, and taking Ahi Bhi + Ahi Blo + Alo Bhi (three mma's,
 mma3_tf32) gives float32's accuracy: PyTorch's float32 attention (CUTLASS's
@@ -27,12 +27,16 @@ import math
 import numpy as np
 from numba import cuda, float32, int64, uint64
 
-from flash_tiles import LN2, LOG2E, NEG_INF, block_tile, make_stage
-from instructions import mma3_tf32, split_tf32
-from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
-from nanoandrea.kernels.reduce import WARP, quad_max, quad_sum, warp_barrier
-from nanoandrea.kernels.sharedmem import dynamic_shared_floats, shared_tile
-from nanoandrea.kernels.vector import store4
+from nanoandrea.kernels.ptx.sharedmem import dynamic_shared_floats, shared_tile
+from nanoandrea.kernels.ptx.vector import load4, store4
+from nanoandrea.kernels.ptx.warp import WARP, quad_max, quad_sum, warp_barrier
+from nanoandrea.kernels.runtime.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
+
+if SIMULATOR:
+    from nanoandrea.kernels.ptx.warp import warp_values
+
+LOG2E, LN2 = float32(1.0 / math.log(2.0)), float32(math.log(2.0))
+NEG_INF = float32(-np.inf)
 
 HEAD_SIZES = (32, 64)
 # (WARPS, COLS): 16 WARPS query rows a block, COLS keys a tile; in the simulator (whose mma
@@ -189,6 +193,163 @@ def make_forward_kernel(D):
     forward_kernel.rows = ROWS
     forward_kernel.shared_bytes = 4 * (Q_AT + ROWS * K_ROW)
     return forward_kernel
+
+
+# --- v3's staging and block order ---------------------------------------------------------
+
+@inlined
+def block_tile(H, ROWS, heavy_first):
+    # (b, h, first row) of this block's tile: grid (B*H, T/ROWS). heavy_first: block y takes
+    # the y-th tile from the end, so the longest causal rows (the most key tiles) start first
+    y = cuda.gridDim.y - 1 - cuda.blockIdx.y if heavy_first else cuda.blockIdx.y
+    return cuda.blockIdx.x // H, cuda.blockIdx.x % H, y * ROWS
+
+
+def make_stage(D, THREADS, put=store4):
+    """(stage, R_STEP): the device function that copies rows of one head's [T, D] into a shared
+    tile (v3's: 16-byte loads, consecutive threads on consecutive chunks of a row), for a block
+    of THREADS threads, which copies R_STEP rows a pass; each 4 floats stored by put(tile,
+    (r, d), x0, x1, x2, x3)."""
+    CHUNKS = D // 4                     # 4-float chunks of a row; a pass copies R_STEP rows,
+    C_STEP = min(CHUNKS, THREADS)       # C_STEP chunks of each per thread step
+    R_STEP = THREADS // C_STEP
+    assert CHUNKS % C_STEP == 0, (D, THREADS)
+
+    @inlined
+    def stage(tile, x, row0, n_rows, T, scale):
+        # tile[r, d] = x[row0 + r, d] * scale for r < n_rows, zeros past T (uint64 indices: a
+        # signed index makes Numba add a negative-index wraparound)
+        d_first = uint64(cuda.threadIdx.x % C_STEP * 4)
+        r_first = uint64(cuda.threadIdx.x // C_STEP)
+        for n in range(n_rows // R_STEP):
+            r = r_first + uint64(n * R_STEP)
+            row = uint64(row0) + r
+            inside = row < uint64(T)
+            for step in range(CHUNKS // C_STEP):
+                d = d_first + uint64(step * C_STEP * 4)
+                if inside:
+                    x4 = load4(x, (row, d))
+                    put(tile, (r, d), x4[0] * scale, x4[1] * scale, x4[2] * scale,
+                        x4[3] * scale)
+                else:
+                    zero = float32(0.0)
+                    put(tile, (r, d), zero, zero, zero, zero)
+
+    return stage, R_STEP
+
+
+# --- 3xTF32: split_tf32 and mma3_tf32 ---------------------------------------------------------
+# mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 is ONE instruction for the whole warp:
+# A [16,8] times B [8,8] plus C [16,8], each lane holding pieces (fragments) of the matrices.
+# With g = lane // 4 (its group, or quad) and t = lane % 4 (its place in the quad):
+#     a0 = A[g, t]     a1 = A[g+8, t]     a2 = A[g, t+4]     a3 = A[g+8, t+4]
+#     b0 = B[t, g]     b1 = B[t+4, g]
+#     c0 = C[g, 2t]    c1 = C[g, 2t+1]    c2 = C[g+8, 2t]    c3 = C[g+8, 2t+1]     (D the same)
+# TF32 keeps float32's exponent and 10 of its 23 mantissa bits. split_tf32 zeroes x's low 13
+# bits for hi, and lo = x - hi (exact) likewise; then A B = Ahi Bhi + Ahi Blo + Alo Bhi + ~2^-21
+# relative: three mma's, accumulated in float32, are as accurate as float32. Here the fragments
+# are float32 values (the package's ptx.mma.mma_tf32 takes words: its operands are rounded in
+# memory). On the GPU: inline PTX (the mma, C tied to D's registers) and LLVM IR (split_tf32:
+# bit casts and a mask); under the simulator the warp's lanes meet (warp_values) and one
+# NumPy product of the three gives each lane its part.
+
+TF32_MASK = 0xFFFFE000          # float32 bits kept by TF32: sign, exponent, 10 mantissa bits
+
+
+def split_tf32_numpy(x):
+    """hi, lo (float32 arrays) of split_tf32, elementwise."""
+    x = np.asarray(x, dtype=np.float32)
+    hi = (x.view(np.uint32) & np.uint32(TF32_MASK)).view(np.float32)
+    lo = ((x - hi).view(np.uint32) & np.uint32(TF32_MASK)).view(np.float32)
+    return hi, lo
+
+
+if SIMULATOR:
+    _G, _T = np.divmod(np.arange(WARP), 4)      # each lane's group and place in it
+
+    def split_tf32(x):
+        hi, lo = split_tf32_numpy(np.float32(x))
+        return float32(hi), float32(lo)
+
+    def _matrices(x):
+        # A [16,8], B [8,8], C [16,8] from the lanes' fragments (x[n]: value n of each lane)
+        a, b, c = np.zeros((16, 8), np.float32), np.zeros((8, 8), np.float32), np.zeros((16, 8))
+        a[_G, _T], a[_G + 8, _T], a[_G, _T + 4], a[_G + 8, _T + 4] = x[0], x[1], x[2], x[3]
+        b[_T, _G], b[_T + 4, _G] = x[4], x[5]
+        c[_G, 2 * _T], c[_G, 2 * _T + 1], c[_G + 8, 2 * _T], c[_G + 8, 2 * _T + 1] = x[6:10]
+        return a, b, c
+
+    def _mma(a, b, c):
+        # D = A B + C, A and B taken as TF32 (split_tf32's parts already are), summed exactly
+        a, b = (split_tf32_numpy(y)[0].astype(np.float64) for y in (a, b))
+        return (a @ b + c).astype(np.float32)
+
+    @cuda.jit(device=True)      # (a device function: `cuda` in it is the simulated one)
+    def mma3_tf32(c0, c1, c2, c3, a_hi, a_lo, b_hi0, b_hi1, b_lo0, b_lo1):
+        # the GPU's: Alo Bhi, then Ahi Blo, then Ahi Bhi, each rounded to float32
+        fragments, lane = warp_values((*a_hi, b_hi0, b_hi1, c0, c1, c2, c3, *a_lo, b_lo0,
+                                       b_lo1))
+        x = np.array(fragments, dtype=np.float32).T
+        a_hi, b_hi, c = _matrices(x)
+        a_lo, b_lo, _ = _matrices(np.concatenate([x[10:16], x[6:10]]))
+        d = _mma(a_hi, b_hi, _mma(a_hi, b_lo, _mma(a_lo, b_hi, c)).astype(np.float64))
+        g, t = divmod(lane, 4)
+        return (float32(d[g, 2 * t]), float32(d[g, 2 * t + 1]), float32(d[g + 8, 2 * t]),
+                float32(d[g + 8, 2 * t + 1]))
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    F32, I32 = ir.FloatType(), ir.IntType(32)
+    MMA = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+           "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+
+    def _float32s(context, builder, kinds, values):
+        return [context.cast(builder, value, kind, types.float32)
+                for value, kind in zip(values, kinds)]
+
+    def _tf32_bits(builder, value):
+        return builder.and_(builder.bitcast(value, I32), ir.Constant(I32, TF32_MASK))
+
+    @intrinsic
+    def split_tf32(typingctx, x):
+        result = types.UniTuple(types.float32, 2)
+
+        def codegen(context, builder, signature, args):
+            (value,) = _float32s(context, builder, signature.args, args)
+            hi = builder.bitcast(_tf32_bits(builder, value), F32)
+            lo = builder.bitcast(_tf32_bits(builder, builder.fsub(value, hi)), F32)
+            return context.make_tuple(builder, result, [hi, lo])
+
+        return result(x), codegen
+
+    @intrinsic
+    def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        # one warp's D = A B + C, A and B float32 values taken as TF32
+        result = types.UniTuple(types.float32, 4)
+
+        def codegen(context, builder, signature, args):
+            values = _float32s(context, builder, signature.args, args)
+            operands = [builder.bitcast(value, I32) for value in values[:6]] + values[6:]
+            function = ir.InlineAsm(
+                ir.FunctionType(ir.LiteralStructType([F32] * 4), [I32] * 6 + [F32] * 4),
+                MMA, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", side_effect=False)
+            d = builder.call(function, operands)
+            return context.make_tuple(builder, result,
+                                      [builder.extract_value(d, i) for i in range(4)])
+
+        return result(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+
+    @inlined
+    def mma3_tf32(c0, c1, c2, c3, a_hi, a_lo, b_hi0, b_hi1, b_lo0, b_lo1):
+        # (c0..c3) + A B, A = a_hi + a_lo (4 fragment floats each, local arrays), B = b_hi + b_lo
+        # (2 each): Alo Bhi + Ahi Blo + Ahi Bhi, three mma's, the small parts first
+        c0, c1, c2, c3 = mma_tf32(a_lo[0], a_lo[1], a_lo[2], a_lo[3], b_hi0, b_hi1,
+                                  c0, c1, c2, c3)
+        c0, c1, c2, c3 = mma_tf32(a_hi[0], a_hi[1], a_hi[2], a_hi[3], b_lo0, b_lo1,
+                                  c0, c1, c2, c3)
+        return mma_tf32(a_hi[0], a_hi[1], a_hi[2], a_hi[3], b_hi0, b_hi1, c0, c1, c2, c3)
 
 
 _kernels = {}

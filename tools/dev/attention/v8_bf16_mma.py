@@ -1,12 +1,12 @@
 """bf16 mma.sync m16n8k16, a warp per 16 rows, rounded as staged.
-H200 2026-12-01: fwd 0.489 ms (0.17x SDPA bf16), fwd+bwd 1.806 ms (0.20x) at [16,12,1024,64]
-(as the package's kernels then, with dropout: tools/bench.py --precision bf16)
+H200 2026-12-01: fwd+bwd 0.20x SDPA bf16 at [16,12,1024,64] (fwd 0.17x), dropout built in
 
-The first bf16 version of the package's attention (kernels/attention_bf16.py today is its
-successor), without dropout. q, k, v and dout arrive as float32 and are rounded to bf16 where
+The first bf16 version of the package's attention (kernels/attention/mma_sync.py today is its
+successor), here without dropout (measured as the package's kernels then, built with it:
+tools/bench.py --only attention --precision bf16). q, k, v and dout arrive as float32 and are rounded to bf16 where
 a kernel reads them; the scores, the softmax's max and sum, lse, delta and every sum stay
 float32. Three kernels, each a block of WARPS warps, a warp 16 rows, every product one warp's
-mma.sync of 16 x 8 x 16 (nanoandrea/kernels/tensorcores.py):
+mma.sync of 16 x 8 x 16 (nanoandrea/kernels/ptx/mma.py):
     forward   a block of query rows walks the key tiles of COLS up to the diagonal:
               S = Q K^T, the online softmax, O += P V
     dq        the same walk, P from lse: S = Q K^T, dP = dO V^T, dS = P (dP - delta),
@@ -26,28 +26,29 @@ meet across the 4 lanes t of its g (quad_max, quad_sum).
 The rows a warp multiplies by every tile (q and dout; k and v in dk/dv) are read once into A
 fragments, rounded as they are read. The streamed tiles (k and v; q and dout in dk/dv) go
 through registers: a thread loads 8 floats (two 16-byte loads), rounds them to four bf16 pairs
-and stores them as one 16-byte chunk of a shared tile, the chunks swizzled as matmul_bf16.py's
-are, so that ldmatrix reads them without bank conflicts: as they lie for S = Q K^T (K's rows
-are n, their pairs run along k), with .trans for O += P V (V's rows are k).
+and stores them as one 16-byte chunk of a shared tile, the chunks swizzled (ptx/sharedmem.py),
+so that ldmatrix reads them without bank conflicts: as they lie for S = Q K^T (K's rows are n,
+their pairs run along k), with .trans for O += P V (V's rows are k).
 
 What it leaves undone: pipelining. A tile is staged between two barriers, its loads waited
 for before any product starts, and every kernel rounds the same q, k, v again as it stages
-them. The package's kernel (attention_bf16.py) rounds q, k, v and dout once into bf16 words in
-device memory and copies the tiles with cp.async, one tile ahead of the products.
+them. The package's kernel (attention/mma_sync.py, v9) rounds q, k, v and dout once into bf16
+words in device memory and copies the tiles with cp.async, one tile ahead of the products.
 """
 import math
 
 import numpy as np
 from numba import cuda, float32, uint32
 
-from flash_tiles import LN2, LOG2E, NEG_INF
-from nanoandrea.kernels.attention import attention_delta
-from nanoandrea.kernels.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
-from nanoandrea.kernels.matmul_bf16 import swizzle
-from nanoandrea.kernels.reduce import quad_max, quad_sum
-from nanoandrea.kernels.tensorcores import (bf16_pair, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16,
-                                            store4_u32)
-from nanoandrea.kernels.vector import load4
+from nanoandrea.kernels.ptx.mma import (bf16_pair, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16,
+                                        store4_u32)
+from nanoandrea.kernels.ptx.sharedmem import swizzle
+from nanoandrea.kernels.ptx.vector import load4
+from nanoandrea.kernels.ptx.warp import WARP, quad_max, quad_sum, warp_sum
+from nanoandrea.kernels.runtime.launch import SIMULATOR, blocks, inlined, kernel_factory, launch
+
+LOG2E, LN2 = float32(1.0 / math.log(2.0)), float32(math.log(2.0))
+NEG_INF = float32(-np.inf)
 
 PRECISION = "bf16"          # (tools/dev/run.py: checked against attention of the rounded
 HEAD_SIZES = (32, 64)       # inputs, within bf16's tolerance; SDPA bf16 beside)
@@ -353,6 +354,51 @@ def dkdv_kernel(D):
     return attention_dkdv_v8_kernel
 
 
+# --- delta_i = dout_i . out_i, before the backward's kernels -------------------------------
+
+DELTA_WARPS = 2 if SIMULATOR else 4     # warps a block, and rows a warp (all their loads in
+DELTA_ROWS = 4                          # flight at once)
+
+
+@cuda.jit
+def delta_kernel(delta, dout, out):
+    # delta[B,H,T] = dout[B,H,T,D] . out[B,H,T,D] along D (D % 4 == 0, D <= 4 WARP); grid
+    # (T / (DELTA_WARPS DELTA_ROWS), B*H), block (WARP, DELTA_WARPS): a warp takes DELTA_ROWS
+    # consecutive rows, lane l holds d = 4l .. 4l+3 of each (one 16-byte load an array), and
+    # each row's sum meets in warp_sum. Every load is issued before the first product (a row
+    # past T is row T-1 again, not stored).
+    _, H, T, D = out.shape
+    b = cuda.blockIdx.y // H
+    h = cuda.blockIdx.y - b * H
+    lane = cuda.threadIdx.x
+    d = 4 * lane
+    first = (cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y) * DELTA_ROWS
+    g = cuda.local.array((DELTA_ROWS, 4), float32)       # dout, out of this lane's 4 d
+    o = cuda.local.array((DELTA_ROWS, 4), float32)       # in each row
+    partial = cuda.local.array(DELTA_ROWS, float32)      # and their dot product
+    for r in range(DELTA_ROWS):
+        partial[r] = float32(0.0)
+    if d < D:
+        for r in range(DELTA_ROWS):                      # every load first, ...
+            t = min(first + r, T - 1)
+            g[r, 0], g[r, 1], g[r, 2], g[r, 3] = load4(dout, (b, h, t, d))
+            o[r, 0], o[r, 1], o[r, 2], o[r, 3] = load4(out, (b, h, t, d))
+        for r in range(DELTA_ROWS):                      # ... then the products
+            for i in range(4):
+                partial[r] += g[r, i] * o[r, i]
+    for r in range(DELTA_ROWS):
+        total = warp_sum(partial[r])                     # every lane of the warp calls it
+        if lane == 0 and first + r < T:
+            delta[b, h, first + r] = total
+
+
+def row_delta(delta, dout, out):
+    """delta[B,H,T] = dout . out along D (the backward's first pass)."""
+    B, H, T, D = out.shape
+    launch(delta_kernel, (blocks(T, DELTA_WARPS * DELTA_ROWS), B * H), (WARP, DELTA_WARPS),
+           delta, dout, out)
+
+
 def forward(out, lse, q, k, v):
     B, H, T, D = q.shape
     launch(forward_kernel(D), (B * H, blocks(T, ROWS)), THREADS, out, lse, q, k, v,
@@ -363,14 +409,14 @@ _deltas = {}
 
 
 def backward(dq, dk, dv, dout, q, k, v, out, lse):
-    """delta first (the package's kernel), then the dq kernel and the dk/dv kernel."""
+    """delta first, then the dq kernel and the dk/dv kernel."""
     B, H, T, D = q.shape
     if (B, H, T) not in _deltas:      # (delta_i = dout_i . out_i, the backward's scratch)
         _deltas[B, H, T] = cuda.device_array((B, H, T), np.float32)
     delta = _deltas[B, H, T]
     scale = np.float32(1.0 / math.sqrt(D))
     scale_log2 = np.float32(LOG2E * scale)
-    attention_delta(delta, dout, out)
+    row_delta(delta, dout, out)
     grid = (B * H, blocks(T, ROWS))
     launch(dq_kernel(D), grid, THREADS, dq, dout, q, k, v, lse, delta, scale_log2, scale)
     launch(dkdv_kernel(D), grid, THREADS, dk, dv, dout, q, k, v, lse, delta, scale_log2, scale)

@@ -1,14 +1,12 @@
-"""The package's mma.sync attention (nanoandrea/kernels/attention_bf16.py): v8, pipelined, and its
-softmax on an instruction diet.
-H200 2026-12-02: fwd 0.189 ms (0.43x SDPA bf16), fwd+bwd 0.760 ms (0.47x) at [16,12,1024,64]
-(the package's kernels, each call rounding its float32 operands: tools/bench.py --only
-attention --precision bf16; with the first step below only, 2026-12-01: 1.198 ms, 0.30x)
+"""The package's mma.sync attention (kernels/attention/mma_sync.py): v8 pipelined, lean softmax.
+H200 2026-12-02: fwd+bwd 0.47x SDPA bf16 at [16,12,1024,64] (fwd 0.43x), rounding q, k, v each call
 
 Two steps since v8, both in the package:
-  staging    q, k, v and dout are rounded once into bf16 words in device memory (heads_bf16:
-             one pass, half the bytes), so that a streamed tile is a run of whole 16-byte
-             chunks that cp.async copies into shared memory without registers, one tile
-             ahead of the products (two stages, one barrier a tile)
+  staging    q, k, v and dout are rounded once into bf16 words in device memory
+             (operands.heads_bf16: one pass, half the bytes), so that a streamed tile is a
+             run of whole 16-byte chunks that cp.async copies into shared memory without
+             registers, one tile ahead of the products (two stages, one barrier a tile):
+             0.30x SDPA bf16 with this step alone
   softmax    v8's forward issued 703 instructions a tile for its 64 HMMA (Nsight Compute: 62%
              of cycles issuing, 2.56 IPC): libdevice's exp2f (a test and two multiplies a
              value), a scale multiply and a subtract a score, the causal mask's 64-bit compares
@@ -24,8 +22,8 @@ package takes these kernels on GPUs before Hopper; on Hopper, v10's (kernel="mma
 import numpy as np
 from numba import cuda
 
-from nanoandrea.kernels.attention_bf16 import (HEAD_SIZES, attention_backward_bf16,  # noqa: F401
-                                               attention_forward_bf16)
+from nanoandrea.kernels.attention import attention_backward_bf16, attention_forward_bf16
+from nanoandrea.kernels.attention.mma_sync import HEAD_SIZES  # noqa: F401 (what run.py reads)
 
 PRECISION = "bf16"
 

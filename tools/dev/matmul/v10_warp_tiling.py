@@ -1,5 +1,5 @@
 """Not kept: warp tiling, a warp on 4 x 8 threads of the grid.
-H200 2026-12-01: 0.92x cuBLAS float32, 44.0 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
+H200 2026-12-01: 0.92x cuBLAS float32 at 16384x3072x768 (44.0 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; M, N multiples of 128, K of 16
 
@@ -15,8 +15,8 @@ stores and the order in which the warps' loads meet memory are the candidates; n
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
-from nanoandrea.kernels.vector import load4, store4
+from nanoandrea.kernels.runtime.launch import SIMULATOR, inlined, launch
+from nanoandrea.kernels.ptx.vector import load4, store4
 
 MULTIPLE_OF = (128, 128, 16)    # M, N, K (no edge checks)
 BM, BN, BK = 128, 128, 8        # block tile, K slice

@@ -1,5 +1,5 @@
 """Tensor cores: bf16 operands, float32 sums, one warp's mma.sync of 16 x 8 x 16 at a time.
-H200, 2026-12-01: 0.708 ms at 16384x3072x768, 109 TFLOP/s, 0.16x cuBLAS bf16 (tools/dev/run.py)
+H200 2026-12-01: 0.16x cuBLAS bf16 at 16384x3072x768 (109 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]     a, b bf16 (uint32 arrays of pairs: [M, K/2], [K, N/2]),
                                    out float32; M, N multiples of 128, K of 32
@@ -20,8 +20,9 @@ and used by only 4 mma's.
 """
 from numba import cuda, float32, uint32
 
-from nanoandrea.kernels.launch import launch
-from nanoandrea.kernels.tensorcores import ldmatrix_x4, ldmatrix_x4_trans, load4_u32, mma_bf16, store4_u32
+from nanoandrea.kernels.ptx.mma import (ldmatrix_x4, ldmatrix_x4_trans, load4_u32, mma_bf16,
+                                        store4_u32)
+from nanoandrea.kernels.runtime.launch import launch
 
 PRECISION = "bf16"              # (tools/dev/run.py: operands packed bf16, cuBLAS bf16 beside)
 MULTIPLE_OF = (128, 128, 32)

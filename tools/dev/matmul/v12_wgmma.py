@@ -1,17 +1,18 @@
 """Hopper's warpgroup mma (wgmma): operands from swizzled shared memory, cp.async pipeline.
-H200 2026-12-02: 0.41x cuBLAS bf16, 288 TFLOP/s at 16384x3072x768; 0.61x at 16384x768x3072
+H200 2026-12-02: 0.41x cuBLAS bf16 at 16384x3072x768 (288 TFLOP/s), 0.61x at 16384x768x3072
 
     out[M,N] = a[M,K] @ b[K,N]     a, b bf16 (uint32 arrays of pairs: [M, K/2], [K, N/2]),
                                    out float32; M, N multiples of 128, K of 64
 
-mma.sync (v11 and the product's matmul_bf16) is a warp's instruction on operands in its
+mma.sync (v11 and the package's matmul/mma_sync.py) is a warp's instruction on operands in its
 registers: every fragment is first loaded from shared memory by ldmatrix, and the H200 gives it
-at most about 530-570 TFLOP/s. Hopper's own instruction is wgmma (kernels/wgmma.py): one instruction
-for a warpgroup of 128 threads, D [64,128] += A [64,16] B [16,128], A and B read by the tensor
-cores straight from shared memory, named by matrix descriptors, the instruction asynchronous
-(issued, then waited for). No ldmatrix, no fragment registers; what it asks for is shared
-memory in one of its canonical layouts: here the 128-byte swizzle, for a K-major (each row of
-a slice: 64 k, 128 bytes) and for b n-major (as b lies in memory: rows of 64 n, 128 bytes).
+at most about 530-570 TFLOP/s. Hopper's own instruction is wgmma (kernels/ptx/wgmma.py): one
+instruction for a warpgroup of 128 threads, D [64,128] += A [64,16] B [16,128], A and B read by
+the tensor cores straight from shared memory, named by matrix descriptors, the instruction
+asynchronous (issued, then waited for). No ldmatrix, no fragment registers; what it asks for is
+shared memory in one of its canonical layouts: here the 128-byte swizzle, for a K-major (each
+row of a slice: 64 k, 128 bytes) and for b n-major (as b lies in memory: rows of 64 n, 128
+bytes).
 
 A block of 2 warpgroups (256 threads) computes a 128 x 128 tile of out, warpgroup w rows 64w
 .. 64w+63, all 128 columns: one m64n128 accumulator of 64 float32 a thread. K advances 64 at
@@ -26,7 +27,7 @@ c ^ (r % 8)), as v7 fills its stages:
   - the copies of slice s + STAGES - 1 go into that free stage (an empty group past K, so the
     count of groups in flight stays the same);
   - wgmma.fence, 4 wgmma's (k 0-15, ..., 48-63 of the slice), commit, wait for them.
-The epilogue writes acc by wgmma's D layout (kernels/wgmma.py), two floats a store.
+The epilogue writes acc by wgmma's D layout (kernels/ptx/wgmma.py), two floats a store.
 
 What it leaves for later: each warpgroup waits for its wgmma's before the next slice (the
 tensor cores idle during the barrier and the copies' issue; the second block on the SM fills
@@ -35,9 +36,9 @@ epilogue goes straight from registers to global memory.
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
-from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
-from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
+from nanoandrea.kernels.ptx.asynccopy import commit_copies, copy16_async, wait_copies
+from nanoandrea.kernels.runtime.launch import SIMULATOR, inlined, launch
+from nanoandrea.kernels.ptx.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
                    dynamic_shared_words, fence_proxy_async, wgmma_commit, wgmma_fence,
                    wgmma_m64n128k16, wgmma_wait)
 

@@ -1,5 +1,5 @@
 """wgmma on 128 x 256 tiles: a quarter fewer bytes from L2 a flop, one block an SM.
-H200 2026-12-02: 0.37x cuBLAS bf16, 260 TFLOP/s at 16384x3072x768 (slower than v12's 288)
+H200 2026-12-02: 0.37x cuBLAS bf16 at 16384x3072x768 (260 TFLOP/s; v12 288)
 
     out[M,N] = a[M,K] @ b[K,N]     as v12: a, b bf16 (uint32 pairs), out float32;
                                    M multiple of 128, N of 256, K of 64
@@ -27,16 +27,19 @@ The epilogue writes each accumulator as v12 does.
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.asynccopy import commit_copies, copy16_async, wait_copies
-from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
-from v12_wgmma import B_HALF_WORDS, ROW_WORDS, multiply, store_tile
-from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, atom_start, dynamic_shared_words,
-                   fence_proxy_async, wgmma_commit, wgmma_fence, wgmma_wait,
-                   wgmma_wait_but_one)
+from nanoandrea.kernels.ptx.asynccopy import commit_copies, copy16_async, wait_copies
+from nanoandrea.kernels.ptx.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
+                                          dynamic_shared_words, fence_proxy_async, wgmma_commit,
+                                          wgmma_fence, wgmma_m64n128k16, wgmma_wait,
+                                          wgmma_wait_but_one)
+from nanoandrea.kernels.runtime.launch import SIMULATOR, inlined, launch
 
 PRECISION = "bf16"
 MULTIPLE_OF = (128, 256, 64)
 BM, BN, BK = 128, 256, 64       # block tile, K slice
+ROW_WORDS = 32                  # a swizzled row: 128 bytes, 32 uint32 words (8 chunks of 4)
+B_HALF_WORDS = BK * ROW_WORDS   # a block of 64 columns of b's slice: 64 rows (k) x 64 n, 8 KB
+ACC_COLUMNS = 128               # an accumulator's columns (an m64n128 wgmma's)
 THREADS = 256                   # 2 warpgroups, each 64 rows x 256 columns
 STAGES = 4                      # slices in shared memory
 AHEAD = 2                       # slices whose copies are in flight beyond the one multiplied
@@ -47,6 +50,7 @@ A_COPIES = BM * (BK // 8) // THREADS        # 16-byte copies a thread makes of a
 B_COPIES = BK * (BN // 8) // THREADS        # ... and of b (8)
 WAIT_FOR_SLICE = wait_copies(AHEAD - 1)
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
+multiply = wgmma_m64n128k16(K_MAJOR, MN_MAJOR(4 * B_HALF_WORDS))
 
 
 @cuda.jit(**BOUNDS)
@@ -112,6 +116,18 @@ def copy_slice(tiles, stage, a, b, m0, n0, k0, tid):
         copy16_async(tiles, (stage + A_WORDS + block * B_HALF_WORDS + k * ROW_WORDS
                              + 4 * (q8 ^ (k % 8)),),
                      b, (k0 + k, n0 // 2 + 4 * q), True)
+
+
+@inlined
+def store_tile(out, acc, row0, col0, thread):
+    """out[row0:+64, col0:+128] = a warpgroup's accumulator, by wgmma's D layout: thread
+    32 w + 4 g + t holds rows 16 w + g and 16 w + g + 8, columns 8 j + 2 t and 8 j + 2 t + 1."""
+    warp, lane = thread // 32, thread % 32
+    row = row0 + 16 * warp + lane // 4
+    col = col0 + 2 * (lane % 4)
+    for j in range(ACC_COLUMNS // 8):
+        out[row, col + 8 * j], out[row, col + 8 * j + 1] = acc[4 * j], acc[4 * j + 1]
+        out[row + 8, col + 8 * j], out[row + 8, col + 8 * j + 1] = acc[4 * j + 2], acc[4 * j + 3]
 
 
 def matmul(out, a, b):

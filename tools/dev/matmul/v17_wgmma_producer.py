@@ -1,5 +1,5 @@
 """wgmma fed by a producer warpgroup through mbarriers: no block barrier, a group in flight.
-H200 2026-12-03: 0.31x cuBLAS bf16, 217 TFLOP/s at 16384x3072x768 (v16: 419); 0.38x at 16384x768x3072
+H200 2026-12-03: 0.31x cuBLAS bf16 at 16384x3072x768, 0.38x at 16384x768x3072
 
     out[M,N] = a[M,K] @ b[K,N]     as v12: a, b bf16 (uint32 pairs), out float32;
                                    M multiple of 128, N of 256, K of 64
@@ -28,24 +28,26 @@ n % 4 in its (n // 4)-th round: the consumers wait for `full` phase parity (n //
 producer for `empty` parity ((n // 4) & 1) ^ 1 (a fresh barrier counts its "previous" phase,
 parity 1, as complete: the first round does not wait).
 
-The mbarrier instructions are the package's (nanoandrea/kernels/tma.py: inline PTX, sm_80+,
+The mbarrier instructions are the package's (nanoandrea/kernels/ptx/tma.py: inline PTX, sm_80+,
 try_wait sm_90; under the simulator a twin keeps each barrier's pending count and phase in a
 dict), and the cp.async arrival this version's own; in the simulator it arrives at once (its
 copy already has).
 """
 from numba import cuda, float32, int32
 
-from nanoandrea.kernels.asynccopy import copy16_async
-from nanoandrea.kernels.launch import MULTIPROCESSORS, SIMULATOR, inlined, launch
-from nanoandrea.kernels.tma import mbarrier_arrive, mbarrier_init, wait_phase
-from nanoandrea.kernels.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
-                                      dynamic_shared_words, fence_for, fence_proxy_async,
-                                      wait_for, wgmma_commit, wgmma_m64nNk16)
-from v12_wgmma import B_HALF_WORDS, ROW_WORDS
+from nanoandrea.kernels.ptx.asynccopy import copy16_async
+from nanoandrea.kernels.ptx.tma import mbarrier_arrive, mbarrier_init, wait_phase
+from nanoandrea.kernels.ptx.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, atom_start,
+                                          dynamic_shared_words, fence_for, fence_proxy_async,
+                                          wait_for, wgmma_commit, wgmma_m64nNk16)
+from nanoandrea.kernels.runtime import device
+from nanoandrea.kernels.runtime.launch import SIMULATOR, inlined, launch
 
 PRECISION = "bf16"
 MULTIPLE_OF = (128, 256, 64)
 BM, BN, BK = 128, 256, 64       # block tile, K slice
+ROW_WORDS = 32                  # a swizzled row: 128 bytes, 32 uint32 words (8 chunks of 4)
+B_HALF_WORDS = BK * ROW_WORDS   # a block of 64 columns of b's slice: 64 rows (k) x 64 n, 8 KB
 GROUP = 128                     # threads a warpgroup
 THREADS = 3 * GROUP             # the producer, then two consumers of 64 rows each
 STAGES = 4
@@ -54,7 +56,6 @@ STAGE_WORDS = A_WORDS + 4 * B_HALF_WORDS    # then b's four blocks of 64 k x 64 
 A_COPIES = BM * (BK // 8) // GROUP          # 16-byte copies a producer thread makes of a (8)
 B_COPIES = BK * (BN // 8) // GROUP          # ... and of b (16)
 SUMS = BN // 2                  # a consumer thread's float32s of its 64 x 256 (128)
-RESIDENT = 1 if SIMULATOR else MULTIPROCESSORS
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
 multiply = wgmma_m64nNk16(BN, K_MAJOR, MN_MAJOR(4 * B_HALF_WORDS))
 fence_sums, wait_all, wait_but_one = fence_for(SUMS), wait_for(SUMS), wait_for(SUMS, pending=1)
@@ -62,7 +63,7 @@ fence_sums, wait_all, wait_but_one = fence_for(SUMS), wait_for(SUMS), wait_for(S
 if SIMULATOR:
     copies_arrive = mbarrier_arrive     # (the simulator's copies have landed already)
 else:
-    from nanoandrea.kernels.tma import barrier_instruction
+    from nanoandrea.kernels.ptx.tma import barrier_instruction
 
     copies_arrive = barrier_instruction("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];")
 
@@ -90,9 +91,9 @@ def start_block(tiles, out, a, full_arrivals, more_words):
 
 @cuda.jit(**BOUNDS)
 def wgmma_producer_kernel(out, a, b):
-    # out[M,N] = a . b; grid: up to RESIDENT blocks, each taking tiles blockIdx.x, + grid, ...
-    # (down m first); block THREADS; dynamic shared STAGES x STAGE_WORDS from the first
-    # 1024-byte boundary, then the barriers (start_block); full[s] counts the producer's
+    # out[M,N] = a . b; grid: up to resident_blocks() blocks, each taking tiles blockIdx.x,
+    # + grid, ... (down m first); block THREADS; dynamic shared STAGES x STAGE_WORDS from the
+    # first 1024-byte boundary, then the barriers (start_block); full[s] counts the producer's
     # threads' copies
     tiles = dynamic_shared_words()
     first, barriers, tiles_m, items, slices, group, thread = start_block(tiles, out, a, GROUP, 0)
@@ -184,7 +185,12 @@ def copy_slice(tiles, stage, a, b, m0, n0, k0, thread):
                      b, (k0 + k, n0 // 2 + 4 * q), True)
 
 
+def resident_blocks():
+    """One block an SM (the simulator's one, taking every tile)."""
+    return 1 if SIMULATOR else device.current().multiprocessors
+
+
 def matmul(out, a, b):
     M, N = out.shape
-    launch(wgmma_producer_kernel, min(RESIDENT, (M // BM) * (N // BN)), THREADS, out, a, b,
-           shared_bytes=4 * STAGES * STAGE_WORDS + ATOM_BYTES + 16 * STAGES)
+    launch(wgmma_producer_kernel, min(resident_blocks(), (M // BM) * (N // BN)), THREADS, out,
+           a, b, shared_bytes=4 * STAGES * STAGE_WORDS + ATOM_BYTES + 16 * STAGES)

@@ -1,5 +1,5 @@
 """Naive: a thread per element of out, read from global memory.
-H200 2026-12-01: 0.03x cuBLAS float32, 1.3 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
+H200 2026-12-01: 0.03x cuBLAS float32 at 16384x3072x768 (1.3 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; any M, N, K
 
@@ -13,7 +13,7 @@ using a value many times once it has been loaded.
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import blocks, launch
+from nanoandrea.kernels.runtime.launch import blocks, launch
 
 MULTIPLE_OF = (1, 1, 1)     # M, N, K: any shape
 THREADS = 16                # a block of 16 x 16 threads computes a 16 x 16 tile of out

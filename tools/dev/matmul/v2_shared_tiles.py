@@ -1,9 +1,9 @@
 """Shared-memory tiles, 16 x 16: each loaded value used 16 times.
-H200 2026-12-01: 0.17x cuBLAS float32, 8.0 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
+H200 2026-12-01: 0.17x cuBLAS float32 at 16384x3072x768 (8.0 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; any M, N, K (edges zero-filled)
 
-The idea of the package's reference kernel (nanoandrea/kernels/matmul.py, matmul_tiled_kernel).
+The idea of the package's reference kernel (nanoandrea/kernels/matmul/reference.py).
 A block of 16 x 16 threads computes a 16 x 16 tile of out. K advances 16 at a time: each thread
 copies one element of a's 16 x 16 slice and one of b's into shared memory, the block waits at a
 barrier, and then every thread multiplies its row of the a tile by its column of the b tile
@@ -15,7 +15,7 @@ The next version keeps values in registers instead.
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import blocks, launch
+from nanoandrea.kernels.runtime.launch import blocks, launch
 
 MULTIPLE_OF = (1, 1, 1)     # M, N, K: any shape
 TILE = 16

@@ -1,5 +1,5 @@
 """Register blocking: 128x128 a block, 8x8 a thread, in registers.
-H200 2026-12-01: 0.29x cuBLAS float32, 14.0 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
+H200 2026-12-01: 0.29x cuBLAS float32 at 16384x3072x768 (14.0 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; M, N multiples of 128, K of 16
 
@@ -19,7 +19,7 @@ the next slice arrives from global memory.
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import launch
+from nanoandrea.kernels.runtime.launch import launch
 
 MULTIPLE_OF = (128, 128, 16)    # M, N, K (no edge checks)
 BM, BN, BK = 128, 128, 8        # block tile, K slice

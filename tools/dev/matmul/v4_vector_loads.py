@@ -1,5 +1,5 @@
 """16-byte loads and stores, k-major tiles, padded transposed a.
-H200 2026-12-01: 0.68x cuBLAS float32, 32.6 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
+H200 2026-12-01: 0.68x cuBLAS float32 at 16384x3072x768 (32.6 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; M, N multiples of 128, K of 16
 
@@ -20,8 +20,8 @@ v3's 170 (ptxas), so two blocks (16 warps) share a multiprocessor.
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import launch
-from nanoandrea.kernels.vector import load4, store4
+from nanoandrea.kernels.runtime.launch import launch
+from nanoandrea.kernels.ptx.vector import load4, store4
 
 MULTIPLE_OF = (128, 128, 16)    # M, N, K (no edge checks)
 BM, BN, BK = 128, 128, 8        # block tile, K slice

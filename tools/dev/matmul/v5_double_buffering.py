@@ -1,5 +1,5 @@
 """Double buffering (next slice loads meanwhile), 8 steps unrolled.
-H200 2026-12-01: 0.89x cuBLAS float32, 42.6 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
+H200 2026-12-01: 0.89x cuBLAS float32 at 16384x3072x768 (42.6 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; M, N multiples of 128, K of 16
 
@@ -21,12 +21,12 @@ two blocks need to share a multiprocessor's 64K: then one block's warps multiply
 other's wait at a barrier. Left to itself ptxas lands on either side of 128 with small changes
 to this code (126 to 149 registers for variants of the loop), and with one block the 8 warps
 all wait at the same barriers.
-This is the main loop of the package's fast kernel (nanoandrea/kernels/matmul.py; v6 runs it).
+This is the main loop of the package's float32 kernel (kernels/matmul/float32.py; v6 runs it).
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
-from nanoandrea.kernels.vector import load4, store4
+from nanoandrea.kernels.runtime.launch import SIMULATOR, inlined, launch
+from nanoandrea.kernels.ptx.vector import load4, store4
 
 MULTIPLE_OF = (128, 128, 16)    # M, N, K (no edge checks)
 BM, BN, BK = 128, 128, 8        # block tile, K slice

@@ -1,5 +1,5 @@
 """Not kept: cp.async, 3 slices in flight, no staging registers.
-H200 2026-12-01: 0.86x cuBLAS float32, 41.1 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
+H200 2026-12-01: 0.86x cuBLAS float32 at 16384x3072x768 (41.1 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; M, N multiples of 128, K of 16
 
@@ -24,9 +24,9 @@ slots the FFMAs need.
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
-from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
-from nanoandrea.kernels.vector import load4, store4
+from nanoandrea.kernels.ptx.asynccopy import commit_copies, copy4_async, copy16_async, wait_copies
+from nanoandrea.kernels.runtime.launch import SIMULATOR, inlined, launch
+from nanoandrea.kernels.ptx.vector import load4, store4
 
 MULTIPLE_OF = (128, 128, 16)    # M, N, K (no edge checks)
 BM, BN, BK = 128, 128, 8        # block tile, K slice

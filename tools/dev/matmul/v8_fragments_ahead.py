@@ -1,5 +1,5 @@
 """Not kept: shared-memory fragments read a step ahead (two sets).
-H200 2026-12-01: 0.92x cuBLAS float32, 43.9 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
+H200 2026-12-01: 0.92x cuBLAS float32 at 16384x3072x768 (43.9 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; M, N multiples of 128, K of 16
 
@@ -17,8 +17,8 @@ by the other block's warps on the multiprocessor.
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import SIMULATOR, inlined, launch
-from nanoandrea.kernels.vector import load4, store4
+from nanoandrea.kernels.runtime.launch import SIMULATOR, inlined, launch
+from nanoandrea.kernels.ptx.vector import load4, store4
 
 MULTIPLE_OF = (128, 128, 16)    # M, N, K (no edge checks)
 BM, BN, BK = 128, 128, 8        # block tile, K slice

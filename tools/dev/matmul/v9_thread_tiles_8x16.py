@@ -1,5 +1,5 @@
 """Not kept: 8x16 a thread, 128x256 a block (CUTLASS's SIMT tile).
-H200 2026-12-01: 0.80x cuBLAS float32, 38.2 TFLOP/s at 16384x3072x768 (tools/dev/run.py)
+H200 2026-12-01: 0.80x cuBLAS float32 at 16384x3072x768 (38.2 TFLOP/s)
 
     out[M,N] = a[M,K] @ b[K,N]          float32, row-major; M a multiple of 128, N of 256, K of 16
 
@@ -15,8 +15,8 @@ do not hide the shared loads' latency with the instruction order ptxas gives thi
 """
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import inlined, launch
-from nanoandrea.kernels.vector import load4, store4
+from nanoandrea.kernels.runtime.launch import inlined, launch
+from nanoandrea.kernels.ptx.vector import load4, store4
 
 MULTIPLE_OF = (128, 256, 16)    # M, N, K (no edge checks)
 BM, BN, BK = 128, 256, 8        # block tile, K slice

@@ -3,7 +3,8 @@ Shakespeare, every 5th line swapped for a line of other scripts (Greek, Cyrillic
 Devanagari, Hangul, emoji, accented Latin) and every 50th for random code points, so the text
 is not only English words a piece cache has seen.
 
-    python tools/make_corpus.py OUT --megabytes 2000 [--format jsonl|jsonl.gz|txt] [--seed 0]
+    python tools/data/make_corpus.py OUT --megabytes 2000 [--format jsonl|jsonl.gz|txt]
+                                     [--seed 0]
 
 jsonl: OUT/corpus-000.jsonl, ... of 256 MB each, one {"text": ...} a line; txt: OUT/000/00000.txt,
 ... one document a file. Documents are 2 to 20 kB of UTF-8; the same seed gives the same corpus.
@@ -15,7 +16,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from nanoandrea.data import DEFAULT_CORPUS  # noqa: E402
 

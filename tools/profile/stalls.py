@@ -3,9 +3,9 @@ warp-state samples from the source page of one profiled launch, exported as CSV.
 
     ncu --clock-control none -k regex:wgmma --launch-skip 2 --launch-count 1 \\
         --section WarpStateStats --section SourceCounters -o stalls -f \\
-        python3 tools/run_once.py matmul --precision bf16 --epilogue gelu
+        python3 tools/profile/run_once.py matmul --precision bf16 --epilogue gelu
     ncu -i stalls.ncu-rep --page source --csv --print-source sass > stalls.csv
-    python3 tools/stalls.py stalls.csv
+    python3 tools/profile/stalls.py stalls.csv
 
 A sample names the instruction a warp is at and why it did not issue (or that it did). The
 summary adds them up by the kind of instruction (the tensor cores' HGMMA and their waits, the

@@ -2,9 +2,11 @@
 registers, spills, stack frame (local memory), shared memory, and its performance warnings
 (C7512 and the like: a kernel's wgmma serialized, each waited for before the next).
 
-    CUDA_HOME=/usr/local/cuda python tools/kernel_report.py [--sass] [--only matmul]
+    CUDA_HOME=/usr/local/cuda python tools/profile/kernel_report.py [--sass] [--only matmul]
+    python tools/profile/kernel_report.py --ptx FOLDER      # each kernel's PTX, to diff two trees
+    python tools/profile/kernel_report.py --ladder v12,v13  # matmul ladder versions instead
 
-(NANOANDREA_INLINER=nvvm compiles them several times faster. The H200 machine's own build of the
+(NANOANDREA_INLINER=nvvm compiles them several times faster. A GPU machine's own build of the
 same PTX can differ from this one, so its registers are a lead, not a measurement.)
 
 Needs NVVM from a CUDA toolkit (CUDA_HOME), ptxas and NVRTC (a toolkit's, or the pip wheels of
@@ -12,7 +14,15 @@ the `tools` extra), but no GPU. A register-blocked kernel whose accumulators lan
 memory shows a stack frame here long before it shows up as a slow timing on the device.
 --sass disassembles each kernel (cuobjdump), counts its global loads and stores by width
 (LDG.E.128 is a 16-byte load) and describes its loops: how many instructions an inner loop
-spends besides its FFMAs is the first thing to read about a matmul.
+spends besides its FFMAs is the first thing to read about a matmul, and counts its
+tensor-core, copy and barrier instructions.
+
+--ladder compiles versions of the matmul ladder (tools/dev/matmul/vN_*.py) for sm_90a: a
+version's kernels are its module's @cuda.jit kernels and those its `kernels()` makes (a
+version whose kernels come from a factory: {name: kernel}), their arguments matmul's, (out, a,
+b): out float32 and a, b uint32 pairs of bf16 for a PRECISION = "bf16" version, else float32,
+then the types of its EXTRA_ARGUMENTS if it has more (v18's tensor maps). Launch bounds are the
+kernel's own.
 """
 import argparse
 import os
@@ -21,11 +31,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+TOOLS = Path(__file__).resolve().parents[1]
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"    # (it compiles for sm_90: never in the simulator)
+sys.path.insert(0, str(TOOLS.parent))
 
-from numba import cuda, float32, int32, int64, types  # noqa: E402
+from numba import cuda, float32, int32, int64, types, uint32  # noqa: E402
 
 from nanoandrea.kernels import crossentropy, gelu, heads, layernorm  # noqa: E402
 from nanoandrea.kernels.attention import float32 as attention  # noqa: E402
@@ -88,7 +101,7 @@ def kernels():
                    (V4, A3, A4, A4, A4, float32, *DROP, int64))
         yield f"attention dk/dv D={D}, dropout", attention.dkdv_kernel(D, dkdv_tile, True), \
             (V4, V4, A4, V4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
-    W4 = types.uint32[:, :, :, ::1]             # attention_bf16's heads in bf16 pairs
+    W4 = types.uint32[:, :, :, ::1]             # the tensor-core attention's heads in bf16 pairs
     for D in attention_mma.HEAD_SIZES:
         for dropout in (False, True):
             named = f"D={D}{', dropout' if dropout else ''}"
@@ -196,7 +209,7 @@ def loops(code):
 
 
 def compile_for_sm90_offline():
-    """Device functions compiled on their own (kernels/launch.py `inlined` with
+    """Device functions compiled on their own (kernels/runtime/launch.py `inlined` with
     NANOANDREA_INLINER=nvvm: NVVM inlines them) ask numba-cuda for the current device's compute
     capability, which needs a driver: without a GPU, answer sm_90 (what compile_ptx is given
     below)."""
@@ -208,6 +221,45 @@ def compile_for_sm90_offline():
             compute_capability=(9, 0))
 
 
+def package_kernels():
+    """(name, kernel, signature, arch) of kernels(): arch "a" (sm_90a) for the wgmma modules'
+    kernels, the architecture-specific target numba-cuda picks by itself on a device of compute
+    capability 9.0 (wgmma exists there only)."""
+    wgmma_modules = (matmul_wgmma.__name__, attention_wgmma.__name__)
+    for name, kernel, signature in kernels():
+        yield name, kernel, signature, "a" if kernel.py_func.__module__ in wgmma_modules else ""
+
+
+def ladder_kernels(only):
+    """(name, kernel, signature, "a") of the matmul ladder versions `only` names (v12, or
+    v11,v12): the module's doc."""
+    sys.path.insert(0, str(TOOLS / "dev"))
+    from run import load, selected, versions
+    for path in selected(versions("matmul"), only):
+        module = load(path)
+        operand = uint32 if getattr(module, "PRECISION", "fp32") == "bf16" else float32
+        signature = ((float32[:, ::1], operand[:, ::1], operand[:, ::1])
+                     + tuple(getattr(module, "EXTRA_ARGUMENTS", ())))
+        made = module.kernels() if hasattr(module, "kernels") else {}
+        for name, kernel in list(vars(module).items()) + list(made.items()):
+            options = getattr(kernel, "targetoptions", None)   # (a Numba dispatcher's)
+            if isinstance(options, dict) and not options.get("device", True):
+                yield f"{path.stem}.{name}", kernel, signature, "a"
+
+
+SHOWN = ("HGMMA", "WARPGROUP", "HMMA", "LDSM", "LDGSTS", "LDGDEPBAR", "DEPBAR", "FENCE",
+         "MEMBAR", "BAR.SYNC", "SYNCS", "UTMA", "LDL", "STL")
+
+
+def instruction_counts(code):
+    """One line counting the kernel's tensor-core, copy, barrier and local-memory instructions
+    (SHOWN), as they stand in the code."""
+    ops = Counter(text.split()[1] if text.startswith("@") else text.split()[0]
+                  for _, text in code)
+    return "instructions: " + (", ".join(f"{n} {op}" for op, n in sorted(ops.items())
+                                         if op.startswith(SHOWN)) or "none of " + " ".join(SHOWN))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sass", action="store_true",
@@ -215,18 +267,17 @@ def main():
     parser.add_argument("--only", default="", help="kernels whose name contains this")
     parser.add_argument("--ptx", metavar="FOLDER", help="also write each kernel's PTX there (to "
                         "compare two versions of the code: `diff -r`, names aside)")
+    parser.add_argument("--ladder", metavar="VERSIONS", help="the matmul ladder's versions "
+                        "(v12, or v11,v12) instead of the package's kernels")
     args = parser.parse_args()
     ptxas = cuda_tool("ptxas")
     compile_for_sm90_offline()
+    targets = ladder_kernels(args.ladder) if args.ladder else package_kernels()
     with tempfile.TemporaryDirectory() as folder:
         source, cubin = Path(folder) / "kernel.ptx", Path(folder) / "kernel.cubin"
-        for name, kernel, signature in kernels():
+        for name, kernel, signature, arch in targets:
             if args.only not in name:
                 continue
-            # (wgmma exists on sm_90a only, the architecture-specific target numba-cuda picks
-            # by itself on a device of compute capability 9.0)
-            arch = "a" if kernel.py_func.__module__ in (matmul_wgmma.__name__,
-                                                        attention_wgmma.__name__) else ""
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0, arch) if arch else (9, 0),
                                       launch_bounds=kernel.targetoptions.get("launch_bounds"))
             source.write_text(ptx)
@@ -237,14 +288,14 @@ def main():
             result = subprocess.run([ptxas, f"-arch=sm_90{arch}", "-v", str(source), "-o",
                                      str(cubin)], capture_output=True, text=True)
             lines = [line.split("info    :")[-1].strip() for line in result.stderr.splitlines()
-                     if "registers" in line or "spill" in line]
+                     if re.search(r"Used \d+ registers|bytes spill", line)]
             # ptxas's performance warnings (C7510-C7515: wgmma serialized, and why)
             lines += [re.sub(r" for the function '.*", "", line.split("info    :")[-1].strip())
                       for line in result.stderr.splitlines() if "Potential Performance Loss" in line]
             print(f"{name:32s} {' | '.join(lines) or result.stderr.strip()}")
             if args.sass and result.returncode == 0:
                 code = disassemble(cubin)
-                for line in [global_accesses(code), *loops(code)]:
+                for line in [global_accesses(code), instruction_counts(code), *loops(code)]:
                     print(f"{'':32s}   {line}")
 
 

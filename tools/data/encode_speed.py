@@ -4,7 +4,7 @@ the same merges over a thread a core, 256-line chunks), tiktoken in one call, an
 `tokenizers` library's BPE from the same merges. Each must give the reference's
 ids; MB/s of UTF-8 text, the best of --repeat runs.
 
-    python tools/encode_speed.py [--vocab-size 2048] [--megabytes 8] [--repeat 3]
+    python tools/data/encode_speed.py [--vocab-size 2048] [--megabytes 8] [--repeat 3]
 
 The text: the embedded tiny Shakespeare repeated to --megabytes, every 7th line replaced by a
 line of other scripts and emoji (so that the piece cache of the reference does not see only
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

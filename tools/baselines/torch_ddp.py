@@ -1,11 +1,12 @@
 """PyTorch's DistributedDataParallel training the same GPT-2 model: the baseline of the
-two-GPU measurements (issue 30), started the way its users start it.
+several-GPU measurements, started the way its users start it.
 
-    torchrun --nproc_per_node 2 tools/torch_ddp.py --preset andrea-120m --batch-size 16 \
-        --block-size 1024 --precision bf16          # B a rank, as `nanoandrea train` is given B x 2
+    torchrun --nproc_per_node 2 tools/baselines/torch_ddp.py --preset andrea-120m \
+        --batch-size 16 --block-size 1024 --precision bf16      # B a rank, as `nanoandrea
+                                                                 # train` is given B x 2
 
-Each rank trains nanoandrea.torch_gpt.TorchGPT (SDPA attention, fused AdamW on a GPU) under
-DDP, NCCL on GPUs and gloo on the CPU, bf16 autocast or float32, on random tokens (what
+Each rank trains torch_gpt.TorchGPT, nanoGPT's GPT-2 (SDPA attention, fused AdamW on a GPU),
+under DDP, NCCL on GPUs and gloo on the CPU, bf16 autocast or float32, on random tokens (what
 tools/bench.py's end-to-end case feeds both models). After the warm-up steps, `--steps` steps
 are timed between two synchronisations; rank 0 prints the global tokens a second, and every
 rank a checksum of its parameters (DDP keeps them equal: the lines must agree).
@@ -18,14 +19,14 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from nanoandrea.config import get_preset  # noqa: E402
-from nanoandrea.torch_gpt import TorchGPT  # noqa: E402
+from torch_gpt import TorchGPT  # noqa: E402  (beside this file: Python puts its folder first)
 
 
 def main():
