@@ -104,7 +104,7 @@ def steps_time_ms(steps, repeat, warmup=3, seconds=0.5):
 
 
 def bench_e2e(args):
-    from nanoandrea.train import flops_per_token
+    from nanoandrea.mfu import flops_per_token
     theirs = {"bf16": "autocast bf16", "tf32": "float32, TF32 on"}.get(args.precision, "float32")
     print(f"end to end: training steps (forward, backward, AdamW), matmuls {args.precision} "
           f"(PyTorch {theirs}), steady state")
@@ -251,7 +251,7 @@ def bench_train(args):
     from nanoandrea.data import BatchSampler, Dataset, resolve_data
     from nanoandrea.model import GPT
     from nanoandrea.optim import AdamW, learning_rate
-    from nanoandrea.train import flops_per_token
+    from nanoandrea.mfu import flops_per_token
     print(f"train: andrea-12m, tiny Shakespeare, B=64, T=256, {args.train_steps} steps")
     data = Dataset(resolve_data(None, "char", cache_dir=args.cache))
     config = get_preset("andrea-12m", vocab_size=data.vocab_size, dropout=0.0)
