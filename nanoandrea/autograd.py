@@ -14,7 +14,7 @@ added to (`summed_grad`; which also makes gradient accumulation over micro-batch
 An op may hand its output's gradient on as an input's without a copy (`share_grad`: the residual
 add passes it to both its inputs). A shared buffer is then never added to in place (that would
 change the other tensor's gradient too): a later gradient of that tensor goes to a new buffer,
-the old one added in (`grad_apart`: by the kernel that makes it, as layer norm's backward
+the old one added in (`grad_out_of_place`: by the kernel that makes it, as layer norm's backward
 does; `grad_slot`: a copy first).
 
 A gradient may still be in the making when the tape moves on (written on another stream:
@@ -97,7 +97,7 @@ def share_grad(tensor, buffer):
     tensor.shared = True
 
 
-def grad_apart(tensor):
+def grad_out_of_place(tensor):
     """(buffer, prior) for a kernel that writes buffer = prior + its gradient of tensor: prior
     None for the first gradient to reach it; buffer is prior itself unless prior is shared."""
     _ready(tensor)
@@ -110,7 +110,7 @@ def grad_apart(tensor):
 
 def grad_slot(tensor):
     """(buffer, accumulate): where a backward writes tensor's gradient, and whether it adds."""
-    buffer, prior = grad_apart(tensor)
+    buffer, prior = grad_out_of_place(tensor)
     if prior is not None and prior is not buffer:       # (shared: added to a copy)
         tensor.backend.add_into(buffer, prior)
     return buffer, prior is not None

@@ -309,7 +309,7 @@ class GradientBuckets:
     backward finishes last, and ln_f). A bucket is the contiguous ranges of the buffer its
     parameters fill, all-reduced together as one NCCL group as soon as backward has run
     every node that writes one of its gradients, beside the rest of backward on the step's
-    second stream (schedule.beside): the layers below compute while a layer's gradients
+    second stream (schedule.on_second_stream): the layers below compute while a layer's gradients
     travel. Without a second stream (the CPU, an eager GPU step) the same calls run in line."""
 
     def __init__(self, store, communicator):
@@ -358,7 +358,7 @@ class GradientBuckets:
 
     def launch(self, bucket):
         grads = self.store.grads
-        with schedule.beside():
+        with schedule.on_second_stream():
             self.communicator.all_reduce([grads[start:end] for start, end in self.ranges[bucket]])
         self.launched[bucket] = True
 
@@ -368,7 +368,7 @@ class GradientBuckets:
         for bucket, done in enumerate(self.launched):
             if not done:
                 self.launch(bucket)
-        with schedule.beside():
+        with schedule.on_second_stream():
             self.communicator.all_reduce([loss])
         schedule.join()
         self.launched = [False] * len(self.names)

@@ -3,7 +3,7 @@
 Every function here has the same shape: allocate the output, call the backend's forward,
 then `record(output, inputs, backward)` with a closure that calls the backend's backward
 kernels. `grad_slot(t)` says where t's gradient goes and whether to add to it.
-`schedule.beside` marks work that may run on a second stream in a captured step (the weight
+`schedule.on_second_stream` marks work that may run on a second stream in a captured step (the weight
 gradients; a layer's K and V products): without one it runs where it stands.
 Shapes: B batch, T time, C width, H heads, D = C/H head size, V vocabulary, N = B*T.
 """
@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import schedule
-from .autograd import (Tensor, grad_apart, grad_enabled, grad_slot, record, share_grad,
+from .autograd import (Tensor, grad_out_of_place, grad_enabled, grad_slot, record, share_grad,
                        summed_grad)
 from .batch import TokenBatch
 
@@ -103,9 +103,9 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     weight_t = schedule.transposed_weight(backend, w, rows.shape[0]) if needs_dx else None
 
     def backward():
-        # (before `beside`: both products read dY's operand)
+        # (before `on_second_stream`: both products read dY's operand)
         dy, dy_operand = _rows_and_operand(y.grad, N, backend)
-        with schedule.beside(weight, bias):     # nothing below needs dW and db
+        with schedule.on_second_stream(weight, bias):     # nothing below needs dW and db
             if weight.requires_grad:
                 dw, accumulate = grad_slot(weight)
                 if transpose_weight:                                # dW[N,K] = dY^T . X
@@ -182,7 +182,7 @@ def linears(x, *weights_and_biases, heads=None):
         return y if heads is None else split_heads(y, heads)
 
     (w, b), rest = weights_and_biases[0], weights_and_biases[1:]
-    with schedule.beside():
+    with schedule.on_second_stream():
         others = [product(*pair) for pair in rest]
     first = product(w, b)
     schedule.join()
@@ -296,7 +296,7 @@ class SplitHeads(Tensor):
         self._heads = value
 
 
-class HeadsOfConcat(Tensor):
+class HeadsInConcat(Tensor):
     """attention's output [B,H,T,D]: a heads_view of `concat`, a [B,T,C] array, so the heads are
     already side by side there and merge_heads copies nothing."""
     __slots__ = ("concat",)
@@ -327,14 +327,14 @@ def merge_heads(x):
     output they already are: its [B,T,C] array, no copy, and backward hands out the gradient as
     a view of this one's."""
     B, H, T, D = x.shape
-    if isinstance(x, HeadsOfConcat):
+    if isinstance(x, HeadsInConcat):
         out = Tensor(x.concat, x.backend)
     else:
         out = _new(x, (B, T, H * D))
         x.backend.merge_heads(out.data, x.data)
 
     def backward():
-        if isinstance(x, HeadsOfConcat) and x.grad is None:
+        if isinstance(x, HeadsInConcat) and x.grad is None:
             share_grad(x, x.backend.heads_view(out.grad, H))
             return
         dx, accumulate = grad_slot(x)
@@ -364,11 +364,11 @@ def _heads_operand(t):
 def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
     """Causal softmax attention, all (batch, head) pairs in one launch. q, k, v: [B,H,T,D].
     dropout_p > 0 drops attention probabilities (masks from seed, an int64[1], and site).
-    The output is written into the heads' concat (HeadsOfConcat), and where q, k, v come from
+    The output is written into the heads' concat (HeadsInConcat), and where q, k, v come from
     split_heads their gradients are written into their fused tensors' (_heads_grad_slot)."""
     backend = q.backend
     B, H, T, D = q.shape
-    out = HeadsOfConcat(backend, q.shape)
+    out = HeadsInConcat(backend, q.shape)
     lse = backend.empty((B, H, T))
     drop = dict(dropout_p=dropout_p, seed=seed, site=site)
     operands = [_heads_operand(t) for t in (q, k, v)]     # (bf16: rounded once, for both)
@@ -413,7 +413,7 @@ def _layernorm_backward(out, x, weight, bias, mean, rstd):
     C = x.shape[-1]
 
     def backward():
-        dx, prior = grad_apart(x)                   # (prior: another gradient of x, to add)
+        dx, prior = grad_out_of_place(x)                   # (prior: another gradient of x, to add)
         x.backend.layernorm_backward(dx.reshape(-1, C), summed_grad(weight), summed_grad(bias),
                                      out.grad.reshape(-1, C), x.data.reshape(-1, C),
                                      weight.data, mean, rstd, accumulate=prior is not None,

@@ -11,12 +11,12 @@ so the same bits as one stream.
 
 Only inside a capture: there every allocation comes from the step's arena, never reused, so
 memory the second stream still reads is never handed to the first (eagerly, CuPy's pool
-would). Without a second stream, `beside` runs its block where it is and `join` does nothing,
+would). Without a second stream, `on_second_stream` runs its block where it is and `join` does nothing,
 so ops.py reads the same either way.
 
-A gradient written beside is not ready until the next join: `beside` marks its tensors
-(Tensor.grad_ready), and the autograd waits before it touches their gradients again (the
-tied token embedding: the LM head's weight gradient, then the embedding's).
+A gradient written on the second stream is not ready until the next join: `on_second_stream`
+marks its tensors (Tensor.grad_ready), and the autograd waits before it touches their gradients
+again (the tied token embedding: the LM head's weight gradient, then the embedding's).
 """
 from contextlib import contextmanager
 
@@ -32,7 +32,7 @@ _pending = []           # tensors whose gradients that work writes
 
 @contextmanager
 def second_stream(stream):
-    """Inside the block, `beside()` puts launches on `stream` (a Numba stream)."""
+    """Inside the block, `on_second_stream()` puts launches on `stream` (a Numba stream)."""
     global _second, _forked
     events = [cuda.event() if SIMULATOR else cuda.event(timing=False)
               for _ in range(2)]                # (the simulator's events take no arguments)
@@ -45,7 +45,7 @@ def second_stream(stream):
 
 
 @contextmanager
-def beside(*tensors):
+def on_second_stream(*tensors):
     """Launches inside the block go to the second stream, if there is one, after everything
     launched so far on the current stream; they run beside what is launched after the block,
     until `join()`. tensors: those whose gradients the block writes (not ready until then).
@@ -67,8 +67,8 @@ def beside(*tensors):
 
 
 def join():
-    """The current stream waits for what was launched `beside()` it (from inside a
-    `beside()` block: nothing to wait for)."""
+    """The current stream waits for what was launched `on_second_stream()` it (from inside a
+    `on_second_stream()` block: nothing to wait for)."""
     global _forked
     if _second is None or launch.current_stream() is _second[0]:
         return
@@ -89,7 +89,7 @@ def transposed_weight(backend, weight, rows):
     K, N = weight.shape
     if not backend.copies_b_transposed(rows, K, False, True):
         return None
-    with beside():
+    with on_second_stream():
         weight_t = backend.empty((N, K))
         backend.transpose(weight_t, weight)
     return weight_t

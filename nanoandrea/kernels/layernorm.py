@@ -409,7 +409,7 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
                        prior=None):
     """dx (+)= input gradient; dweight, dbias += parameter gradients (always accumulated).
     prior (with accumulate): dx = prior + the input gradient, prior another array than dx (an
-    input gradient that must not be written in place: autograd.grad_apart)."""
+    input gradient that must not be written in place: autograd.grad_out_of_place)."""
     prior = dx if prior is None else prior
     check_float32(dx=dx, prior=prior, dweight=dweight, dbias=dbias, dout=dout, x=x, weight=weight)
     _check(x, weight, dx=dx, prior=prior, dout=dout, mean=mean, rstd=rstd)
