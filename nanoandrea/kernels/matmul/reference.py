@@ -28,7 +28,8 @@ from numba import cuda, float32
 from ..gelu import gelu_backward, gelu_backward_numpy, gelu_forward, gelu_forward_numpy
 from ..operands import (Bf16Matrix, bf16_matrix_values, round_bf16_numpy,
                         tf32_matrix_values)
-from ..runtime.launch import blocks, check, check_shape, current_stream, launch
+from ..runtime.launch import (blocks, check, check_float32, check_shape, current_stream,
+                              launch)
 
 EPILOGUES = (None, "gelu", "gelu_grad")
 
@@ -148,6 +149,7 @@ def matmul_reference(out, a, b, bias=None, transpose_a=False, transpose_b=False,
                      accumulate=False, gelu_out=None, gelu_input=None):
     """out (+)= op(a) . op(b) (+ bias) by the reference kernel, then GELU's forward or backward
     as a pass of its own (float32 arrays, any shapes)."""
+    check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, _ = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     bias, has_bias = bias_argument(out, bias)
     grid, threads = (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE)
