@@ -1,0 +1,85 @@
+"""What the kernel tests share: device copies, outputs poisoned with NaN, priors to accumulate
+onto, the products' orientations, launches recorded, split-K forced, fake devices.
+
+Every kernel writes into an output poisoned with NaN first (every element must be written), and
+each gradient kernel is checked in both modes: overwrite (=) and accumulate (+=) onto a random
+prior value. Sizes are never multiples of a tile; in the simulator they stay tiny, on a GPU the
+same tests run at andrea-12m shapes.
+"""
+import numpy as np
+from numba import cuda
+
+from conftest import GPU
+from nanoandrea.kernels.matmul import split_k as split_k_module
+from nanoandrea.kernels.runtime.device import Device
+from nanoandrea.kernels.runtime.launch import launch
+
+TOLERANCE = 2e-5 if not GPU else 1e-4      # float32 kernels against a float64 reference
+# the products' (transpose_a, transpose_b): forward X W, dX = dY W^T, dW = X^T dY, and the last
+ORIENTATIONS = [(False, False), (False, True), (True, False), (True, True)]
+
+# Devices to size grids for (runtime/device.py reads the real one; the simulator is an H100 SXM)
+H200 = Device("NVIDIA H200", (9, 0), multiprocessors=132, l2_bytes=50 * 2**20,
+              shared_bytes_optin=227 * 1024)
+A100 = Device("NVIDIA A100-SXM4-80GB", (8, 0), multiprocessors=108, l2_bytes=40 * 2**20,
+              shared_bytes_optin=163 * 1024)
+
+
+def device(array, dtype=np.float32):
+    return cuda.to_device(np.ascontiguousarray(array, dtype=dtype))
+
+
+def poisoned(shape):
+    return device(np.full(shape, np.nan))
+
+
+def output_and_prior(rng, shape, accumulate):
+    """(device output buffer, its prior value on the host): NaN-poisoned or random."""
+    prior = rng.standard_normal(shape).astype(np.float32) if accumulate else np.zeros(shape)
+    return (device(prior) if accumulate else poisoned(shape)), prior
+
+
+def device_at(array, offset):
+    """A device copy of `array` whose first element sits `offset` floats past the start of its
+    allocation: offset 1 makes it not 16-byte aligned (aligned16 tests the simulator's arrays
+    as the GPU's)."""
+    flat = np.zeros(offset + array.size, dtype=np.float32)
+    flat[offset:] = array.reshape(-1)
+    return cuda.to_device(flat)[offset:].reshape(array.shape)
+
+
+def recording_launches(monkeypatch, *modules):
+    """The list of the kernels the launchers of `modules` launch from now on, in order (they
+    still run)."""
+    launched = []
+
+    def record(kernel, *arguments, **options):
+        launched.append(kernel)
+        launch(kernel, *arguments, **options)
+
+    for module in modules:
+        monkeypatch.setattr(module, "launch", record)
+    return launched
+
+
+def split_k(monkeypatch, splits):
+    """Every product of the matmul kernels split into `splits` slices of K, whatever its shape
+    (split_k.split_count sizes them for the device, so tiny shapes never split); returns the
+    list of the (M, N, K) that asked."""
+    asked = []
+
+    def split_count(M, N, K, *sizing):
+        asked.append((M, N, K))
+        return splits
+
+    monkeypatch.setattr(split_k_module, "split_count", split_count)
+    return asked
+
+
+def on_device(monkeypatch, fake, wgmma=None):
+    """Make runtime/device.py say that the GPU is `fake` (a Device); wgmma: what runs_wgmma()
+    answers (default: whether `fake` is of compute capability 9.0)."""
+    from nanoandrea.kernels.runtime import device as device_module
+    monkeypatch.setattr(device_module, "current", lambda: fake)
+    runs = fake.compute_capability == (9, 0) if wgmma is None else wgmma
+    monkeypatch.setattr(device_module, "runs_wgmma", lambda: runs)
