@@ -83,3 +83,22 @@ def on_device(monkeypatch, fake, wgmma=None):
     monkeypatch.setattr(device_module, "current", lambda: fake)
     runs = fake.compute_capability == (9, 0) if wgmma is None else wgmma
     monkeypatch.setattr(device_module, "runs_wgmma", lambda: runs)
+
+
+def rounding_hard_values(rng):
+    """Random float32 values of every size, and those where a rounding to tf32 is easy to get
+    wrong: ties (the 13 dropped bits exactly 0x1000), just either side of them, carries into
+    the exponent, the largest float32s (rounding up overflows to infinity), subnormals, zeros,
+    infinities; each also negated."""
+    exponents, kept = rng.integers(0, 255, 64, dtype=np.uint32), rng.integers(0, 2**10, 64,
+                                                                              dtype=np.uint32)
+    ties = (exponents << 23) | (kept << 13) | np.uint32(0x1000)
+    near = np.concatenate([ties - 1, ties + 1, np.uint32([0x3FFFF000, 0x7F7FF000, 0x7F7FFFFF,
+                                                          0x7F7FEFFF, 0x00001000, 0x00000FFF,
+                                                          0x00003000, 0x007FF000])])
+    bits = np.concatenate([ties, near]).astype(np.uint32)
+    specials = np.float32([0.0, -0.0, np.inf, -np.inf, 1.0, -2.5, 1e-45, 3.4e38])
+    values = np.concatenate([bits.view(np.float32), specials,
+                             rng.standard_normal(200).astype(np.float32) * 10.0 ** rng.integers(
+                                 -30, 30, 200)])
+    return np.concatenate([values, -values]).astype(np.float32)
