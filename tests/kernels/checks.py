@@ -10,6 +10,7 @@ import numpy as np
 from numba import cuda
 
 from conftest import GPU
+from nanoandrea.kernels import heads
 from nanoandrea.kernels.matmul import split_k as split_k_module
 from nanoandrea.kernels.runtime.device import Device
 from nanoandrea.kernels.runtime.launch import launch
@@ -46,6 +47,30 @@ def device_at(array, offset):
     flat = np.zeros(offset + array.size, dtype=np.float32)
     flat[offset:] = array.reshape(-1)
     return cuda.to_device(flat)[offset:].reshape(array.shape)
+
+
+def concat(heads_array):
+    """[B,H,T,D] on the host -> the heads side by side, [B,T,C] (merge_heads' twin)."""
+    B, H, T, D = heads_array.shape
+    out = np.empty((B, T, H * D), dtype=heads_array.dtype)
+    heads.merge_heads_numpy(out, heads_array)
+    return out
+
+
+class DeviceHeads:
+    """A [B,H,T,D] device array to test an attention kernel's output or input with: contiguous,
+    or (in_concat) a heads.heads_view of a [B,T,C] device array, the heads side by side as the
+    model keeps attention's output and q, k, v's gradients. `host()` reads it back as
+    [B,H,T,D]."""
+    def __init__(self, values, in_concat, offset=0):
+        B, H, T, D = values.shape
+        self.base = device_at(concat(values) if in_concat else values, offset)
+        self.array = heads.heads_view(self.base, H) if in_concat else self.base
+        self.shape, self.in_concat = values.shape, in_concat
+
+    def host(self):
+        x = self.base.copy_to_host()
+        return heads.heads_view_numpy(x, self.shape[1]) if self.in_concat else x
 
 
 def recording_launches(monkeypatch, *modules):
