@@ -57,7 +57,7 @@ def choose(out, a, b, bias=None, hidden=None):
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-           gelu_out=None, gelu_input=None, b_transposed=None, kernel="auto"):
+           gelu_out=None, gelu_input=None, kernel="auto", b_transposed=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias) by the kernel `choose` picks (or `kernel` names).
     gelu_out[M,N]: also gelu(out), the MLP's activation. gelu_input[M,N]: GELU's backward too:
     out (+)= gelu'(gelu_input) * (op(a) . op(b) + bias). b_transposed: with transpose_b, a copy

@@ -54,7 +54,8 @@ def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
 
 
 def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False,
-                      accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None):
+                      accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None,
+                      kernel="auto"):
     """matmul_numpy of a and b rounded to bf16 (Bf16Matrix operands, or float32 ones rounded
     here), the sums in out's precision. out may be a Bf16Matrix: the product (the sums in
     float32) rounded to bf16, as the next products read it; then not accumulated, and gelu_out,
@@ -95,7 +96,8 @@ def product_of_values(values, out, a, b, bias, transpose_a, transpose_b, accumul
 
 
 def matmul_tf32_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False,
-                      accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None):
+                      accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None,
+                      kernel="auto"):
     """matmul_numpy of a and b rounded to tf32 (Tf32Matrix operands, or float32 ones rounded
     here), the sums in out's precision."""
     product_of_values(tf32_matrix_values, out, a, b, bias, transpose_a, transpose_b, accumulate,
