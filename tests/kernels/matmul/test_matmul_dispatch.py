@@ -12,7 +12,8 @@ from checks import A100, H200, TOLERANCE, device, on_device, poisoned, recording
 from conftest import relative_error
 from nanoandrea.kernels import matmul
 from nanoandrea.kernels.matmul import float32, mma_sync, reference, wgmma
-from nanoandrea.kernels.operands import Bf16Matrix, round_bf16_numpy, rounded_bf16, rounded_tf32
+from nanoandrea.kernels.operands import (Bf16Matrix, device_empty, round_bf16_numpy, rounded_bf16,
+                                        rounded_tf32)
 from nanoandrea.kernels.ptx.mma import unpack_bf16
 
 
@@ -50,7 +51,7 @@ def test_bf16_products_take_wgmma_on_hopper_and_mma_sync_elsewhere(rng, monkeypa
     8.x GPU, and for the products wgmma does not take."""
     out, a, b = operands(rng, 8, 16, 16)
     a, b = rounded_bf16(a), rounded_bf16(b)
-    words = Bf16Matrix.allocate((8, 16), lambda shape, dtype: device(np.zeros(shape), dtype))
+    words = Bf16Matrix.allocate((8, 16), device_empty)
     on_device(monkeypatch, A100)
     assert matmul.choose(out, a, b) == "mma"
     assert matmul.choose(words, a, b, hidden=words) == "mma"
@@ -109,10 +110,9 @@ def test_mma_named_stays_on_mma_sync_for_products_in_bf16(rng, monkeypatch):
     launched = recording_launches(monkeypatch, mma_sync)
     M, N, K = 16, 24, 16
     a, b, bias = (device(rng.standard_normal(s)) for s in ((M, K), (K, N), (N,)))
-    new = lambda: Bf16Matrix.allocate((M, N), lambda shape, dtype: device(np.zeros(shape), dtype))  # noqa: E731
-    out, activated = new(), new()
+    out, activated, gelu_words = (Bf16Matrix.allocate((M, N), device_empty) for _ in range(3))
     matmul.matmul_bf16(out, a, b, bias, gelu_out=activated, kernel="mma")
-    matmul.matmul_bf16(poisoned((M, N)), a, b, bias, gelu_out=new(), kernel="mma")
+    matmul.matmul_bf16(poisoned((M, N)), a, b, bias, gelu_out=gelu_words, kernel="mma")
     assert launched and set(launched) <= {mma_sync.mma_matmul_kernel(False, False, None, "bf16"),
                                           mma_sync.mma_matmul_kernel(False, False, "gelu", "bf16")}
     want = Bf16Matrix.allocate((M, N), np.empty)
