@@ -16,6 +16,12 @@ from nanoandrea.kernels.runtime.device import Device
 from nanoandrea.kernels.runtime.launch import launch
 
 TOLERANCE = 2e-5 if not GPU else 1e-4      # float32 kernels against a float64 reference
+ROWS, WIDTH = (7, 24) if not GPU else (16384, 384)      # activations of the small ops' tests
+# split/merge heads' (B, T, H, D): D % 4 == 0 takes the 16-byte kernels (in the simulator D=64
+# gives a block 2 rows tall, so T=7 spans two blocks, the second part empty), other D the
+# one-element kernels
+HEADS_CASES = ([(2, 7, 3, 8), (2, 7, 2, 64), (2, 7, 3, 6)] if not GPU else
+               [(64, 256, 12, 32), (16, 1024, 12, 64), (16, 256, 12, 30)])
 # the products' (transpose_a, transpose_b): forward X W, dX = dY W^T, dW = X^T dY, and the last
 ORIENTATIONS = [(False, False), (False, True), (True, False), (True, True)]
 

@@ -4,11 +4,9 @@ sites draw different masks."""
 import numpy as np
 import pytest
 
-from checks import device, output_and_prior, poisoned
-from conftest import GPU, relative_error
+from checks import ROWS, WIDTH, device, output_and_prior, poisoned
+from conftest import relative_error
 from nanoandrea.kernels import dropout
-
-ROWS, WIDTH = (7, 24) if not GPU else (16384, 384)
 
 
 @pytest.mark.parametrize("shape", [(ROWS, WIDTH), (5, 9)])      # 4-wide and one-element kernels

@@ -4,11 +4,8 @@ aligned, the one-element kernels elsewhere. (What they compute: test_twins.py.)"
 import numpy as np
 import pytest
 
-from checks import device, device_at, recording_launches
-from conftest import GPU
+from checks import ROWS, WIDTH, device, device_at, recording_launches
 from nanoandrea.kernels import dropout, elementwise, gelu
-
-ROWS, WIDTH = (7, 24) if not GPU else (16384, 384)
 
 
 @pytest.mark.parametrize("shape,offset,four_wide", [

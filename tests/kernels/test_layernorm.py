@@ -4,12 +4,10 @@ same bits as add then layer norm, and the forwards writing bf16 as the next prod
 import numpy as np
 import pytest
 
-from checks import device, output_and_prior, poisoned
+from checks import WIDTH, device, output_and_prior, poisoned
 from conftest import GPU
 from nanoandrea.kernels import elementwise, layernorm
 from nanoandrea.kernels.operands import Bf16Matrix, device_empty, round_bf16_numpy
-
-WIDTH = 24 if not GPU else 384
 
 
 @pytest.mark.parametrize("C", [WIDTH, 128, 96, 200, 1024, 77, 1028, layernorm.ROW_CACHE + 13])

@@ -4,14 +4,8 @@ elsewhere (unaligned arrays among them); merge undoes split. (heads_view: the at
 import numpy as np
 import pytest
 
-from checks import device_at, poisoned, recording_launches
-from conftest import GPU
+from checks import HEADS_CASES, device_at, poisoned, recording_launches
 from nanoandrea.kernels import heads
-
-# (B, T, H, D): D % 4 == 0 takes the 16-byte kernels (in the simulator D=64 gives a block 2 rows
-# tall, so T=7 spans two blocks, the second part empty), other D the one-element kernels
-HEADS_CASES = ([(2, 7, 3, 8), (2, 7, 2, 64), (2, 7, 3, 6)] if not GPU else
-               [(64, 256, 12, 32), (16, 1024, 12, 64), (16, 256, 12, 30)])
 
 
 @pytest.mark.parametrize("B,T,H,D", HEADS_CASES)

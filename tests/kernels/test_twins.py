@@ -6,15 +6,16 @@ The CUDA side gets float32 device arrays, its outputs poisoned with NaN (every e
 written) or, for a gradient that accumulates, a random prior to add to; the NumPy side the same
 values in float64, the definition. Each op is one or more cases below: the arguments in the
 op's order, built by a function of the test's random generator. The products and attention
-have their own files (matmul/, attention/); what a twin cannot say (bit for bit, accuracy
-element by element, which kernel runs) is in each op's file beside this one.
+and the key/value cache have their own folders (matmul/, attention/); what a twin cannot say
+(bit for bit, accuracy element by element, which kernel runs) is in each op's file beside
+this one.
 """
 import inspect
 
 import numpy as np
 import pytest
 
-from checks import TOLERANCE, device, poisoned
+from checks import HEADS_CASES, ROWS, TOLERANCE, WIDTH, device, poisoned
 from conftest import GPU, relative_error
 from nanoandrea.backend import get_backend
 from nanoandrea.kernels import adamw, embedding, layernorm
@@ -64,7 +65,6 @@ def on_numpy(x):
     return x.astype(np.float32).astype(np.float64) if isinstance(x, np.ndarray) else x
 
 
-ROWS, WIDTH = (7, 24) if not GPU else (16384, 384)
 # (ROWS, 4 * WIDTH): a multiple of 4, the 16-byte kernels; 5 x 9: the one-element kernels
 ELEMENTWISE_SHAPES = [(ROWS, 4 * WIDTH), (5, 9)]
 # (rows, C): the layer norm's warp kernels for C % 4 == 0 up to 1024 (C = 128: every lane full;
@@ -74,10 +74,6 @@ LAYERNORM_SHAPES = ([(20, WIDTH), (5, 128), (5, 96), (5, 200), (20, 77),
                      (2, layernorm.ROW_CACHE + 13)] if not GPU else
                     [(16384, 384), (8192, 768), (1000, 1024), (999, 200), (1000, 77),
                      (300, layernorm.ROW_CACHE + 13)])
-# (B, T, H, D): D % 4 == 0 takes the 16-byte kernels (in the simulator D=64 gives a block 2 rows
-# tall, so T=7 spans two blocks, the second part empty), other D the one-element kernels
-HEADS_CASES = ([(2, 7, 3, 8), (2, 7, 2, 64), (2, 7, 3, 6)] if not GPU else
-               [(64, 256, 12, 32), (16, 1024, 12, 64), (16, 256, 12, 30)])
 # crossentropy's (N, V): rows the 16-byte kernel cannot take (37) and can (40); on the GPU 4097
 # and 4096
 CROSSENTROPY_SHAPES = [(7, 37), (7, 40)] if not GPU else [(16384, 4097), (16384, 4096)]
@@ -131,11 +127,6 @@ def adamw_case(rng):
     norm = np.array([np.linalg.norm(grads.astype(np.float32).astype(np.float64))])
     return [Out(None, rng.standard_normal(P)), grads, Out(None, 0.1 * rng.standard_normal(P)),
             Out(None, rng.random(P)), hyper, norm, n_decay]
-
-
-def kvcache_case(rng, B, H, Tmax, D, start, T):
-    cache = rng.standard_normal((2, B, H, Tmax, D))
-    return cache, [rng.standard_normal((B, H, T, D)) for _ in range(3)], Ints([start])
 
 
 def cases():
@@ -225,28 +216,6 @@ def cases():
                 Out((s[0], s[1], s[2] * s[3]), prior(rng, (s[0], s[1], s[2] * s[3]), a)),
                 rng.standard_normal((s[0], s[2], s[1], s[3])), a])
 
-    for R, C_ in [(37, 45), (32, 64)] if not GPU else [(1000, 771), (768, 3072)]:
-        case("transpose", f"{R}x{C_}", lambda rng, R=R, C=C_: [Out((C, R)),
-                                                                rng.standard_normal((R, C))])
-
-    # the key/value cache: (B, H, Tmax, D, start, T); D = 136 wider than 128, so more columns a
-    # lane, the last one part-filled
-    for B_, H, Tmax, D, start, T_ in ([(2, 3, 12, 8, 0, 5), (1, 2, 12, 32, 9, 3),
-                                       (1, 1, 8, 136, 3, 2)] if not GPU else
-                                      [(4, 12, 1024, 64, 1000, 1), (2, 12, 1024, 32, 0, 700),
-                                       (3, 12, 256, 72, 100, 5)]):
-        n = f"D{D}-at{start}"
-
-        def store(rng, shape=(B_, H, Tmax, D, start, T_)):
-            cache, (k, v, _), position = kvcache_case(rng, *shape)
-            return [Out(None, cache), k, v, position]
-
-        def attend(rng, shape=(B_, H, Tmax, D, start, T_)):
-            cache, (_, _, q), position = kvcache_case(rng, *shape)
-            B, H, _, D, _, T = shape
-            return [Out((B, T, H * D)), q, cache, position]
-        case("kv_store", n, store)
-        case("attention_cached", n, attend)
     return made
 
 
@@ -263,13 +232,15 @@ def test_kernel_equals_its_twin(rng, op, arguments):
 
 
 def test_every_small_op_has_a_case():
-    """The cases above cover every op of the backend's table but the products and attention
-    (their own files), the operands' rounding (test_operands.py) and the questions the ops
-    ask (takes_matvec, heads_operand, ...)."""
+    """The cases above cover every op of the backend's table but the matmul and attention
+    families' (their own folders: the products, the transposed copy, attention and its
+    key/value cache), the operands' rounding (test_operands.py) and the questions the ops ask
+    (takes_matvec, heads_operand, ...)."""
     covered = {param.values[0] for param in cases()}
-    elsewhere = {"matmul", "matmul_sum", "matvec", "round_bf16", "round_tf32", "bf16_values",
-                 "attention_forward", "attention_backward", "heads_view", "takes_matvec",
-                 "heads_operand", "attention_rounds", "copies_b_transposed"}
+    elsewhere = {"matmul", "matmul_sum", "matvec", "transpose", "round_bf16", "round_tf32",
+                 "bf16_values", "attention_forward", "attention_backward", "kv_store",
+                 "attention_cached", "heads_view", "takes_matvec", "heads_operand",
+                 "attention_rounds", "copies_b_transposed"}
     table = {name for name, value in vars(CUDA).items() if callable(value)}
     assert covered == table - elsewhere
 
