@@ -76,6 +76,27 @@ def test_auto_launches_the_kernels_chosen(rng, monkeypatch):
         attention.attention_forward(q, poisoned(q.shape[:3]), q, q, q, kernel="fast")
 
 
+def test_auto_launches_the_tensor_core_kernels_of_the_gpu(rng, monkeypatch):
+    """The bf16 attention's "auto": the wgmma launchers on a GPU that runs wgmma, the mma.sync
+    ones on an 8.x GPU, forward and backward (the launchers recorded, not run)."""
+    from nanoandrea.kernels.attention import wgmma
+    called = []
+    for module, name in ((wgmma, "attention_forward_wgmma"), (wgmma, "attention_backward_wgmma"),
+                         (mma_sync, "attention_forward_mma"),
+                         (mma_sync, "attention_backward_mma")):
+        monkeypatch.setattr(module, name, lambda *args, name=name: called.append(name))
+    B, H, T, D = 1, 2, 9, 32
+    q = heads_of(rng, D, shape=(B, H, T))
+    for card, kernels in ((H200, "wgmma"), (A100, "mma")):
+        on_device(monkeypatch, card)
+        called.clear()
+        attention.attention_forward_bf16(poisoned(q.shape), poisoned((B, H, T)), q, q, q)
+        attention.attention_backward_bf16(*(poisoned(q.shape) for _ in range(3)),
+                                          poisoned((B, H, T)), q, q, q, q, q,
+                                          poisoned((B, H, T)))
+        assert called == [f"attention_forward_{kernels}", f"attention_backward_{kernels}"]
+
+
 def test_attention_bf16_takes_the_tensor_cores(rng, monkeypatch):
     """D = 64 runs the mma.sync kernels (named: on Hopper "auto" takes wgmma's); D = 72 (no
     tensor-core kernel of its size) the float32 reference kernels, correct to float32's

@@ -15,6 +15,7 @@ from nanoandrea.kernels.matmul import float32, mma_sync, reference, wgmma
 from nanoandrea.kernels.operands import (Bf16Matrix, device_empty, round_bf16_numpy, rounded_bf16,
                                         rounded_tf32)
 from nanoandrea.kernels.ptx.mma import unpack_bf16
+from test_matmul_reference import check_matmul
 
 
 def operands(rng, M, N, K):
@@ -69,7 +70,6 @@ def test_auto_takes_the_reference_for_rows_not_16_byte_runs(rng, monkeypatch, M,
     """A width that is not a multiple of 4 (out's N, or a's K) leaves rows that are not 16-byte
     runs: "auto" computes them with the reference kernel, and "float32" refuses them, on a GPU
     as in the simulator."""
-    from test_matmul_reference import check_matmul
     monkeypatch.setattr(matmul, "SIMULATOR", False)
     launched = recording_launches(monkeypatch, reference, float32)
     check_matmul(rng, "auto", False, False, M, N, K, True, True)
@@ -122,9 +122,10 @@ def test_mma_named_stays_on_mma_sync_for_products_in_bf16(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_matmul_sum_is_the_sum_of_its_products(rng, precision):
-    """matmul_sum (attention's dX = dQ W_Q^T + dK W_K^T + dV W_V^T) without wgmma: one product
-    after another, each added to out, as its twin does them."""
+def test_matmul_sum_is_the_sum_of_its_products(rng, monkeypatch, precision):
+    """matmul_sum (attention's dX = dQ W_Q^T + dK W_K^T + dV W_V^T) on a GPU without wgmma (an
+    A100 pretended): one product after another, each added to out, as its twin does them."""
+    on_device(monkeypatch, A100)
     M, N, K = 8, 12, 16
     pairs = [(rng.standard_normal((M, K)).astype(np.float32),
               rng.standard_normal((N, K)).astype(np.float32)) for _ in range(3)]
@@ -136,13 +137,13 @@ def test_matmul_sum_is_the_sum_of_its_products(rng, precision):
             for r, x in zip(rounded, pair):
                 round_bf16_numpy(r, x)
             host.append(tuple(rounded))
-        on_device = [tuple(Bf16Matrix(device(x.words, np.uint32), x.shape[1]) for x in pair)
-                     for pair in host]
+        given = [tuple(Bf16Matrix(device(x.words, np.uint32), x.shape[1]) for x in pair)
+                 for pair in host]
     else:
         host = pairs
-        on_device = [(device(a), device(b)) for a, b in pairs]
+        given = [(device(a), device(b)) for a, b in pairs]
     out = device(prior)
-    matmul.matmul_sum(out, on_device, transpose_b=True, accumulate=True)
+    matmul.matmul_sum(out, given, transpose_b=True, accumulate=True)
     want = prior.astype(np.float64)
     matmul.matmul_sum_numpy(want, host, transpose_b=True, accumulate=True)
     assert relative_error(out.copy_to_host(), want) < TOLERANCE
