@@ -79,13 +79,15 @@ def test_auto_takes_the_reference_for_rows_not_16_byte_runs(rng, monkeypatch, M,
 
 
 def test_auto_launches_the_kernel_chosen(rng, monkeypatch):
-    """"auto" launches the kernel `choose` names (in the simulator: the reference kernel for
-    float32 operands, mma.sync for bf16 and tf32 ones), and a kernel named is the one that
-    runs."""
+    """"auto" launches the kernel `choose` names (on an A100 pretended: for float32 operands
+    the float32 kernel, in the simulator the reference one; mma.sync for bf16 and tf32 ones),
+    and a kernel named is the one that runs."""
+    on_device(monkeypatch, A100)
     out, a, b = operands(rng, 8, 16, 8)
     launched = recording_launches(monkeypatch, reference, float32, mma_sync, wgmma)
     matmul.matmul(out, a, b)
-    assert launched == [reference.matmul_tiled_kernel]
+    assert launched == [{"float32": float32.matmul_kernel(False, False, None),
+                         "reference": reference.matmul_tiled_kernel}[matmul.choose(out, a, b)]]
     launched.clear()
     matmul.matmul(out, rounded_bf16(a), rounded_bf16(b))
     matmul.matmul(out, rounded_tf32(a), rounded_tf32(b))
