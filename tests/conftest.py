@@ -7,6 +7,7 @@ a Python thread, so its sizes are tiny; on the GPU the same tests run at andrea-
 """
 import glob
 import os
+import sys
 import zlib
 
 if "NUMBA_ENABLE_CUDASIM" not in os.environ:
@@ -16,6 +17,9 @@ import numpy as np
 import pytest
 
 GPU = os.environ["NUMBA_ENABLE_CUDASIM"] != "1"
+# tests/kernels/checks.py, the kernel tests' shared helpers, is imported by name from every
+# folder below tests/kernels (pytest puts a test's own folder and this one on sys.path)
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels"))
 # Compiled kernels: one cache for the whole session (its workers too), whatever folder a test
 # gives NANOANDREA_CACHE (the data cache); a run's compiling pool small beside pytest's workers
 os.environ.setdefault("NANOANDREA_KERNEL_CACHE",

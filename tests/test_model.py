@@ -179,7 +179,8 @@ def test_bf16_matmuls_match_pytorch_autocast(rng, backend_name, fused_loss):
     from float64). fused_loss: the loss computes the logits' gradient in its forward, and
     writes it in bf16, as the LM head's products read it."""
     if backend_name == "cuda" and not GPU:
-        pytest.skip("150 s in the simulator: there tests/test_matmul_bf16.py checks the kernel")
+        pytest.skip("150 s in the simulator: there tests/kernels/matmul/test_matmul_mma.py checks "
+                    "the kernel, and test_step.py a bf16 step on it")
     if GPU and backend_name == "cuda":
         config, B, T = get_preset("andrea-12m", vocab_size=65), 4, 64
     else:
@@ -208,7 +209,8 @@ def test_tf32_matmuls_match_float32(rng, backend_name):
     float64's (measured on tiny: 7e-4, where bf16's are 5e-3); not float32 itself (the
     operands are rounded)."""
     if backend_name == "cuda" and not GPU:
-        pytest.skip("as bf16's: in the simulator tests/test_matmul_tf32.py checks the kernel")
+        pytest.skip("as bf16's: in the simulator tests/kernels/matmul/test_matmul_mma.py "
+                    "checks the kernel")
     config, B, T = ((get_preset("andrea-12m", vocab_size=65), 4, 64) if GPU else
                     (get_preset("tiny"), 2, 5))
     idx, targets = batch(rng, config, B, T)

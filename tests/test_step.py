@@ -11,7 +11,7 @@ from conftest import GPU
 from nanoandrea.backend import get_backend
 from nanoandrea.config import get_preset
 from nanoandrea import schedule
-from nanoandrea.kernels import launch
+from nanoandrea.kernels.runtime import launch, memory
 from nanoandrea.model import GPT
 from nanoandrea.optim import AdamW
 from nanoandrea.step import EvalStep, TrainStep
@@ -76,10 +76,52 @@ def test_cuda_graph_replays_the_eager_step_and_allocates_nothing(rng, n_head, pr
     assert step.graph is not None                       # steps 2.. were replays
     assert graph_losses == eager_losses                 # bit for bit
     assert np.array_equal(graph_params, eager_params)
-    with launch.count_allocations() as tally:           # a replayed step allocates nothing
+    with memory.count_allocations() as tally:           # a replayed step allocates nothing
         step(data[0], [1, 2], 1e-3)
         backend.to_host(step.loss)
     assert tally.count == 0
+
+
+def test_a_bf16_step_on_mma_sync_as_on_an_8x_gpu(rng, monkeypatch):
+    """A step's forward and backward in bf16 on a GPU of compute capability 8.0-8.9 (an A100
+    pretended): every product and the attention on the mma.sync kernels, no wgmma; the loss
+    and every gradient those of the NumPy backend's bf16 twins, within bf16's tolerance. On an
+    H100 this runs the 8.x path that the default does not take there; in the simulator at tiny
+    sizes (heads of 32, the tensor-core attention's). (The update is AdamW's float32 kernel,
+    the same on every GPU.)"""
+    from checks import A100, on_device, recording_launches
+    from nanoandrea.kernels.attention import mma_sync as attention_mma
+    from nanoandrea.kernels.attention import wgmma as attention_wgmma
+    from nanoandrea.kernels.matmul import mma_sync as matmul_mma
+    from nanoandrea.kernels.matmul import wgmma as matmul_wgmma
+    on_device(monkeypatch, A100)
+
+    def no_wgmma(*args, **kwargs):
+        raise AssertionError("a wgmma kernel ran on an 8.x GPU")
+    for module, name in ((matmul_wgmma, "matmul_wgmma"),
+                         (attention_wgmma, "attention_forward_wgmma"),
+                         (attention_wgmma, "attention_backward_wgmma")):
+        monkeypatch.setattr(module, name, no_wgmma)
+    launched = recording_launches(monkeypatch, matmul_mma, attention_mma)
+    config = (get_preset("tiny", n_layer=1, n_head=1, n_embd=32, dropout=0.1) if not GPU else
+              get_preset("andrea-mini", vocab_size=65, dropout=0.1))
+    B, T = (2, 8) if not GPU else (8, 64)
+    (x, y), = batches(rng, config, B, T, 1, 1)[0]
+    results = {}
+    for name in ("cuda", "numpy"):
+        backend = get_backend(name, precision="bf16")
+        model = GPT(config, backend, seed=4)
+        model.set_dropout_seed(7)
+        one = backend.to_device(np.ones(1, np.float32))
+        _, loss = model.forward(x, y, train=True, loss_grad=one)    # (as TrainStep's body)
+        loss.backward(one)
+        results[name] = loss.item(), backend.to_host(model.params.grads).astype(np.float64)
+    names = {kernel.py_func.__name__ for kernel in launched}
+    assert "mma_matmul_kernel" in names and "attention_forward_bf16_kernel" in names, names
+    (loss, grads), (want_loss, want_grads) = results["cuda"], results["numpy"]
+    # (measured in the simulator: the loss 8e-6 apart, the gradients 1.3e-3)
+    assert abs(loss - want_loss) < 1e-3 * abs(want_loss)
+    assert np.linalg.norm(grads - want_grads) < 1e-2 * np.linalg.norm(want_grads)
 
 
 def evaluation_means(step, data, rounds=2):
@@ -123,7 +165,7 @@ def test_evaluation_graph_replays_the_eager_forward(rng, precision):
     assert graph.graph is not None
     assert first[0] == first[1] and second[0] == second[1]
     assert first[0][0] != second[0][0]                  # (the weights did change)
-    with launch.count_allocations() as tally:
+    with memory.count_allocations() as tally:
         graph.add(*data[0])
         graph.mean()
     assert tally.count == 0
@@ -141,7 +183,7 @@ def test_evaluation_without_room_for_its_graph_runs_eagerly(rng, monkeypatch):
 
     def no_room(size):
         raise MemoryError(f"graph arena of {size} bytes")
-    monkeypatch.setattr(launch, "Arena", no_room)
+    monkeypatch.setattr(memory, "Arena", no_room)
     step = EvalStep(model, B, T)
     assert evaluation_means(step, data) == want
     assert step.graph is None and not step.cuda_graph
@@ -157,8 +199,8 @@ def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatc
     bit for bit."""
     from numba import cuda
 
-    from nanoandrea.kernels import matmul
-    monkeypatch.setattr(matmul, "TRANSPOSED_COPY_MIN_ROWS", 1)
+    from nanoandrea.kernels.matmul import float32
+    monkeypatch.setattr(float32, "TRANSPOSED_COPY_MIN_ROWS", 1)
     config = get_preset("tiny")
     model = GPT(config, get_backend("cuda"), seed=2)
     idx, targets = batches(rng, config, 2, 5, 1, 1)[0][0]

@@ -57,7 +57,7 @@ def choose(out, a, b, bias=None, hidden=None):
 
 
 def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-           gelu_out=None, gelu_input=None, b_transposed=None, kernel="auto"):
+           gelu_out=None, gelu_input=None, kernel="auto", b_transposed=None):
     """out[M,N] (+)= op(a) . op(b) (+ bias) by the kernel `choose` picks (or `kernel` names).
     gelu_out[M,N]: also gelu(out), the MLP's activation. gelu_input[M,N]: GELU's backward too:
     out (+)= gelu'(gelu_input) * (op(a) . op(b) + bias). b_transposed: with transpose_b, a copy
@@ -105,20 +105,23 @@ def matmul_tf32(out, a, b, bias=None, transpose_a=False, transpose_b=False, accu
 def through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
                     gelu_input):
     """A product written in bf16 (out or GELU's array a Bf16Matrix) that no kernel's epilogue
-    takes: the product in float32, then rounded (extra passes, on GPUs without wgmma)."""
+    takes: the product in float32 by mma.sync (the kernel chosen or named: kernel="mma" on an
+    H100 stays on it), then rounded (extra passes, on GPUs without wgmma)."""
     if isinstance(gelu_input, Bf16Matrix):
         values = device_empty(gelu_input.shape, "float32")
         bf16_values(values, gelu_input)
         gelu_input = values
     if not isinstance(out, Bf16Matrix):
         hidden = device_empty(out.shape, "float32") if gelu_out is not None else None
-        matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, hidden, gelu_input)
+        matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, hidden, gelu_input,
+               kernel="mma")
         if hidden is not None:
             round_bf16(gelu_out, hidden)
         return
     check_bf16_out(accumulate, gelu_out)
     values = device_empty(out.shape, "float32")
-    matmul(values, a, b, bias, transpose_a, transpose_b, False, None, gelu_input)
+    matmul(values, a, b, bias, transpose_a, transpose_b, False, None, gelu_input,
+           kernel="mma")
     round_bf16(out, values)
     if gelu_out is not None:                            # GELU of out as rounded
         bf16_values(values, out)

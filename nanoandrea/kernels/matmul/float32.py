@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..gelu import gelu_derivative, gelu_value
-from ..ptx.vector import load4, store4
+from ..ptx.vector import aligned16, load4, store4
 from ..runtime import device
 from ..runtime.device import SIMULATOR
 from ..runtime.launch import (blocks, check, check_float32, check_shape, current_stream,
@@ -312,6 +312,8 @@ def matmul_float32(out, a, b, bias=None, transpose_a=False, transpose_b=False,
     a copy of b^T already made (used where this launcher would make one)."""
     check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
+    check(all(aligned16(x) for x in (out, a, b, bias, gelu_out, gelu_input) if x is not None),
+          "matmul: the float32 kernel needs rows of 4k floats, 16-byte aligned")
     if copies_b_transposed(M, N, transpose_a, transpose_b):
         if b_transposed is None:
             b_transposed = cuda.device_array((K, N), dtype=np.float32, stream=current_stream())

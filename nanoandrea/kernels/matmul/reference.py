@@ -28,7 +28,8 @@ from numba import cuda, float32
 from ..gelu import gelu_backward, gelu_backward_numpy, gelu_forward, gelu_forward_numpy
 from ..operands import (Bf16Matrix, bf16_matrix_values, round_bf16_numpy,
                         tf32_matrix_values)
-from ..runtime.launch import blocks, check, check_shape, current_stream, launch
+from ..runtime.launch import (blocks, check, check_float32, check_shape, current_stream,
+                              launch)
 
 EPILOGUES = (None, "gelu", "gelu_grad")
 
@@ -53,7 +54,8 @@ def matmul_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
 
 
 def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False,
-                      accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None):
+                      accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None,
+                      kernel="auto"):
     """matmul_numpy of a and b rounded to bf16 (Bf16Matrix operands, or float32 ones rounded
     here), the sums in out's precision. out may be a Bf16Matrix: the product (the sums in
     float32) rounded to bf16, as the next products read it; then not accumulated, and gelu_out,
@@ -94,7 +96,8 @@ def product_of_values(values, out, a, b, bias, transpose_a, transpose_b, accumul
 
 
 def matmul_tf32_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False,
-                      accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None):
+                      accumulate=False, gelu_out=None, gelu_input=None, b_transposed=None,
+                      kernel="auto"):
     """matmul_numpy of a and b rounded to tf32 (Tf32Matrix operands, or float32 ones rounded
     here), the sums in out's precision."""
     product_of_values(tf32_matrix_values, out, a, b, bias, transpose_a, transpose_b, accumulate,
@@ -148,6 +151,7 @@ def matmul_reference(out, a, b, bias=None, transpose_a=False, transpose_b=False,
                      accumulate=False, gelu_out=None, gelu_input=None):
     """out (+)= op(a) . op(b) (+ bias) by the reference kernel, then GELU's forward or backward
     as a pass of its own (float32 arrays, any shapes)."""
+    check_float32(out=out, a=a, b=b, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, _ = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     bias, has_bias = bias_argument(out, bias)
     grid, threads = (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE)

@@ -1,5 +1,5 @@
-"""One wgmma (kernels/wgmma.py: matmul_wgmma.py's, attention_wgmma.py's, and the ladder's from v12
-on) on its own: D [64,128] = A [64,16] B [16,128], the operands put in shared memory by the host in the
+"""One wgmma (kernels/ptx/wgmma.py: matmul/wgmma.py's, attention/wgmma.py's, and the ladder's
+from v12 on) on its own: D [64,128] = A [64,16] B [16,128], the operands put in shared memory by the host in the
 128-byte-swizzled layouts, built here from the layouts' plain description (rows of 128
 bytes, chunk c of row r stored at chunk c ^ (r % 8)), not from the module's address arithmetic; each operand K-major
 or MN-major (the forward's A K-major and B n-major, dX's B K-major, dW's A m-major). In the
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
-from nanoandrea.kernels.launch import SIMULATOR
-from nanoandrea.kernels.tensorcores import bf16_bits, bf16_pair, bf16_values
-
-from nanoandrea.kernels.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS,
-                                      atom_start, dynamic_shared_words, fence_for,
-                                      fence_proxy_async, wait_for, wgmma_commit, wgmma_fence,
-                                      wgmma_m64n128k16, wgmma_m64nNk16, wgmma_wait)
+from nanoandrea.kernels.ptx.mma import bf16_bits, bf16_pair, bf16_values
+from nanoandrea.kernels.ptx.wgmma import (ACCUMULATORS, ATOM_BYTES, K_MAJOR, MN_MAJOR,
+                                          REGISTERS, atom_start, dynamic_shared_words,
+                                          fence_for, fence_proxy_async, wait_for, wgmma_commit,
+                                          wgmma_fence, wgmma_m64n128k16, wgmma_m64nNk16,
+                                          wgmma_wait)
+from nanoandrea.kernels.runtime.device import SIMULATOR
 
 ROW_WORDS = 32                            # a swizzled row: 128 bytes
 BLOCK_WORDS = 64 * ROW_WORDS              # 64 rows of it: one block of 64 columns, MN-major

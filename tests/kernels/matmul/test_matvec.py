@@ -1,13 +1,19 @@
-"""Products of few rows (kernels/matvec.py) against their NumPy twin and float64, in both
+"""Products of few rows (kernels/matmul/matvec.py) against their NumPy twin and float64, in both
 orientations and precisions, split over K or not; and the model's forward of one token through
 them against the tile kernels'."""
+from importlib import import_module
+
 import numpy as np
 import pytest
 
+from checks import device, poisoned
 from conftest import GPU, relative_error
-from nanoandrea.kernels import matmul, matmul_bf16, matvec
-from nanoandrea.kernels.matmul_bf16 import Bf16Matrix
-from test_kernels import device, poisoned
+from nanoandrea.kernels import matmul
+from nanoandrea.kernels.operands import Bf16Matrix, round_bf16_numpy
+from nanoandrea.kernels.runtime import device as runtime_device
+
+# (the module: the family's package names its function `matvec`, which hides the module's name)
+matvec = import_module("nanoandrea.kernels.matmul.matvec")
 
 TOLERANCE = 2e-5 if not GPU else 1e-4      # float32 sums against float64 (or the twin)
 BF16_TOLERANCE = 1e-2                       # bf16 operands against the unrounded product
@@ -20,7 +26,7 @@ CASES = ([(1, 20, 36), (3, 36, 28)] if not GPU else
 def bf16_device(x):
     """A Bf16Matrix of x on the device (what backend.operand makes in bf16)."""
     words = Bf16Matrix(np.zeros(Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
-    matmul_bf16.round_bf16_numpy(words, x.astype(np.float32))
+    round_bf16_numpy(words, x.astype(np.float32))
     return Bf16Matrix(device(words.words, np.uint32), x.shape[1])
 
 
@@ -80,7 +86,8 @@ def test_matvec_splits_fill_the_gpu():
         splits = matvec.matvec_splits(N, K)
         columns = -(-N // matvec.BLOCK_COLUMNS)
         assert splits == 1 or K // splits >= per_split
-        assert splits == K // per_split or columns * splits >= 2 * matvec.MULTIPROCESSORS
+        assert splits == K // per_split or (
+            columns * splits >= 2 * runtime_device.current().multiprocessors)
     assert matvec.matvec_splits(1 << 20, 768) == 1
 
 

@@ -1,7 +1,7 @@
-"""The wgmma attention (kernels/attention_wgmma.py) against attention_bf16's NumPy twin:
+"""The wgmma attention (kernels/attention/wgmma.py) against the bf16 attention's NumPy twin:
 attention of q, k, v (and dout) rounded to bf16, in float64, within bf16's tolerance (the
 rounding of P and dS inside the kernels), the same check as the mma.sync kernels'
-(test_attention_bf16.py). A block is a whole warpgroup (128 threads) in the simulator too, so
+(test_attention_mma.py). A block is a whole warpgroup (128 threads) in the simulator too, so
 its cases are few: T = 80 is two blocks of 64 rows and, with the simulator's streamed tiles of
 16, up to five tiles a block, the last one partly past T.
 """
@@ -9,17 +9,19 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from checks import device, poisoned, recording_launches
 from conftest import GPU
-from nanoandrea.kernels import attention_bf16, attention_wgmma
-from test_attention_bf16 import check_attention_bf16
-from test_kernels import device, poisoned, recording_launches
+from nanoandrea.kernels import attention
+from nanoandrea.kernels.attention import wgmma
+from nanoandrea.kernels.runtime import device as runtime_device
+from test_attention_mma import check_attention_bf16
 
 if GPU and cuda.get_current_device().compute_capability != (9, 0):
     pytest.skip("wgmma needs compute capability 9.0 (sm_90a)", allow_module_level=True)
 
 
 @pytest.mark.parametrize("D,dropout_p", [(32, 0.0), (64, 0.3)] if not GPU else
-                         [(D, p) for D in attention_wgmma.HEAD_SIZES for p in (0.0, 0.3)])
+                         [(D, p) for D in wgmma.HEAD_SIZES for p in (0.0, 0.3)])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 80)] if not GPU else [(4, 12, 256), (1, 2, 1000)])
 def test_attention_wgmma(rng, D, dropout_p, B, H, T):
     check_attention_bf16(rng, B, H, T, D, dropout_p, kernel="wgmma")
@@ -32,30 +34,30 @@ def test_attention_wgmma_writes_the_heads_concat(rng):
 
 @pytest.mark.skipif(not GPU, reason="wgmma is taken on a GPU of compute capability 9.0 only")
 def test_attention_bf16_takes_wgmma_on_hopper(rng, monkeypatch):
-    """On compute capability 9.0 attention_bf16's heads of D = 32 and 64 go to the wgmma
+    """On compute capability 9.0 the bf16 attention's heads of D = 32 and 64 go to the wgmma
     kernels, and give the same results as naming them."""
+    assert runtime_device.runs_wgmma()
     B, H, T, D = 2, 2, 200, 64
     q, k, v, dout = (device(rng.standard_normal((B, H, T, D))) for _ in range(4))
     results = []
     for kernel in ("auto", "wgmma"):
-        launched = recording_launches(monkeypatch, attention_wgmma)
+        launched = recording_launches(monkeypatch, wgmma)
         out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
-        attention_bf16.attention_forward_bf16(out, lse, q, k, v, kernel=kernel)
+        attention.attention_forward_bf16(out, lse, q, k, v, kernel=kernel)
         grads = [poisoned((B, H, T, D)) for _ in range(3)]
-        attention_bf16.attention_backward_bf16(*grads, poisoned((B, H, T)), dout, q, k, v, out,
-                                               lse, kernel=kernel)
-        assert launched == [attention_wgmma.forward_kernel(D, False),
-                            attention_wgmma.dq_kernel(D, False),
-                            attention_wgmma.dkdv_kernel(D, False)]
+        attention.attention_backward_bf16(*grads, poisoned((B, H, T)), dout, q, k, v, out,
+                                          lse, kernel=kernel)
+        assert launched == [wgmma.forward_kernel(D, False), wgmma.dq_kernel(D, False),
+                            wgmma.dkdv_kernel(D, False)]
         results.append([x.copy_to_host() for x in (out, lse, *grads)])
     for got, want in zip(*results):
         np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.skipif(not GPU, reason="a property of the H200's tensor cores, not of the twins")
-@pytest.mark.parametrize("D", attention_wgmma.HEAD_SIZES)
+@pytest.mark.parametrize("D", wgmma.HEAD_SIZES)
 def test_attention_wgmma_equals_mma_sync_to_the_bit(rng, D):
-    """The wgmma kernels and attention_bf16's mma.sync ones do the same arithmetic in the same
+    """The wgmma kernels and the mma.sync ones do the same arithmetic in the same
     order (k16 steps in turn, the same softmax), and on the H200 the two instructions round a
     k16 step's sums alike: every output is the same to the bit. (The default recipe's losses
     with either were the same at every logged step: docs/perf.md.)"""
@@ -64,10 +66,10 @@ def test_attention_wgmma_equals_mma_sync_to_the_bit(rng, D):
     results = []
     for kernel in ("mma", "wgmma"):
         out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
-        attention_bf16.attention_forward_bf16(out, lse, q, k, v, kernel=kernel)
+        attention.attention_forward_bf16(out, lse, q, k, v, kernel=kernel)
         grads = [poisoned((B, H, T, D)) for _ in range(3)]
-        attention_bf16.attention_backward_bf16(*grads, poisoned((B, H, T)), dout, q, k, v, out,
-                                               lse, kernel=kernel)
+        attention.attention_backward_bf16(*grads, poisoned((B, H, T)), dout, q, k, v, out,
+                                          lse, kernel=kernel)
         results.append([x.copy_to_host() for x in (out, lse, *grads)])
     for got, want in zip(*results):
         np.testing.assert_array_equal(got, want)

@@ -1,29 +1,40 @@
-"""The tensor-core matmul (kernels/matmul_bf16.py) against its NumPy twin and against float64.
+"""The mma.sync products (kernels/matmul/mma_sync.py) in bf16 and tf32 against their NumPy twins
+and against float64, named by kernel="mma" so that every GPU runs them (on Hopper the dispatch
+would choose wgmma for bf16).
 
-Its twin rounds the operands to bf16 exactly as the kernel does (to nearest, ties to even), so
-the two agree to float32 sums' rounding; against the unrounded float64 product the error is
-bf16's, ~1e-2 relative at most. Sizes are multiples of 8 (the kernel's copies), none a
-multiple of its block tile; in the simulator its block is 32 x 32 (the module's doc).
-`check` serves tf32's tests of the same kernel too (test_matmul_tf32.py), and the wgmma
-kernel's (test_matmul_wgmma.py).
+Each twin rounds the operands exactly as the kernel does (bf16: to nearest, ties to even; tf32:
+ties away), so kernel and twin agree to float32 sums' rounding; against the unrounded float64
+product the error is the rounding's, ~1e-2 relative at most for bf16, ~1e-3 for tf32. Sizes
+are multiples of 8 (the kernel's copies), none a multiple of its block tile; in the simulator
+its block is 32 x 32 (the module's doc). tf32 changes what the k-major operands read (a word a
+lane), the slices of 16 k and rows padded to 4 values: fewer cases than bf16's, the code both
+share is tested there. `check` and `check_products_in_bf16` serve the wgmma kernel's tests too
+(test_matmul_wgmma.py).
 """
+import functools
+
 import numpy as np
 import pytest
 
+from checks import ORIENTATIONS, device, output_and_prior, poisoned, split_k
 from conftest import GPU, relative_error
-from nanoandrea.kernels import gelu, matmul, matmul_bf16, matmul_tf32, matmul_wgmma
-from nanoandrea.kernels.launch import kernel_factory
-from nanoandrea.kernels.tensorcores import bf16_bits, bf16_values, pack_bf16, unpack_bf16
-from test_kernels import ORIENTATIONS, device, output_and_prior, poisoned
+from nanoandrea.kernels import gelu, matmul, operands
+from nanoandrea.kernels.matmul import mma_sync, wgmma
+from nanoandrea.kernels.operands import Bf16Matrix, bf16_matrix_values, round_bf16_numpy
+from nanoandrea.kernels.ptx.mma import bf16_values, unpack_bf16
+from nanoandrea.kernels.runtime.launch import kernel_factory
 
 TOLERANCE = 1e-5 if not GPU else 1e-4       # against the twin: float32 sums in another order
 BF16_TOLERANCE = 1e-2                        # against float64 on the unrounded operands
 # each precision's (launcher, twin, tolerance against float64 on the unrounded operands)
-PRECISIONS = {"bf16": (matmul_bf16.matmul_bf16, matmul_bf16.matmul_bf16_numpy, BF16_TOLERANCE),
-              "tf32": (matmul_tf32.matmul_tf32, matmul_tf32.matmul_tf32_numpy, 2e-3),
-              "wgmma": (lambda out, a, b, *args, **epilogue: matmul_wgmma.matmul_wgmma(
-                  out, matmul_bf16.rounded(a), matmul_bf16.rounded(b), *args, **epilogue),
-                  matmul_bf16.matmul_bf16_numpy, BF16_TOLERANCE)}     # (test_matmul_wgmma.py)
+PRECISIONS = {
+    "bf16": (functools.partial(matmul.matmul_bf16, kernel="mma"), matmul.matmul_bf16_numpy,
+             BF16_TOLERANCE),
+    "tf32": (functools.partial(matmul.matmul_tf32, kernel="mma"), matmul.matmul_tf32_numpy,
+             2e-3),
+    "wgmma": (lambda out, a, b, *args, **epilogue: wgmma.matmul_wgmma(
+        out, operands.rounded_bf16(a), operands.rounded_bf16(b), *args, **epilogue),
+        matmul.matmul_bf16_numpy, BF16_TOLERANCE)}          # (test_matmul_wgmma.py)
 CASES = ([(40, 24, 40, True, False), (24, 40, 16, False, True)] if not GPU else
          [(1000, 1544, 392, True, False), (1000, 392, 776, False, True),
           (2048, 768, 3072, True, False)])
@@ -56,13 +67,9 @@ def check(rng, transpose_a, transpose_b, M, N, K, with_bias, accumulate, gelu=No
     assert relative_error(got, exact) < rounding_tolerance
 
 
-def split_k(monkeypatch, splits):
-    monkeypatch.setattr(matmul_bf16, "split_count", lambda M, N, K, slots, step: splits)
-
-
 @pytest.mark.parametrize("splits", [1, 2])
 @pytest.mark.parametrize("transpose_a,transpose_b", ORIENTATIONS)
-def test_matmul_bf16(rng, monkeypatch, splits, transpose_a, transpose_b):
+def test_matmul_mma_bf16(rng, monkeypatch, splits, transpose_a, transpose_b):
     """Every orientation (the forward NN, dX's NT, dW's TN), with split-K (splits=2) too."""
     split_k(monkeypatch, splits)
     for case in CASES:
@@ -72,41 +79,43 @@ def test_matmul_bf16(rng, monkeypatch, splits, transpose_a, transpose_b):
 @pytest.mark.parametrize("gelu,transpose_b,accumulate,splits", [
     ("out", False, False, 1), ("out", False, False, 2),     # the MLP up with its activation
     ("input", True, False, 1), ("input", True, True, 2)])   # dH = (dY . W^T) * gelu'(H)
-def test_matmul_bf16_epilogues(rng, monkeypatch, gelu, transpose_b, accumulate, splits):
+def test_matmul_mma_bf16_epilogues(rng, monkeypatch, gelu, transpose_b, accumulate, splits):
     split_k(monkeypatch, splits)
     M, N, K = (40, 24, 40) if not GPU else (1000, 1544, 392)
     check(rng, False, transpose_b, M, N, K, gelu == "out", accumulate, gelu)
 
 
 @pytest.mark.parametrize("transpose_a,transpose_b", ORIENTATIONS)
-def test_matmul_bf16_any_width(rng, transpose_a, transpose_b):
+def test_matmul_mma_bf16_any_width(rng, transpose_a, transpose_b):
     """Widths that are not multiples of 8 (a character vocabulary's 65): each operand's rows
     are padded with zeros to 8 values, and the pad adds nothing to a sum."""
     M, N, K = (12, 13, 21) if not GPU else (300, 65, 1027)
     check(rng, transpose_a, transpose_b, M, N, K, True, False)
 
 
-def test_round_bf16_pads_with_zeros(rng):
-    """round_bf16 against its twin, bit for bit, at a width of 13: 13 values then 3 zeros."""
-    x = rng.standard_normal((5, 13)).astype(np.float32)
-    rounded = matmul_bf16.rounded(device(x))
-    words = rounded.words.copy_to_host()
-    want = matmul_bf16.Bf16Matrix(np.zeros((5, 8), np.uint32), 13)
-    matmul_bf16.round_bf16_numpy(want, x)
-    assert rounded.shape == (5, 13) and words.shape == (5, 8)
-    assert np.array_equal(words, want.words)
-    assert np.array_equal(unpack_bf16(words)[:, :13], bf16_values(x))
-    assert not unpack_bf16(words)[:, 13:].any()
+@pytest.mark.parametrize("transpose_a,transpose_b", ORIENTATIONS)
+@pytest.mark.parametrize("splits", [1, 2])
+def test_matmul_mma_tf32(rng, monkeypatch, splits, transpose_a, transpose_b):
+    """Every orientation, whole and split-K (in the simulator one case each: split-K's needs
+    K of two slices or more)."""
+    split_k(monkeypatch, splits)
+    for case in CASES if GPU else [CASES[2 - splits]]:
+        check(rng, transpose_a, transpose_b, *case, precision="tf32")
 
 
-def test_bf16_rounding_is_to_nearest_even():
-    ulp = 2.0 ** -7                     # bf16's spacing at 1 (7 bits of mantissa after the 1)
-    x = np.array([1.0, 1 + ulp, 1 + 0.75 * ulp, 1 + 0.5 * ulp, 1 + 0.5 * ulp + 2 ** -20,
-                  1 + 1.5 * ulp, -2.5], dtype=np.float32)
-    want = np.array([1.0, 1 + ulp, 1 + ulp, 1.0, 1 + ulp, 1 + 2 * ulp, -2.5], dtype=np.float32)
-    assert np.array_equal(bf16_values(x), want)         # (the ties go to the even mantissa)
-    assert np.array_equal(unpack_bf16(pack_bf16(x[:6].reshape(1, -1))).ravel(), want[:6])
-    assert bf16_bits(np.float32(1.0)) == 0x3F80
+@pytest.mark.parametrize("gelu,transpose_b,accumulate", [
+    ("out", False, False),                  # the MLP up with its activation (b k-major)
+    ("input", True, True)])                 # dH = (dY . W^T) * gelu'(H), added to
+def test_matmul_mma_tf32_epilogues(rng, gelu, transpose_b, accumulate):
+    M, N, K = (40, 24, 40) if not GPU else (1000, 1544, 392)
+    check(rng, False, transpose_b, M, N, K, gelu == "out", accumulate, gelu, precision="tf32")
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b", ORIENTATIONS)
+def test_matmul_mma_tf32_any_width(rng, transpose_a, transpose_b):
+    """Widths that are not multiples of 4: each operand's rows padded with zeros to 4 values."""
+    M, N, K = (12, 13, 21) if not GPU else (300, 65, 1027)
+    check(rng, transpose_a, transpose_b, M, N, K, True, False, precision="tf32")
 
 
 GPU_BLOCK = dict(MMA_M=4, MMA_N=8, WM=64, WN=64, BM=128, BN=128, A_COPIES=4, B_COPIES=4)
@@ -122,9 +131,9 @@ def test_the_gpu_block_in_the_simulator(rng, monkeypatch, precision, transpose_a
     columns and K = 40, and the fragments of every tile of a warp. Two orientations take
     each operand both ways, along k and k-major (one block: the simulator is slow at it)."""
     for name, value in GPU_BLOCK.items():
-        monkeypatch.setattr(matmul_bf16, name, value)
-    monkeypatch.setattr(matmul_bf16, "mma_matmul_kernel",       # (a new cache of kernels)
-                        kernel_factory(matmul_bf16.mma_matmul_kernel.__wrapped__))
+        monkeypatch.setattr(mma_sync, name, value)
+    monkeypatch.setattr(mma_sync, "mma_matmul_kernel",         # (a new cache of kernels)
+                        kernel_factory(mma_sync.mma_matmul_kernel.__wrapped__))
     check(rng, transpose_a, transpose_b, 100, 24, 40, True, False, precision=precision)
 
 
@@ -136,15 +145,15 @@ def check_gelu_in_bf16(rng, product, M, N, K):
     out, hidden = poisoned((M, N)), poisoned((M, N))
     product(out, a, b, bias, gelu_out=hidden)
     out_words = poisoned((M, N))
-    words = matmul_bf16.Bf16Matrix.allocate((M, N), matmul_bf16.device_empty)
+    words = Bf16Matrix.allocate((M, N), operands.device_empty)
     product(out_words, a, b, bias, gelu_out=words)
     np.testing.assert_array_equal(out_words.copy_to_host(), out.copy_to_host())
-    want = matmul_bf16.Bf16Matrix.allocate((M, N), np.empty)
-    matmul_bf16.round_bf16_numpy(want, hidden.copy_to_host())
+    want = Bf16Matrix.allocate((M, N), np.empty)
+    round_bf16_numpy(want, hidden.copy_to_host())
     np.testing.assert_array_equal(words.words.copy_to_host(), want.words)
     values = poisoned((M, N))
-    matmul_bf16.bf16_values(values, words)
-    np.testing.assert_array_equal(values.copy_to_host(), matmul_bf16.bf16_matrix_values(want))
+    operands.bf16_values(values, words)
+    np.testing.assert_array_equal(values.copy_to_host(), bf16_matrix_values(want))
 
 
 def check_products_in_bf16(rng, product, M, N, K):
@@ -154,15 +163,14 @@ def check_products_in_bf16(rng, product, M, N, K):
     the bit; GELU's output is GELU of out as rounded (to bf16's rounding: numpy's exp is not
     the GPU's); GELU's backward reads a Bf16Matrix input as its values, and its result is the
     float32 one rounded, to the bit. The kernel and the twin agree to float32 sums' order."""
-    Bf16Matrix = matmul_bf16.Bf16Matrix
     a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (N, K), (N,)))
     pre = Bf16Matrix.allocate((M, N), np.empty)              # GELU's input, in bf16
-    matmul_bf16.round_bf16_numpy(pre, 3 * rng.standard_normal((M, N)).astype(np.float32))
-    pre_values = matmul_bf16.bf16_matrix_values(pre)
+    round_bf16_numpy(pre, 3 * rng.standard_normal((M, N)).astype(np.float32))
+    pre_values = bf16_matrix_values(pre)
     sides = {"kernel": (product, device, lambda: Bf16Matrix.allocate((M, N),
-                                                                       matmul_bf16.device_empty),
+                                                                       operands.device_empty),
                         lambda x: x.copy_to_host()),
-             "twin": (matmul_bf16.matmul_bf16_numpy, np.array,
+             "twin": (matmul.matmul_bf16_numpy, np.array,
                       lambda: Bf16Matrix.allocate((M, N), np.empty), np.asarray)}
     got = {}
     for side, (run, put, new, host) in sides.items():
@@ -179,7 +187,7 @@ def check_products_in_bf16(rng, product, M, N, K):
         run(floats[1], x, w, None, transpose_b=True, gelu_input=put(pre_values))
         for value, want in zip((words[0], words[3]), floats):        # the float32 ones rounded
             rounded = Bf16Matrix.allocate((M, N), np.empty)
-            matmul_bf16.round_bf16_numpy(rounded, host(want))
+            round_bf16_numpy(rounded, host(want))
             np.testing.assert_array_equal(value, rounded.words)
         np.testing.assert_array_equal(words[1], words[0])            # gelu's pre-activation
         gelu_of_out = np.empty((M, N), np.float32)
@@ -191,35 +199,35 @@ def check_products_in_bf16(rng, product, M, N, K):
         assert relative_error(unpack_bf16(kernel), unpack_bf16(twin)) < BF16_TOLERANCE / 10
 
 
-def test_matmul_bf16_products_in_bf16(rng):
-    """matmul_bf16 with out a Bf16Matrix: on Hopper wgmma's bf16 epilogue, elsewhere (and in
-    the simulator) the float32 product rounded after (through_float32)."""
+def test_matmul_mma_products_in_bf16(rng):
+    """matmul_bf16 on mma.sync with out a Bf16Matrix: the float32 product rounded after
+    (through_float32; on Hopper wgmma's bf16 epilogue writes them: test_matmul_wgmma.py)."""
     M, N, K = (40, 24, 40) if not GPU else (1000, 1544, 392)
-    check_products_in_bf16(rng, matmul_bf16.matmul_bf16, M, N, K)
+    check_products_in_bf16(rng, functools.partial(matmul.matmul_bf16, kernel="mma"), M, N, K)
 
 
-def test_matmul_bf16_writes_gelu_in_bf16(rng):
-    """matmul_bf16 with a Bf16Matrix gelu_out (the MLP up in bf16 training): on Hopper wgmma's
-    epilogue writes it, elsewhere (and in the simulator) a float32 GELU rounded; the twin
-    likewise."""
+def test_matmul_mma_writes_gelu_in_bf16(rng):
+    """matmul_bf16 on mma.sync with a Bf16Matrix gelu_out (the MLP up in bf16 training): a
+    float32 GELU rounded; the twin likewise."""
     M, N, K = (40, 24, 40) if not GPU else (1000, 1544, 392)
-    check_gelu_in_bf16(rng, matmul_bf16.matmul_bf16, M, N, K)
+    check_gelu_in_bf16(rng, functools.partial(matmul.matmul_bf16, kernel="mma"), M, N, K)
     a, b, bias = (rng.standard_normal(s) for s in ((M, K), (K, N), (N,)))
     out, hidden = np.empty((M, N)), np.empty((M, N))
-    matmul_bf16.matmul_bf16_numpy(out, a, b, bias, gelu_out=hidden)
-    words = matmul_bf16.Bf16Matrix.allocate((M, N), np.empty)
-    matmul_bf16.matmul_bf16_numpy(np.empty((M, N)), a, b, bias, gelu_out=words)
-    want = matmul_bf16.Bf16Matrix.allocate((M, N), np.empty)
-    matmul_bf16.round_bf16_numpy(want, hidden.astype(np.float32))
+    matmul.matmul_bf16_numpy(out, a, b, bias, gelu_out=hidden)
+    words = Bf16Matrix.allocate((M, N), np.empty)
+    matmul.matmul_bf16_numpy(np.empty((M, N)), a, b, bias, gelu_out=words)
+    want = Bf16Matrix.allocate((M, N), np.empty)
+    round_bf16_numpy(want, hidden.astype(np.float32))
     np.testing.assert_array_equal(words.words, want.words)
 
 
 def test_bf16_mlp_keeps_gelu_as_the_next_products_operand(rng):
     """ops.linear(activation="gelu") in bf16: the pre-activation, GELU's output and the
     pre-activation's gradient are written only as the MLP's products read them (the
-    OperandTensor's operand), no float32 copy is made in the forward or the backward, and the output and gradients are the NumPy backend's (its twin rounds the same
-    way). Reading `data` afterwards gives GELU's values in bf16: GELU of the pre-activation as
-    it was stored."""
+    OperandTensor's operand), no float32 copy is made in the forward or the backward, and the
+    output and gradients are the NumPy backend's (its twin rounds the same way). Reading
+    `data` afterwards gives GELU's values in bf16: GELU of the pre-activation as it was
+    stored. (The dispatch's kernels: mma.sync here, wgmma on Hopper.)"""
     from nanoandrea import ops
     from nanoandrea.autograd import Tensor
     from nanoandrea.backend import get_backend

@@ -4,13 +4,14 @@ the same seed (on the CPU backend in CI, on the GPU at andrea-mini's shape there
 import numpy as np
 import pytest
 
+from checks import device, poisoned
 from conftest import GPU, relative_error
 from nanoandrea.backend import get_backend
 from nanoandrea.config import get_preset
-from nanoandrea.kernels import attention, heads, kvcache
+from nanoandrea.kernels import attention, heads
+from nanoandrea.kernels.attention import kvcache
 from nanoandrea.model import GPT
 from nanoandrea.sample import generate
-from test_kernels import device, poisoned
 
 TOLERANCE = 2e-5 if not GPU else 1e-4
 
@@ -110,7 +111,7 @@ def test_the_moving_windows_forward_is_the_models_forward(rng, backend_name):
     the GPU eager at its first call, then captured as a graph and replayed): the logits of each
     window as it moves on are the model's forward's, bit for bit."""
     from nanoandrea.autograd import no_grad
-    from nanoandrea.kernels import launch
+    from nanoandrea.kernels.runtime import memory
     from nanoandrea.sample import WindowDecoder, last_logits
     config = (get_preset("tiny") if backend_name == "numpy" else
               get_preset("andrea-mini", vocab_size=65, block_size=64))
@@ -123,7 +124,7 @@ def test_the_moving_windows_forward_is_the_models_forward(rng, backend_name):
             got, (want, _) = window(text), model.forward(text)
             assert np.array_equal(last_logits(model.backend, got.data),
                                   last_logits(model.backend, want.data)), start
-    assert (window.graph is not None) == (backend_name == "cuda" and launch.CUPY_POOL)
+    assert (window.graph is not None) == (backend_name == "cuda" and memory.CUPY_POOL)
 
 
 def test_sampling_reads_the_weights_as_an_optimizer_step_left_them(rng):
