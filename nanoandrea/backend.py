@@ -31,6 +31,7 @@ import numpy as np
 from .kernels import (adamw, attention, crossentropy, dropout, elementwise, embedding, gelu,
                       heads, layernorm, matmul, operands, reduce)
 from .kernels.attention import kvcache
+from .kernels.matmul import matvec
 from .kernels.runtime.device import SIMULATOR, gpu_available
 from .kernels.runtime.device import current as current_device
 
@@ -56,7 +57,7 @@ class Backend:
             (matmul.matmul if cuda else matmul.matmul_numpy))
         # out (+)= a sum of products (the gradient of x that attention's q, k and v send back)
         self.matmul_sum = matmul.matmul_sum if cuda else matmul.matmul_sum_numpy
-        self.matvec = matmul.matvec if cuda else matmul.matvec_numpy
+        self.matvec = matvec.matvec if cuda else matvec.matvec_numpy
         self.transpose = matmul.transpose if cuda else matmul.transpose_numpy
         self.round_bf16 = operands.round_bf16 if cuda else operands.round_bf16_numpy
         self.round_tf32 = operands.round_tf32 if cuda else operands.round_tf32_numpy
@@ -102,7 +103,7 @@ class Backend:
         # whether a product of few rows without gradients runs on matvec (tf32: never, matvec
         # reads float32 or bf16 weights, not tf32's)
         self.takes_matvec = (_never if tf32 else
-                             matmul.takes_matvec if cuda else matmul.takes_matvec_numpy)
+                             matvec.takes_matvec if cuda else matvec.takes_matvec_numpy)
         # q, k, v as attention reads them (bf16: rounded once, for forward and backward), and
         # whether attention rounds heads x so (then split_heads need not copy them)
         self.heads_operand = (attention.heads_operand if cuda else

@@ -128,7 +128,7 @@ def test_attention_between_split_and_merge(rng, also_used):
 @pytest.mark.parametrize("later_use", ["layernorm", "linear"])
 def test_a_shared_gradient_is_never_written_in_place(rng, later_use):
     """The residual add hands its gradient to both inputs without a copy (share_grad). A later
-    gradient of one of them (layer norm's, which its kernel adds to the shared one: grad_apart;
+    gradient of one of them (layer norm's, which its kernel adds to the shared one: grad_out_of_place;
     a linear layer's, through grad_slot: a copy first) goes to a new buffer, never into the
     shared one, which the other input's users (a weight gradient beside) may still be reading."""
     weight, bias = 1 + 0.3 * rng.standard_normal(6), rng.standard_normal(6)

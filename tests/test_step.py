@@ -192,7 +192,7 @@ def test_evaluation_without_room_for_its_graph_runs_eagerly(rng, monkeypatch):
 @pytest.mark.skipif(GPU, reason="eagerly, memory the second stream reads could be reused by the "
                     "first (CuPy's pool); on the GPU the captured step above runs it")
 def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatch):
-    """Work launched on a second stream (schedule.beside): every linear layer's dW and db; in
+    """Work launched on a second stream (schedule.on_second_stream): every linear layer's dW and db; in
     the forward each layer's K and V products and their splits into heads (ops.linears) and
     the W^T copies of its six weights that backward's dX products read (made at any size
     here); nothing else; the backward ends joined; the gradients are the one-stream gradients

@@ -129,9 +129,6 @@ def launch_rounding(kernel, out, copy, x):
     launch(kernel, blocks(copy.size // 4, 128), 128, copy, x, whole)
 
 
-# --- the NumPy twin: the definition -------------------------------------------------------
-
-
 def rounded_bf16(x):
     """A new Bf16Matrix of the float32 device array x (what the backend's `operand` makes)."""
     check(len(x.shape) == 2, f"bf16 operands are 2-D, got {x.shape}")

@@ -8,7 +8,7 @@ import pytest
 from checks import TOLERANCE, device, poisoned
 from conftest import GPU, relative_error
 from nanoandrea.kernels import crossentropy
-from nanoandrea.kernels.operands import Bf16Matrix, round_bf16_numpy
+from nanoandrea.kernels.operands import Bf16Matrix, bf16_matrix_values, round_bf16_numpy
 
 
 @pytest.mark.parametrize("scale, columns", [(1.0, 37), (100.0, 37), (1.0, 40), (100.0, 40)])
@@ -76,3 +76,48 @@ def test_crossentropy_ignores_padded_vocabulary(rng, fused):
     twin = [np.empty(1), np.empty(N), np.empty(N), np.empty((N, Vp))]   # the twin agrees
     crossentropy.crossentropy_forward_backward_numpy(*twin, logits, targets, dloss, V)
     assert relative_error(twin[0], want[0]) < 1e-12 and np.all(twin[3][:, V:] == 0)
+
+
+def bf16_logits(rng, N, Vp, scale):
+    """Logits [N, Vp] as the LM head writes them in bf16: (a device Bf16Matrix, its host twin)."""
+    logits = Bf16Matrix.allocate((N, Vp), np.empty)
+    round_bf16_numpy(logits, (scale * rng.standard_normal((N, Vp))).astype(np.float32))
+    return Bf16Matrix(device(logits.words, np.uint32), Vp), logits
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+@pytest.mark.parametrize("shared_bytes", [None, 64])
+def test_crossentropy_of_bf16_logits(rng, monkeypatch, scale, shared_bytes):
+    """Logits in bf16 (bf16_logits_kernel: each row read once into shared memory, ex2.approx):
+    the loss, lse and the bf16 gradient against the twin on the same bf16 values, the forward
+    alone too (evaluation's); the padding columns outside the softmax with gradient 0.
+    shared_bytes 64: a device whose blocks cannot hold a row, where the logits go through
+    float32 values and the float32 kernels instead."""
+    if shared_bytes is not None:
+        from nanoandrea.kernels.runtime import device as runtime_device
+        small = runtime_device.Device("a card of little shared memory", (9, 0), 132,
+                                      50 * 2**20, shared_bytes)
+        monkeypatch.setattr(runtime_device, "current", lambda: small)
+    N, Vp, V = (5, 64, 61) if not GPU else (2048, 50304, 50257)
+    logits, host = bf16_logits(rng, N, Vp, scale)
+    targets = rng.integers(0, V, size=N).astype(np.int32)
+    dloss = np.array([0.7], np.float32)
+    want = [np.empty(1, np.float32), np.empty(N, np.float32), np.empty(N, np.float32)]
+    want_grad = Bf16Matrix.allocate((N, Vp), np.empty)
+    crossentropy.crossentropy_forward_backward_numpy(*want, want_grad, host, targets, dloss,
+                                                     vocab=V)
+    got = [poisoned(1), poisoned(N), poisoned(N)]
+    grad = Bf16Matrix.allocate((N, Vp), lambda shape, dtype: device(
+        np.full(shape, 0xFFFFFFFF), dtype))
+    crossentropy.crossentropy_forward_backward(*got, grad, logits, device(targets, np.int32),
+                                               device(dloss), vocab=V)
+    for g, w in zip(got, want):
+        assert relative_error(g.copy_to_host(), w) < 1e-5
+    got_values = bf16_matrix_values(Bf16Matrix(grad.words.copy_to_host(), Vp))
+    want_values = bf16_matrix_values(want_grad)
+    assert np.abs(got_values - want_values).max() <= 2**-7 * np.abs(want_values).max()
+    assert not got_values[:, V:].any()
+    forward = [poisoned(1), poisoned(N), poisoned(N)]
+    crossentropy.crossentropy_forward(*forward, logits, device(targets, np.int32), vocab=V)
+    for g, w in zip(forward, want):
+        assert relative_error(g.copy_to_host(), w) < 1e-5

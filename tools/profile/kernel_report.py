@@ -56,7 +56,7 @@ DROP = (I1, int64, int64, float32)           # seed, site, threshold, keep
 MATMUL_ARGS = (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
 U2 = types.uint32[:, ::1]                   # a Bf16Matrix's words
 WGMMA_ARGS = (A3, U2, U2, A1, BOOL, BOOL, int64, A2)
-# the tensor-map table; the pairs' rows (a's, b's), out's, hidden's; the pair count, the pairs
+# the tensor-map table; the pairs' rows (a's, b's), out's, GELU's; the pair count, the pairs
 WGMMA_MAPS = (types.uint64[:, ::1], types.UniTuple(int64, 3), types.UniTuple(int64, 3), int64,
               int64, int64, types.UniTuple(U2, 3), types.UniTuple(U2, 3))
 V4 = float32[:, :, :, :]        # heads views of [B,T,C] arrays (heads.heads_view)

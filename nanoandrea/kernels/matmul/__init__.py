@@ -37,22 +37,21 @@ from ..runtime.device import SIMULATOR
 from ..runtime.launch import check
 from . import float32, mma_sync, reference, wgmma
 from .float32 import copies_b_transposed, transpose, transpose_numpy  # noqa: F401 (the backend's)
-from .matvec import matvec, matvec_numpy, takes_matvec, takes_matvec_numpy  # noqa: F401
 from .reference import (check_bf16_out, matmul_bf16_numpy, matmul_numpy,  # noqa: F401
                         matmul_tf32_numpy)
 
 KERNELS = ("wgmma", "mma", "float32", "reference")
 
 
-def choose(out, a, b, bias=None, hidden=None):
-    """The kernel that takes this product (the module's doc); hidden: GELU's array, if any."""
+def choose(out, a, b, bias=None, gelu_array=None):
+    """The kernel that takes this product (the module's doc); gelu_array: GELU's array, if any."""
     if isinstance(a, Tf32Matrix):
         return "mma"                            # (tf32: mma.sync alone)
     if isinstance(a, Bf16Matrix):
         # wgmma writes out and GELU's array both in float32 or both in bf16
-        alike = hidden is None or isinstance(hidden, Bf16Matrix) == isinstance(out, Bf16Matrix)
-        return "wgmma" if alike and wgmma.takes(out, bias, hidden, a, b) else "mma"
-    rows_aligned = all(aligned16(x) for x in (out, a, b, bias, hidden) if x is not None)
+        alike = gelu_array is None or isinstance(gelu_array, Bf16Matrix) == isinstance(out, Bf16Matrix)
+        return "wgmma" if alike and wgmma.takes(out, bias, gelu_array, a, b) else "mma"
+    rows_aligned = all(aligned16(x) for x in (out, a, b, bias, gelu_array) if x is not None)
     return "float32" if rows_aligned and not SIMULATOR else "reference"
 
 
@@ -62,14 +61,14 @@ def matmul(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulat
     gelu_out[M,N]: also gelu(out), the MLP's activation. gelu_input[M,N]: GELU's backward too:
     out (+)= gelu'(gelu_input) * (op(a) . op(b) + bias). b_transposed: with transpose_b, a copy
     of b^T made already (the float32 kernel's; the tensor-core kernels read b^T as it lies)."""
-    hidden = gelu_out if gelu_out is not None else gelu_input
+    gelu_array = gelu_out if gelu_out is not None else gelu_input
     if kernel == "auto":
-        kernel = choose(out, a, b, bias, hidden)
+        kernel = choose(out, a, b, bias, gelu_array)
     check(kernel in KERNELS, f"matmul: unknown kernel {kernel!r}: one of {', '.join(KERNELS)}")
     if kernel == "wgmma":
         wgmma.matmul_wgmma(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
                            gelu_input)
-    elif kernel == "mma" and (isinstance(out, Bf16Matrix) or isinstance(hidden, Bf16Matrix)):
+    elif kernel == "mma" and (isinstance(out, Bf16Matrix) or isinstance(gelu_array, Bf16Matrix)):
         through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_out,
                         gelu_input)
     elif kernel == "mma":
@@ -112,11 +111,11 @@ def through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_
         bf16_values(values, gelu_input)
         gelu_input = values
     if not isinstance(out, Bf16Matrix):
-        hidden = device_empty(out.shape, "float32") if gelu_out is not None else None
-        matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, hidden, gelu_input,
+        gelu_array = device_empty(out.shape, "float32") if gelu_out is not None else None
+        matmul(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_array, gelu_input,
                kernel="mma")
-        if hidden is not None:
-            round_bf16(gelu_out, hidden)
+        if gelu_array is not None:
+            round_bf16(gelu_out, gelu_array)
         return
     check_bf16_out(accumulate, gelu_out)
     values = device_empty(out.shape, "float32")

@@ -13,7 +13,7 @@ and sum float32. tools/dev/matmul/ v1-v10 walk here one idea at a time; this ker
     double       slice s+1 is loaded from global memory into registers while slice s is
     buffering    multiplied out of shared memory, then parked in the other buffer
     epilogue     the bias, GELU (forward: gelu(out) also written; backward: the product
-                 times gelu'(hidden)) and what out already holds (accumulate), added in
+                 times gelu'(gelu_array)) and what out already holds (accumulate), added in
                  registers before the one store
     split-K      grid z takes a slice of K (split_k.py), where the M x N grid alone would
                  leave multiprocessors idle: the weight gradients
@@ -53,8 +53,8 @@ A_PAD, B_PAD = BM + 4, BN + 4   # shared tiles' rows: the transposing stores fre
 @kernel_factory
 def matmul_kernel(transpose_a, transpose_b, epilogue=None):
     """The register-blocked kernel (see the module's doc) for one (transpose_a, transpose_b)
-    and epilogue: None, "gelu" (gelu(out) also written to `hidden`, the MLP's activation) or
-    "gelu_grad" (the product, plus bias, times gelu'(hidden) before it is added or stored:
+    and epilogue: None, "gelu" (gelu(out) also written to `gelu_array`, the MLP's activation) or
+    "gelu_grad" (the product, plus bias, times gelu'(gelu_array) before it is added or stored:
     then the product of GELU's output gradient is its input's)."""
     check(epilogue in EPILOGUES, f"matmul: unknown epilogue {epilogue!r}")
     A_ALONG_K = not transpose_a     # a[M,K]: its 4-float chunks run along k
@@ -62,7 +62,7 @@ def matmul_kernel(transpose_a, transpose_b, epilogue=None):
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
     # The epilogue gathers (adds the bias, gelu' and what out holds into the accumulators, four
     # rows' loads in flight at once, before the first store) everywhere but the plain input
-    # gradient (NT), which runs 5-6% faster storing row by row. (A load of hidden or out
+    # gradient (NT), which runs 5-6% faster storing row by row. (A load of gelu_array or out
     # placed after a store to out must wait for it: the compiler cannot tell the arrays apart.)
     GATHER = GELU_GRAD or not (transpose_b and not transpose_a)
     # Registers: the plain product (NN) and the weight gradient (TN) fit unbounded and run
@@ -161,10 +161,10 @@ def matmul_kernel(transpose_a, transpose_b, epilogue=None):
                     acc[i0 + r, j] = (acc[i0 + r, j] + b_frag[j]) + values[8 * r + j]
 
     @inlined
-    def store_row(out, hidden, acc, b_frag, i, z, m0, n0, ty, tx, M, N, accumulate):
+    def store_row(out, gelu_array, acc, b_frag, i, z, m0, n0, ty, tx, M, N, accumulate):
         # out[z, the thread's i-th row, its 8 columns] = acc[i, :], 16 bytes at a time, plus the
         # bias and (accumulate) what out holds when the epilogue did not gather them in; with
-        # GELU, gelu of it into hidden too
+        # GELU, gelu of it into gelu_array too
         row = m0 + (i // 4) * HALF + ty * 4 + i % 4
         for run in range(2):
             col = n0 + run * HALF + tx * 4
@@ -184,11 +184,11 @@ def matmul_kernel(transpose_a, transpose_b, epilogue=None):
                         v3 += o[3]
                 store4(out, (z, row, col), v0, v1, v2, v3)
                 if GELU:
-                    store4(hidden, (row, col), gelu_value(v0), gelu_value(v1), gelu_value(v2),
+                    store4(gelu_array, (row, col), gelu_value(v0), gelu_value(v1), gelu_value(v2),
                            gelu_value(v3))
 
     @inlined
-    def epilogue_and_store(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0,
+    def epilogue_and_store(out, gelu_array, acc, b_frag, bias, has_bias, accumulate, z, m0, n0,
                            ty, tx, M, N):
         # the bias of this thread's columns (or zeros) into b_frag; then, in order, the bias,
         # gelu' and what out holds, into acc (GATHER), rows 0-3 and 4-7 each with their loads
@@ -209,8 +209,8 @@ def matmul_kernel(transpose_a, transpose_b, epilogue=None):
         if GATHER:
             values = cuda.local.array(32, float32)
             if GELU_GRAD:
-                fold_rows(acc, values, hidden, b_frag, 0, m0, n0, ty, tx, M, N, True)
-                fold_rows(acc, values, hidden, b_frag, 4, m0, n0, ty, tx, M, N, True)
+                fold_rows(acc, values, gelu_array, b_frag, 0, m0, n0, ty, tx, M, N, True)
+                fold_rows(acc, values, gelu_array, b_frag, 4, m0, n0, ty, tx, M, N, True)
                 for j in range(8):
                     b_frag[j] = float32(0.0)
             if accumulate:
@@ -220,19 +220,19 @@ def matmul_kernel(transpose_a, transpose_b, epilogue=None):
                 for i in range(8):
                     for j in range(8):
                         acc[i, j] += b_frag[j]
-        store_row(out, hidden, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
-        store_row(out, hidden, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_array, acc, b_frag, 0, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_array, acc, b_frag, 1, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_array, acc, b_frag, 2, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_array, acc, b_frag, 3, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_array, acc, b_frag, 4, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_array, acc, b_frag, 5, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_array, acc, b_frag, 6, z, m0, n0, ty, tx, M, N, accumulate)
+        store_row(out, gelu_array, acc, b_frag, 7, z, m0, n0, ty, tx, M, N, accumulate)
 
     @cuda.jit(**bounds)
-    def matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
+    def matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, gelu_array):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
-        # z-th slice of k_per_split rows of K (split-K; S = 1 when K is not split). hidden[M,N]
+        # z-th slice of k_per_split rows of K (split-K; S = 1 when K is not split). gelu_array[M,N]
         # (S = 1): GELU's output (gelu) or its input (gelu_grad); else not read.
         # grid (N/BN, M/BM, S), block THREADS
         a_tiles = cuda.shared.array((2, BK, A_PAD), float32)   # op(a) slices, k-major
@@ -278,7 +278,7 @@ def matmul_kernel(transpose_a, transpose_b, epilogue=None):
             cuda.syncthreads()
             buffer = 1 - buffer
 
-        epilogue_and_store(out, hidden, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty,
+        epilogue_and_store(out, gelu_array, acc, b_frag, bias, has_bias, accumulate, z, m0, n0, ty,
                            tx, M, N)
 
     matmul_kernel.launch_bounds = bounds.get("launch_bounds")  # (tools/kernel_report.py)
@@ -323,12 +323,12 @@ def matmul_float32(out, a, b, bias=None, transpose_a=False, transpose_b=False,
     k_per_split = split_k.k_per_slice(K, splits, BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K, k_per_split))
     bias, has_bias = bias_argument(out, bias)
-    hidden = gelu_out if gelu_out is not None else gelu_input
+    gelu_array = gelu_out if gelu_out is not None else gelu_input
     if grid[2] == 1:                    # one pass: the epilogue does the rest
         kernel = matmul_kernel(bool(transpose_a), bool(transpose_b),
                                epilogue_of(gelu_out, gelu_input))
         launch(kernel, grid, THREADS, out.reshape(1, M, N), a, b, bias, has_bias, accumulate,
-               k_per_split, a if hidden is None else hidden)
+               k_per_split, a if gelu_array is None else gelu_array)
         return
     partials = split_k.partials(grid[2], M, N)
     launch(matmul_kernel(bool(transpose_a), bool(transpose_b)), grid, THREADS, partials, a, b,

@@ -103,13 +103,13 @@ def four_weights_of(bf16):
 
 
 @inlined
-def finish(out, hidden, value, z, m, n, bias, has_bias, gelu):
-    # out[z, m, n] = value (+ bias), and gelu of it into hidden
+def finish(out, gelu_array, value, z, m, n, bias, has_bias, gelu):
+    # out[z, m, n] = value (+ bias), and gelu of it into gelu_array
     if has_bias:
         value += bias[n]
     out[z, m, n] = value
     if gelu:
-        hidden[m, n] = gelu_value(value)
+        gelu_array[m, n] = gelu_value(value)
 
 
 @kernel_factory
@@ -119,7 +119,7 @@ def matvec_kernel(rows, bf16):
     PASSES = (rows + ROW_PASS - 1) // ROW_PASS
 
     @cuda.jit
-    def matvec_kernel(out, x, w, bias, has_bias, gelu, hidden, k_per_split):
+    def matvec_kernel(out, x, w, bias, has_bias, gelu, gelu_array, k_per_split):
         # out [splits, M, N]: this block's slice's partial sums (with one split, the result)
         partial = cuda.shared.array((ROW_PASS, GROUPS, BLOCK_COLUMNS), float32)
         acc = cuda.local.array((rows, 4), float32)
@@ -158,7 +158,7 @@ def matvec_kernel(rows, bf16):
                     total = float32(0.0)
                     for g in range(GROUPS):
                         total += partial[r, g, column]
-                    finish(out, hidden, total, z, m, n, bias, has_bias, gelu)
+                    finish(out, gelu_array, total, z, m, n, bias, has_bias, gelu)
             cuda.syncthreads()
 
     return matvec_kernel
@@ -170,7 +170,7 @@ def matvec_t_kernel(rows, bf16):
     four_weights = four_weights_of(bf16)
 
     @cuda.jit
-    def matvec_t_kernel(out, x, w, bias, has_bias, gelu, hidden):
+    def matvec_t_kernel(out, x, w, bias, has_bias, gelu, gelu_array):
         acc = cuda.local.array((rows, WARP_COLUMNS), float32)
         xs = cuda.local.array((rows, 4), float32)
         N, K = out.shape[2], x.shape[1]
@@ -192,7 +192,7 @@ def matvec_t_kernel(rows, bf16):
             for j in range(WARP_COLUMNS):
                 total = warp_sum(acc[m, j])
                 if lane == 0 and first + j < N:
-                    finish(out, hidden, total, 0, m, first + j, bias, has_bias, gelu)
+                    finish(out, gelu_array, total, 0, m, first + j, bias, has_bias, gelu)
 
     return matvec_t_kernel
 
@@ -229,10 +229,10 @@ def matvec(out, x, w, bias=None, transpose_b=False, gelu_out=None):
           f"{MAX_ROWS} rows, widths of 16-byte runs)")
     bias, has_bias = bias_argument(out, bias)
     gelu = gelu_out is not None
-    hidden = gelu_out if gelu else out          # (a placeholder, never read, without GELU)
+    gelu_array = gelu_out if gelu else out          # (a placeholder, never read, without GELU)
     if transpose_b:
         launch(matvec_t_kernel(M, bf16), blocks(N, WARPS * WARP_COLUMNS), WARPS * WARP,
-               out.reshape(1, M, N), x, words, bias, has_bias, gelu, hidden)
+               out.reshape(1, M, N), x, words, bias, has_bias, gelu, gelu_array)
         return
     splits = matvec_splits(N, K)
     k_per_split = -(-K // splits)
@@ -240,10 +240,10 @@ def matvec(out, x, w, bias=None, transpose_b=False, gelu_out=None):
     grid, block = (blocks(N, BLOCK_COLUMNS), splits), (LANES, GROUPS)
     if splits == 1:
         launch(matvec_kernel(M, bf16), grid, block, out.reshape(1, M, N), x, words, bias,
-               has_bias, gelu, hidden, k_per_split)
+               has_bias, gelu, gelu_array, k_per_split)
         return
     partials = cuda.device_array((splits, M, N), np.float32, stream=current_stream())
-    launch(matvec_kernel(M, bf16), grid, block, partials, x, words, bias, False, False, hidden,
+    launch(matvec_kernel(M, bf16), grid, block, partials, x, words, bias, False, False, gelu_array,
            k_per_split)
     sum_splits(out, partials, bias, has_bias, False)
     if gelu:

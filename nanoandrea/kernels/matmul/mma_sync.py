@@ -97,8 +97,8 @@ def log2(n):
 @kernel_factory
 def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     """The tensor-core kernel (see the module's doc) for one (transpose_a, transpose_b),
-    epilogue: None, "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product,
-    plus bias, times gelu'(hidden)), and element type: "bf16", or "tf32" (matmul/mma_sync.py)."""
+    epilogue: None, "gelu" (gelu(out) also written to `gelu_array`) or "gelu_grad" (the product,
+    plus bias, times gelu'(gelu_array)), and element type: "bf16", or "tf32" (matmul/mma_sync.py)."""
     check(epilogue in EPILOGUES, f"matmul_mma: unknown epilogue {epilogue!r}")
     check(element in PER_WORD, f"matmul_mma: unknown element type {element!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
@@ -258,19 +258,19 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
                     acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3])
 
     @inlined
-    def finish(out, hidden, value, accumulate, z, row, col, N):
+    def finish(out, gelu_array, value, accumulate, z, row, col, N):
         # out[z, row, col] (+)= the epilogue of one sum (the bias added)
         if col < N:
             if GELU_GRAD:
-                value *= gelu_derivative_sfu(hidden[row, col])
+                value *= gelu_derivative_sfu(gelu_array[row, col])
             if accumulate:
                 value += out[z, row, col]
             out[z, row, col] = value
             if GELU:
-                hidden[row, col] = gelu_value_sfu(value)
+                gelu_array[row, col] = gelu_value_sfu(value)
 
     @inlined
-    def store_tile(out, hidden, acc, i, j, bias, has_bias, accumulate, z, row0, col0, lane, M,
+    def store_tile(out, gelu_array, acc, i, j, bias, has_bias, accumulate, z, row0, col0, lane, M,
                    N):
         # the 16 x 8 tile (i, j) of the warp's sums, whose top-left is out[z, row0, col0]: lane
         # holds rows g, g + 8 and columns 2t, 2t + 1 of it
@@ -281,32 +281,32 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         if has_bias and col + 1 < N:
             bias1 = bias[col + 1]
         if row < M:
-            finish(out, hidden, acc[i, j, 0] + bias0, accumulate, z, row, col, N)
-            finish(out, hidden, acc[i, j, 1] + bias1, accumulate, z, row, col + 1, N)
+            finish(out, gelu_array, acc[i, j, 0] + bias0, accumulate, z, row, col, N)
+            finish(out, gelu_array, acc[i, j, 1] + bias1, accumulate, z, row, col + 1, N)
         if row + 8 < M:
-            finish(out, hidden, acc[i, j, 2] + bias0, accumulate, z, row + 8, col, N)
-            finish(out, hidden, acc[i, j, 3] + bias1, accumulate, z, row + 8, col + 1, N)
+            finish(out, gelu_array, acc[i, j, 2] + bias0, accumulate, z, row + 8, col, N)
+            finish(out, gelu_array, acc[i, j, 3] + bias1, accumulate, z, row + 8, col + 1, N)
 
     @inlined
-    def store_tiles(out, hidden, acc, i, bias, has_bias, accumulate, z, row0, col0, lane, M, N):
+    def store_tiles(out, gelu_array, acc, i, bias, has_bias, accumulate, z, row0, col0, lane, M, N):
         # the tiles (i, 0 .. MMA_N - 1)
-        store_tile(out, hidden, acc, i, 0, bias, has_bias, accumulate, z, row0, col0, lane, M, N)
-        store_tile(out, hidden, acc, i, 1, bias, has_bias, accumulate, z, row0, col0, lane, M, N)
+        store_tile(out, gelu_array, acc, i, 0, bias, has_bias, accumulate, z, row0, col0, lane, M, N)
+        store_tile(out, gelu_array, acc, i, 1, bias, has_bias, accumulate, z, row0, col0, lane, M, N)
         if MMA_N > 2:
-            store_tile(out, hidden, acc, i, 2, bias, has_bias, accumulate, z, row0, col0, lane,
+            store_tile(out, gelu_array, acc, i, 2, bias, has_bias, accumulate, z, row0, col0, lane,
                        M, N)
-            store_tile(out, hidden, acc, i, 3, bias, has_bias, accumulate, z, row0, col0, lane,
+            store_tile(out, gelu_array, acc, i, 3, bias, has_bias, accumulate, z, row0, col0, lane,
                        M, N)
         if MMA_N > 4:
             for j in (4, 5, 6, 7):      # (a literal tuple: unrolled, j a constant each time)
-                store_tile(out, hidden, acc, i, j, bias, has_bias, accumulate, z, row0, col0,
+                store_tile(out, gelu_array, acc, i, j, bias, has_bias, accumulate, z, row0, col0,
                            lane, M, N)
 
     @cuda.jit(**BOUNDS)
-    def mma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden):
+    def mma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, gelu_array):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
         # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
-        # Bf16Matrix (or Tf32Matrix) operands. hidden[M,N] (S = 1): GELU's output (gelu) or
+        # Bf16Matrix (or Tf32Matrix) operands. gelu_array[M,N] (S = 1): GELU's output (gelu) or
         # its input (gelu_grad); else not read.
         # grid (N/BN, M/BM, S), block THREADS: warp w takes the warp tile (w // WARPS_N,
         # w % WARPS_N) of the block's
@@ -382,15 +382,15 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
         # the epilogue, tile by tile, written out (as in slice_product, the loops there are
         # unrolled by the compiler; here their bodies are too long for it): a loop over the
         # tiles would index acc at run time, and acc would move from registers to memory
-        store_tiles(out, hidden, acc, 0, bias, has_bias, accumulate, z, m0 + wm, n0 + wn, lane,
+        store_tiles(out, gelu_array, acc, 0, bias, has_bias, accumulate, z, m0 + wm, n0 + wn, lane,
                     M, N)
         if MMA_M > 1:
-            store_tiles(out, hidden, acc, 1, bias, has_bias, accumulate, z, m0 + wm, n0 + wn,
+            store_tiles(out, gelu_array, acc, 1, bias, has_bias, accumulate, z, m0 + wm, n0 + wn,
                         lane, M, N)
         if MMA_M > 2:
-            store_tiles(out, hidden, acc, 2, bias, has_bias, accumulate, z, m0 + wm, n0 + wn,
+            store_tiles(out, gelu_array, acc, 2, bias, has_bias, accumulate, z, m0 + wm, n0 + wn,
                         lane, M, N)
-            store_tiles(out, hidden, acc, 3, bias, has_bias, accumulate, z, m0 + wm, n0 + wn,
+            store_tiles(out, gelu_array, acc, 3, bias, has_bias, accumulate, z, m0 + wm, n0 + wn,
                         lane, M, N)
 
     return mma_matmul_kernel
@@ -409,9 +409,9 @@ def matmul_mma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accum
     M, N, K = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
           f"matmul_{element}: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
-    hidden = gelu_out if gelu_out is not None else gelu_input
+    gelu_array = gelu_out if gelu_out is not None else gelu_input
     # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
-    can_split = all(aligned16(x) for x in (out, bias, hidden) if x is not None)
+    can_split = all(aligned16(x) for x in (out, bias, gelu_array) if x is not None)
     step = BK_WORDS * PER_WORD[element]         # k a slice
     splits = split_k.split_count(M, N, K, resident_blocks(), step, 4, (BM, BN)) if can_split else 1
     k_per_split = split_k.k_per_slice(K, splits, step)
@@ -421,7 +421,7 @@ def matmul_mma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accum
         kernel = mma_matmul_kernel(bool(transpose_a), bool(transpose_b),
                                    epilogue_of(gelu_out, gelu_input), element)
         launch(kernel, grid, THREADS, out.reshape(1, M, N), a.words, b.words, bias, has_bias,
-               accumulate, k_per_split, a.words if hidden is None else hidden)
+               accumulate, k_per_split, a.words if gelu_array is None else gelu_array)
         return
     partials = split_k.partials(grid[2], M, N)
     launch(mma_matmul_kernel(bool(transpose_a), bool(transpose_b), None, element), grid,

@@ -73,11 +73,11 @@ def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False
             gelu_forward_numpy(values, bf16_matrix_values(out))
             round_bf16_numpy(gelu_out, values)
         return
-    hidden = np.empty(out.shape, out.dtype) if isinstance(gelu_out, Bf16Matrix) else gelu_out
+    gelu_array = np.empty(out.shape, out.dtype) if isinstance(gelu_out, Bf16Matrix) else gelu_out
     product_of_values(bf16_matrix_values, out, a, b, bias, transpose_a, transpose_b, accumulate,
-                      hidden, gelu_input)
-    if hidden is not gelu_out:
-        round_bf16_numpy(gelu_out, hidden)
+                      gelu_array, gelu_input)
+    if gelu_array is not gelu_out:
+        round_bf16_numpy(gelu_out, gelu_array)
 
 
 def check_bf16_out(accumulate, gelu_out):
@@ -194,9 +194,9 @@ def check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input
     if bias is not None:
         check_shape("matmul bias", bias, (N,))
     check(gelu_out is None or gelu_input is None, "matmul: gelu_out or gelu_input, not both")
-    for name, hidden in (("gelu_out", gelu_out), ("gelu_input", gelu_input)):
-        if hidden is not None:
-            check_shape(f"matmul {name}", hidden, (M, N))
+    for name, gelu_array in (("gelu_out", gelu_out), ("gelu_input", gelu_input)):
+        if gelu_array is not None:
+            check_shape(f"matmul {name}", gelu_array, (M, N))
     return M, N, K
 
 

@@ -75,12 +75,7 @@ def sum_splits(out, partials, bias, has_bias, accumulate):
            partials.reshape(S, M * N), bias, has_bias, accumulate, N)
 
 
-# --- the launcher ----------------------------------------------------------------------------
-
-# dX = dY . W^T (and the tied LM head's X . wte^T) read W^T: the kernel then transposes both
-# operands' slices on their way into shared memory and runs ~10% slower than the plain one.
-# A transposed copy of W costs two passes over W (8 bytes a weight) against 2M flops a weight:
-
+# --- what each launcher of the family calls -------------------------------------------------
 
 def partials(splits, M, N):
     """A new [splits, M, N] float32 array for the slices' partial products."""

@@ -126,8 +126,8 @@ def tile_of(item, tiles_m, tiles_n, k_per_split, K):
 @kernel_factory
 def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, biased=False):
     """The kernel (see the module's doc) for one (transpose_a, transpose_b) and epilogue: None,
-    "gelu" (gelu(out) also written to `hidden`) or "gelu_grad" (the product, plus bias, times
-    gelu'(hidden)). words: out and hidden are the words of Bf16Matrix's, [1, M, N/2] and
+    "gelu" (gelu(out) also written to `gelu_array`) or "gelu_grad" (the product, plus bias, times
+    gelu'(gelu_array)). words: out and gelu_array are the words of Bf16Matrix's, [1, M, N/2] and
     [M, N/2]: out rounded to bf16, GELU of out as rounded, rounded too; nothing accumulated.
     biased: the bias is added (the sums start at it), whatever the launch's has_bias says: a
     kernel of its own, since a sum chosen at run time between the bias and 0 costs ptxas's
@@ -239,15 +239,15 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
         return (col0 + BOX_COLUMNS * p) >> 1 if WORDS else col0 + BOX_COLUMNS * p
 
     @inlined
-    def load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, col0, p):
+    def load_input(values, buffers, loaded, maps, gelu_map, gelu_array, row0, col0, p):
         # GELU's backward: its input's box p into buffer p % BUFFERS, counted off its loaded
         barrier = loaded + 2 * (p % BUFFERS)
         arrive_expect_tx(values, barrier, 4 * BOX_WORDS)
-        load_box(values, buffers + (p % BUFFERS) * BOX_WORDS, maps, hidden_map, hidden,
+        load_box(values, buffers + (p % BUFFERS) * BOX_WORDS, maps, gelu_map, gelu_array,
                  box_column(col0, p), row0, 0, barrier)
 
     @inlined
-    def store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+    def store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                      accumulate, z, row0, col0, thread, group, p):
         # box p (a constant: the sums are registers while every index into them is one) of
         # the consumer's 64 x 256 at (row0, col0), the bias already in the sums: its epilogue
@@ -303,38 +303,38 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
             else:
                 store_box(values, buffer, maps, out_map, out, x, row0, z)
             if GELU:
-                store_box(values, buffer + BOX_WORDS, maps, hidden_map, hidden, x, row0, 0)
+                store_box(values, buffer + BOX_WORDS, maps, gelu_map, gelu_array, x, row0, 0)
             bulk_commit()
             if GELU_GRAD and p + BUFFERS < BOXES:   # the box BUFFERS on, once this one is read
                 all_read()
-                load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, col0,
+                load_input(values, buffers, loaded, maps, gelu_map, gelu_array, row0, col0,
                            p + BUFFERS)
 
     @inlined
-    def store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+    def store_tile(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                    accumulate, z, row0, col0, thread, group):
         # the consumer's boxes of the tile, one call each (a loop this long is not unrolled)
-        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+        store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                      accumulate, z, row0, col0, thread, group, 0)
-        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+        store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                      accumulate, z, row0, col0, thread, group, 1)
-        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+        store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                      accumulate, z, row0, col0, thread, group, 2)
-        store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+        store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                      accumulate, z, row0, col0, thread, group, 3)
         if BOXES > 4:
-            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+            store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array,
                          sums, accumulate, z, row0, col0, thread, group, 4)
-            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+            store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array,
                          sums, accumulate, z, row0, col0, thread, group, 5)
-            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+            store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array,
                          sums, accumulate, z, row0, col0, thread, group, 6)
-            store_box_of(values, buffers, loaded, maps, out_map, hidden_map, out, hidden,
+            store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array,
                          sums, accumulate, z, row0, col0, thread, group, 7)
 
     @inlined
-    def consume(tiles, first, barriers, out, hidden, bias, accumulate, maps, out_map,
-                hidden_map, tiles_m, tiles_n, items, k_per_split, K, N, group, thread):
+    def consume(tiles, first, barriers, out, gelu_array, bias, accumulate, maps, out_map,
+                gelu_map, tiles_m, tiles_n, items, k_per_split, K, N, group, thread):
         # consumer `group` (1 or 2): its 64 rows of each of the block's tiles
         values = shared_values()                # (the same shared memory, as out's values)
         buffers = first + STAGES * STAGE_WORDS + (group - 1) * BUFFERS * BOX_WORDS
@@ -343,7 +343,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
         if thread == 0:
             tensormap_acquire(maps, out_map)
             if GELU or GELU_GRAD:
-                tensormap_acquire(maps, hidden_map)
+                tensormap_acquire(maps, gelu_map)
         n = int32(0)                            # the block's slice count, over its tiles
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
             m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
@@ -351,27 +351,27 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
             if GELU_GRAD and thread == 0:       # (the last tile's boxes read: the buffers
                 all_read()                      # are free)
                 for p in range(min(BUFFERS, BOXES)):
-                    load_input(values, buffers, loaded, maps, hidden_map, hidden, row0, n0, p)
+                    load_input(values, buffers, loaded, maps, gelu_map, gelu_array, row0, n0, p)
             start_sums(sums, bias, n0, N, thread)
             n = multiply_tile(tiles, sums, first, barriers, group, n,
                               (k_end - k_start + BK - 1) // BK)
-            store_tile(values, buffers, loaded, maps, out_map, hidden_map, out, hidden, sums,
+            store_tile(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                        accumulate, z, row0, n0, thread, group)
         if thread == 0:
             bulk_wait_all()                     # (out's last boxes written)
 
     @cuda.jit(**BOUNDS)
-    def wgmma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, hidden, maps,
-                            a_maps, b_maps, out_map, hidden_map, pairs, a_parts, b_parts):
+    def wgmma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, gelu_array, maps,
+                            a_maps, b_maps, out_map, gelu_map, pairs, a_parts, b_parts):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if biased; has_bias,
         # the launcher's, says the same and is not read), Kz the z-th slice of k_per_split rows
         # of K (S = 1 when K is not split); a, b: the words of Bf16Matrix operands.
-        # hidden[M,N] (S = 1): GELU's output (gelu) or its input
-        # (gelu_grad); else not read. (words: out [1, M, N/2] and hidden [M, N/2] in pairs)
+        # gelu_array[M,N] (S = 1): GELU's output (gelu) or its input
+        # (gelu_grad); else not read. (words: out [1, M, N/2] and gelu_array [M, N/2] in pairs)
         # pairs > 1: out (+)= the sum of the products op(a_parts[j]) . op(b_parts[j]), j <
         # pairs, of one shape (a, b: the first): one product over their K's one after
         # another, each padded to a whole slice. maps: the tensor-map table; a_maps[j],
-        # b_maps[j], out_map, hidden_map: the rows of a_parts[j], b_parts[j], out, hidden.
+        # b_maps[j], out_map, gelu_map: the rows of a_parts[j], b_parts[j], out, gelu_array.
         # grid: up to RESIDENT_BLOCKS blocks; block THREADS; dynamic shared memory
         # shared_layout(epilogue)'s bytes: from word `first` on the stages, the buffers, the
         # mbarriers
@@ -402,8 +402,8 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
                         barriers, tiles_m, tiles_n, items, k_per_split, K)
         else:
             registers_up()
-            consume(tiles, first, barriers, out, hidden, bias, accumulate, maps,
-                    out_map, hidden_map, tiles_m, tiles_n, items, k_per_split, K, N, group,
+            consume(tiles, first, barriers, out, gelu_array, bias, accumulate, maps,
+                    out_map, gelu_map, tiles_m, tiles_n, items, k_per_split, K, N, group,
                     thread)
 
     return wgmma_matmul_kernel
@@ -417,13 +417,13 @@ def resident_blocks():
     return 1 if SIMULATOR else device.current().multiprocessors
 
 
-def takes(out, bias=None, hidden=None, a=None, b=None):
+def takes(out, bias=None, gelu_array=None, a=None, b=None):
     """Whether this kernel takes the product: on a GPU that runs wgmma (runtime/device.py),
     when out's rows are a multiple of 8 values (the split-K sum's fours; a Bf16Matrix then has
     no padding to keep zero; the tensor maps' 16-byte row strides) and every array is 16-byte
-    aligned (the tensor maps' and the 8-byte bias loads'). Any M and K. out and hidden are
+    aligned (the tensor maps' and the 8-byte bias loads'). Any M and K. out and gelu_array are
     float32 arrays or Bf16Matrix's, a and b Bf16Matrix's."""
-    arrays = [getattr(x, "words", x) for x in (out, bias, hidden, a, b) if x is not None]
+    arrays = [getattr(x, "words", x) for x in (out, bias, gelu_array, a, b) if x is not None]
     return device.runs_wgmma() and out.shape[1] % 8 == 0 and all(aligned16(x) for x in arrays)
 
 
@@ -434,9 +434,9 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     accumulated). more_pairs: up to PAIRS - 1 more (a, b) of a's and b's shapes and
     orientation, their products added in the same pass (`takes_pairs`): the sums stay in the
     registers, out is written once."""
-    hidden = gelu_out if gelu_out is not None else gelu_input
+    gelu_array = gelu_out if gelu_out is not None else gelu_input
     words = hasattr(out, "words")                       # (a Bf16Matrix)
-    check(hidden is None or hasattr(hidden, "words") == words,
+    check(gelu_array is None or hasattr(gelu_array, "words") == words,
           "matmul_wgmma: out and GELU's array must both be float32 or both Bf16Matrix's")
     check(not (words and accumulate), "matmul_wgmma: a product in bf16 is not added to")
     if not words:
@@ -445,7 +445,7 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     M, N, K = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     check(N % 8 == 0, f"matmul_wgmma: out's rows of {N}, not a multiple of 8")
     pairs = [(a, b), *more_pairs]
-    check(takes_pairs(pairs) and (len(pairs) == 1 or hidden is None and not words),
+    check(takes_pairs(pairs) and (len(pairs) == 1 or gelu_array is None and not words),
           f"matmul_wgmma: {len(pairs)} pairs, not all of one shape and kind (at most {PAIRS})")
     check(max(x.words.size for pair in pairs for x in pair) < 2**31,    # (32-bit offsets)
           "matmul_wgmma: an operand of 2^31 words or more")
@@ -458,21 +458,21 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     grid = (blocks(N, BN), blocks(M, BM), blocks(K_all, k_per_split))
     filled = pairs + [pairs[0]] * (PAIRS - len(pairs))     # (the kernel's tuples: PAIRS each)
 
-    def tensor_map_arguments(out, hidden):
-        # the table, each pair's rows in it, out's and hidden's (out: [S, M, N] as the
-        # kernel writes it; hidden: None where there is none), then the pairs themselves
+    def tensor_map_arguments(out, gelu_array):
+        # the table, each pair's rows in it, out's and gelu_array's (out: [S, M, N] as the
+        # kernel writes it; gelu_array: None where there is none), then the pairs themselves
         table, rows = tensor_maps(*[(a.words, True, BK if transpose_a else BM)
                                     for a, _ in filled],
                                   *[(b.words, True, BN if transpose_b else BK)
                                     for _, b in filled],
                                   (out, words, BOX_ROWS),
-                                  (out if hidden is None else hidden, words, BOX_ROWS))
+                                  (out if gelu_array is None else gelu_array, words, BOX_ROWS))
         return (table, rows[:PAIRS], rows[PAIRS:2 * PAIRS], *rows[2 * PAIRS:], len(pairs),
                 tuple(a.words for a, _ in filled), tuple(b.words for _, b in filled))
 
     # out and GELU's array as the kernel takes them: a Bf16Matrix's words [M, N/2]
     out_array = out.words if words else out
-    hidden_array = None if hidden is None else (hidden.words if words else hidden)
+    gelu_argument = None if gelu_array is None else (gelu_array.words if words else gelu_array)
     bias, has_bias = bias_argument(out_array, bias)
     # the persistent grid: each block takes tiles in turn, from every slice of K
     launched = min(grid[0] * grid[1] * grid[2], resident_blocks())
@@ -483,8 +483,8 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
         biased = has_bias and splits == 1
         launch(wgmma_matmul_kernel(ta, tb, epilogue, words, biased), launched, THREADS,
                out_array, a.words, b.words, bias, has_bias, accumulate, k_per_split,
-               a.words if hidden_array is None else hidden_array,
-               *tensor_map_arguments(out_array, hidden_array),
+               a.words if gelu_argument is None else gelu_argument,
+               *tensor_map_arguments(out_array, gelu_argument),
                shared_bytes=shared_layout(epilogue)[2])
         return
     # split-K: the partial products have no bias (their sum adds it)

@@ -55,12 +55,12 @@ def test_bf16_products_take_wgmma_on_hopper_and_mma_sync_elsewhere(rng, monkeypa
     words = Bf16Matrix.allocate((8, 16), device_empty)
     on_device(monkeypatch, A100)
     assert matmul.choose(out, a, b) == "mma"
-    assert matmul.choose(words, a, b, hidden=words) == "mma"
+    assert matmul.choose(words, a, b, gelu_array=words) == "mma"
     on_device(monkeypatch, H200)
     assert matmul.choose(out, a, b) == "wgmma"
     assert matmul.choose(out, a, b, device(np.zeros(16)), poisoned((8, 16))) == "wgmma"
-    assert matmul.choose(words, a, b, hidden=words) == "wgmma"
-    assert matmul.choose(out, a, b, hidden=words) == "mma"          # (float32 out, bf16 GELU)
+    assert matmul.choose(words, a, b, gelu_array=words) == "wgmma"
+    assert matmul.choose(out, a, b, gelu_array=words) == "mma"          # (float32 out, bf16 GELU)
     narrow, a20, b20 = operands(rng, 8, 20, 16)                     # (rows of 20: 8 does not
     assert matmul.choose(narrow, rounded_bf16(a20), rounded_bf16(b20)) == "mma"   # divide it)
 

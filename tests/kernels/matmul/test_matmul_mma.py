@@ -156,13 +156,18 @@ def check_gelu_in_bf16(rng, product, M, N, K):
     np.testing.assert_array_equal(values.copy_to_host(), bf16_matrix_values(want))
 
 
-def check_products_in_bf16(rng, product, M, N, K):
+EPILOGUES_IN_BF16 = ("plain", "gelu", "gelu_grad")
+
+
+def check_products_in_bf16(rng, product, M, N, K, epilogues=EPILOGUES_IN_BF16):
     """product(out, a, b, bias, ...) with out a Bf16Matrix (the bf16 epilogue: the MLP's
     pre-activation, GELU's output and the pre-activation's gradient written as the next
     products read them), and the NumPy twin likewise: out is the float32 product rounded, to
     the bit; GELU's output is GELU of out as rounded (to bf16's rounding: numpy's exp is not
     the GPU's); GELU's backward reads a Bf16Matrix input as its values, and its result is the
-    float32 one rounded, to the bit. The kernel and the twin agree to float32 sums' order."""
+    float32 one rounded, to the bit. The kernel and the twin agree to float32 sums' order.
+    epilogues: those of "plain", "gelu" (with the plain product, which its pre-activation
+    equals) and "gelu_grad" to check (the simulator runs them as tests of their own)."""
     a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (N, K), (N,)))
     pre = Bf16Matrix.allocate((M, N), np.empty)              # GELU's input, in bf16
     round_bf16_numpy(pre, 3 * rng.standard_normal((M, N)).astype(np.float32))
@@ -177,26 +182,38 @@ def check_products_in_bf16(rng, product, M, N, K):
         x, w, c = put(a), put(b), put(bias)         # (w: W^T, as dX = dY . W^T reads it)
         gelu_input = Bf16Matrix(put(pre.words) if side == "twin" else device(pre.words, np.uint32),
                                 N)
-        out, activated, activated_pre, dpre = new(), new(), new(), new()
-        run(out, x, w, c, transpose_b=True)
-        run(activated_pre, x, w, c, transpose_b=True, gelu_out=activated)
-        run(dpre, x, w, None, transpose_b=True, gelu_input=gelu_input)
-        words = [host(m.words) for m in (out, activated_pre, activated, dpre)]
-        floats = [put(np.full((M, N), np.nan, np.float32)) for _ in range(2)]
-        run(floats[0], x, w, c, transpose_b=True)
-        run(floats[1], x, w, None, transpose_b=True, gelu_input=put(pre_values))
-        for value, want in zip((words[0], words[3]), floats):        # the float32 ones rounded
-            rounded = Bf16Matrix.allocate((M, N), np.empty)
-            round_bf16_numpy(rounded, host(want))
-            np.testing.assert_array_equal(value, rounded.words)
-        np.testing.assert_array_equal(words[1], words[0])            # gelu's pre-activation
-        gelu_of_out = np.empty((M, N), np.float32)
-        gelu.gelu_forward_numpy(gelu_of_out, unpack_bf16(words[0])[:, :N])
-        np.testing.assert_allclose(unpack_bf16(words[2])[:, :N], gelu_of_out, rtol=2 ** -7,
-                                   atol=1e-6)
+        words = []
+        if "plain" in epilogues or "gelu" in epilogues:
+            out, plain = new(), put(np.full((M, N), np.nan, np.float32))
+            run(out, x, w, c, transpose_b=True)
+            run(plain, x, w, c, transpose_b=True)
+            words.append(host(out.words))
+            assert_rounded_from(words[-1], host(plain))             # the float32 one rounded
+        if "gelu" in epilogues:
+            activated, activated_pre = new(), new()
+            run(activated_pre, x, w, c, transpose_b=True, gelu_out=activated)
+            words += [host(activated_pre.words), host(activated.words)]
+            np.testing.assert_array_equal(words[-2], words[0])      # gelu's pre-activation
+            gelu_of_out = np.empty((M, N), np.float32)
+            gelu.gelu_forward_numpy(gelu_of_out, unpack_bf16(words[0])[:, :N])
+            np.testing.assert_allclose(unpack_bf16(words[-1])[:, :N], gelu_of_out,
+                                       rtol=2 ** -7, atol=1e-6)
+        if "gelu_grad" in epilogues:
+            dpre, dpre_float = new(), put(np.full((M, N), np.nan, np.float32))
+            run(dpre, x, w, None, transpose_b=True, gelu_input=gelu_input)
+            run(dpre_float, x, w, None, transpose_b=True, gelu_input=put(pre_values))
+            words.append(host(dpre.words))
+            assert_rounded_from(words[-1], host(dpre_float))
         got[side] = words
     for kernel, twin in zip(got["kernel"], got["twin"]):
         assert relative_error(unpack_bf16(kernel), unpack_bf16(twin)) < BF16_TOLERANCE / 10
+
+
+def assert_rounded_from(words, values):
+    """words are the bf16 pairs of the float32 values, rounded to the bit."""
+    rounded = Bf16Matrix.allocate(values.shape, np.empty)
+    round_bf16_numpy(rounded, values)
+    np.testing.assert_array_equal(words, rounded.words)
 
 
 def test_matmul_mma_products_in_bf16(rng):

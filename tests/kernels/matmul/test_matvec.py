@@ -1,19 +1,16 @@
 """Products of few rows (kernels/matmul/matvec.py) against their NumPy twin and float64, in both
 orientations and precisions, split over K or not; and the model's forward of one token through
 them against the tile kernels'."""
-from importlib import import_module
-
 import numpy as np
 import pytest
 
 from checks import device, poisoned
 from conftest import GPU, relative_error
 from nanoandrea.kernels import matmul
+from nanoandrea.kernels.matmul import matvec
 from nanoandrea.kernels.operands import Bf16Matrix, round_bf16_numpy
 from nanoandrea.kernels.runtime import device as runtime_device
 
-# (the module: the family's package names its function `matvec`, which hides the module's name)
-matvec = import_module("nanoandrea.kernels.matmul.matvec")
 
 TOLERANCE = 2e-5 if not GPU else 1e-4      # float32 sums against float64 (or the twin)
 BF16_TOLERANCE = 1e-2                       # bf16 operands against the unrounded product

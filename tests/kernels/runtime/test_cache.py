@@ -93,6 +93,27 @@ def test_an_unwritable_cache_folder_is_said_once(tmp_path, monkeypatch, capsys):
     assert len(notices) == 1 and "NANOANDREA_KERNEL_CACHE" in notices[0]
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_kept_kernels_follow_the_umask(tmp_path, monkeypatch, umask):
+    """A kept kernel's file has the mode the umask gives (0644 under 022), not mkstemp's 0600:
+    a cluster's shared cache folder is read by every user's runs."""
+    monkeypatch.setenv("NANOANDREA_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setattr(cache, "_unwritable", [])
+    monkeypatch.setattr(cache, "key", lambda kernel, signature: "k" + cache.SUFFIX)
+
+    class Compiled:
+        def _reduce_states(self):
+            return {}
+    previous = os.umask(umask)
+    try:
+        cache.KernelCache(float32.transpose_kernel).save_overload((), Compiled())
+    finally:
+        os.umask(previous)
+    kept = list((tmp_path / "kernels").iterdir())
+    assert [path.name for path in kept] == ["k" + cache.SUFFIX]
+    assert kept[0].stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 # --- on the GPU: compiled once, loaded after, rebuilt when the source changes ----------------
 
 GELU_PRODUCT = """

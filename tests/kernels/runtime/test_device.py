@@ -3,18 +3,14 @@ one card: the grids that must fill the GPU follow its multiprocessors (an A100's
 H100 SXM or an H200 has 132), split-K its L2 too; peak FLOP/s come from a table keyed by compute
 capability and name, None for a card it does not know. The device is pretended
 (checks.on_device) so that the sizing runs as on each card."""
-from importlib import import_module
-
 import pytest
 
 from checks import A100, H200, on_device
 from conftest import GPU
 from nanoandrea.kernels import reduce
-from nanoandrea.kernels.matmul import float32, mma_sync, split_k, wgmma
+from nanoandrea.kernels.matmul import float32, matvec, mma_sync, split_k, wgmma
 from nanoandrea.kernels.runtime import device, launch
 from nanoandrea.kernels.runtime.device import Device
-
-matvec = import_module("nanoandrea.kernels.matmul.matvec")     # (the module, not the function)
 
 
 @pytest.mark.skipif(GPU, reason="on a GPU current() reads the GPU")
