@@ -16,6 +16,7 @@ import click
 import numpy as np
 
 from . import __version__
+from .stops import Terminated, sigterm_raises
 
 
 def _run(action, user_errors=None):
@@ -121,19 +122,19 @@ def train_command(resume, overwrite, gpus, **given):
             raise click.UsageError("--gpus starts its own ranks: leave it out under torchrun "
                                    "or mpirun")
         _run(lambda: check_run_folder(given.get("out", "out"), resume, overwrite))
-        with _sigterm_raises():
+        with sigterm_raises():
             status = start_ranks(gpus, _arguments(train_command, dict(
                 given, resume=resume, overwrite=overwrite)), timeout)
         sys.exit(status)
     world = _run(lambda: world_from_environment(timeout))
     if world is None:
-        with _sigterm_raises():
+        with sigterm_raises():
             _run(lambda: _train(given, resume, overwrite))
         return
     try:
         if given.get("device", "auto") != "cpu" and _gpu_available():
             world.select_device()
-        with _sigterm_raises():
+        with sigterm_raises():
             _run(lambda: _train(given, resume, overwrite, world))
         world.close()
     except BaseException as error:          # (an error line, and every rank stopped)
@@ -409,7 +410,7 @@ def prepare_command(source, out_dir, tokenizer, vocab_size, gpt2_files, text_fie
 
     def action():
         try:
-            with _sigterm_raises():
+            with sigterm_raises():
                 prepare(source, out_dir, tokenizer, vocab_size, report=_echo,
                         gpt2_files=gpt2_files, text_field=text_field, strict=strict,
                         workers=workers, shard_tokens=shard_tokens or SHARD_TOKENS)
@@ -417,32 +418,6 @@ def prepare_command(source, out_dir, tokenizer, vocab_size, gpt2_files, text_fie
             raise click.ClickException(f"{str(stop) or 'interrupted'}; {out_dir} was not "
                                        f"written") from None
     _run(action, (DataError, TokenizerError))
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived (`kill`, a job scheduler's stop): a KeyboardInterrupt, so that what
-    stops cleanly on Ctrl-C stops so on SIGTERM too, whose text says which it was."""
-
-    def __init__(self):
-        super().__init__("terminated (SIGTERM)")
-
-
-@contextlib.contextmanager
-def _sigterm_raises():
-    """SIGTERM raises Terminated in the main thread, so the command unwinds as Ctrl-C does:
-    its finally blocks run (prepare's temporary folder is deleted, its workers stopped) and it
-    ends in one line, where SIGTERM's default would end the process on the spot."""
-    if threading.current_thread() is not threading.main_thread():
-        yield                                       # (only the main thread has signals)
-        return
-
-    def terminated(signum, frame):
-        raise Terminated()
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @click.command("info")

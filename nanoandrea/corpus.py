@@ -25,6 +25,7 @@ BLOCK = 1 << 20                      # characters a .txt file is read in
 LONGEST_UNCUT = 8 * BLOCK            # a document with no place to cut is cut here all the same
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 SAMPLE_WINDOWS = 64                  # places in the corpus a tokenizer's sample comes from
+VAL_FRACTION = 0.1                   # of the tokens held out for val (data.py)
 
 
 class DataError(ValueError):
@@ -196,7 +197,6 @@ class Corpus:
         """Every document of the corpus as (text, start, ends) segments (module docstring).
         A one-document corpus (a .txt file) is split: its last VAL_FRACTION of characters is
         the val split, as nanoGPT splits tiny Shakespeare."""
-        from .data import VAL_FRACTION
         split_at = int(self.characters() * (1 - VAL_FRACTION)) if self.one_document else None
         for path, kind in self.files:
             segments = (self._text_segments(path, split_at) if kind == "txt" else

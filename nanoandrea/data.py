@@ -40,12 +40,11 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .corpus import Corpus, DataError, corpus_files
+from .corpus import VAL_FRACTION, Corpus, DataError, corpus_files
 from .files import new_folder, reason, unwritable
 from .tokenizer import BPETokenizer, load_tokenizer, save_tokenizer, train_tokenizer
 
 DEFAULT_CORPUS = Path(__file__).parent / "data" / "tinyshakespeare.txt"
-VAL_FRACTION = 0.1
 SHARD_TOKENS = 100_000_000       # tokens a shard file holds at most (200 MB in uint16)
 TASK_CHARACTERS = 1 << 22        # text a worker encodes at a time
 SAMPLE_CHARACTERS = 32_000_000   # what a BPE is trained on: a sample of a larger corpus

@@ -47,6 +47,7 @@ import numpy as np
 
 from . import schedule
 from .kernels.runtime import launch
+from .stops import Terminated
 
 DEFAULT_TIMEOUT = 60.0
 HEARTBEAT_SECONDS = 1.0
@@ -600,9 +601,8 @@ def start_ranks(size, arguments, timeout=DEFAULT_TIMEOUT, environ=None, program=
             time.sleep(0.1)
         except KeyboardInterrupt as stop:
             # Ctrl-C reaches every rank from the terminal, and they say it once; SIGTERM (a
-            # job scheduler's stop, cli.Terminated) reached this process alone: rank 0 is
+            # job scheduler's stop, stops.Terminated) reached this process alone: rank 0 is
             # sent it, and stops every rank with one line naming its last checkpoint
-            from .cli import Terminated
             if isinstance(stop, Terminated) and ranks[0].poll() is None:
                 ranks[0].send_signal(signal.SIGTERM)
             deadline = deadline or time.monotonic() + timeout + 10

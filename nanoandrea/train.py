@@ -607,7 +607,7 @@ def loop(o, resume, report, world, overwrite):
         return {"step": run.step, "best_val": run.best_val, "best_step": run.best_step,
                 "checkpoint_step": checkpoint_step(run.out) if run.main else None,
                 "spent": dict(run.spent)}
-    except KeyboardInterrupt as stop:       # (Ctrl-C; SIGTERM as cli.Terminated, which says so)
+    except KeyboardInterrupt as stop:       # (Ctrl-C; SIGTERM as stops.Terminated, which says so)
         raise TrainingError(f"{str(stop) or 'interrupted'} at step {run.step}; "
                             f"{run.checkpoints_said()}") from None
     except WriteError as error:
