@@ -1,6 +1,6 @@
 """What each attention head does: `nanoandrea heads --checkpoint DIR [--text FILE]`.
 
-The brief says heads specialise: trained together, each comes to attend by a pattern of its
+Heads trained together are said to specialise, each coming to attend by a pattern of its
 own. This runs a trained model over a text, keeps every head's attention probabilities
 P[i, j] (query i, key j <= i), and scores each (layer, head) on named patterns, each the
 attention mass, averaged over the queries where the pattern applies, that falls on its keys:
@@ -276,7 +276,7 @@ def gradient_shares(grads, config):
     """[L][H]: each head's share of the squared gradient norm of its layer's attention
     projections: its D columns of W_Q, W_K, W_V and its D rows of W_O (grads: the model's
     grad_dict). Equal shares mean the heads still get the same pressure; apart, they
-    specialise (the brief)."""
+    specialise."""
     D = config.head_size
     shares = []
     for layer in range(config.n_layer):
