@@ -86,9 +86,9 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     if activation == "gelu":
         # in bf16 the pre-activation and GELU's output are written only as the products read
         # them (OperandTensor's): half float32's bytes, and no rounding pass after
-        words = backend.precision == "bf16" and not matvec
-        y = OperandTensor(backend, x.shape[:-1] + (N,), words)
-        g = GeluOutput(y, words)
+        in_bf16 = backend.precision == "bf16" and not matvec
+        y = OperandTensor(backend, x.shape[:-1] + (N,), in_bf16)
+        g = GeluOutput(y, in_bf16)
     if matvec:
         backend.matvec(y.data.reshape(-1, N), x.data.reshape(-1, K), w,
                        None if bias is None else bias.data, transpose_b=transpose_weight,
@@ -157,7 +157,7 @@ def _rows_and_operand(grad, N, backend):
     """A gradient as float32 rows [R, N] and as the products read it (backend.operand). A
     gradient that arrives as the operand alone (bf16: the loss's of the logits, the MLP's of
     its pre-activation) has no float32 rows: None (sum_rows reads the operand)."""
-    if hasattr(grad, "words"):
+    if hasattr(grad, "bf16_pairs"):
         return None, grad
     rows = grad.reshape(-1, N)
     return rows, backend.operand(rows)
@@ -222,16 +222,16 @@ def _values_of(backend, operand, shape):
 
 class OperandTensor(Tensor):
     """A tensor [..., N] that a product writes as the next products read it: `operand`, in
-    bf16 a Bf16Matrix [R, N] (half float32's bytes, and no rounding pass after); or, words
+    bf16 a Bf16Matrix [R, N] (half float32's bytes, and no rounding pass after); or, in_bf16
     False, float32 `data` as any tensor. Its float32 values are made if something reads
     `data` after all (backend.bf16_values)."""
     __slots__ = ("operand", "_shape", "_values")
 
-    def __init__(self, backend, shape, words):
+    def __init__(self, backend, shape, in_bf16):
         self._shape = tuple(shape)
-        super().__init__(None if words else backend.empty(shape), backend)
+        super().__init__(None if in_bf16 else backend.empty(shape), backend)
         rows = int(np.prod(shape[:-1]))
-        self.operand = backend.new_operand((rows, shape[-1])) if words else None
+        self.operand = backend.new_operand((rows, shape[-1])) if in_bf16 else None
 
     @property
     def shape(self):
@@ -257,9 +257,9 @@ class GeluOutput(OperandTensor):
     add, and gelu' is linear in them, so either order is exact)."""
     __slots__ = ("pre",)
 
-    def __init__(self, pre, words):
+    def __init__(self, pre, in_bf16):
         self.pre = pre
-        super().__init__(pre.backend, pre.shape, words)
+        super().__init__(pre.backend, pre.shape, in_bf16)
 
 
 class SplitHeads(Tensor):
@@ -388,8 +388,8 @@ def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
 def _normalized(x):
     """The output of a layer norm of x: an OperandTensor, which in bf16 training is written
     only as the products after it read it (layer norm's backward reads x, not its output)."""
-    words = x.backend.precision == "bf16" and grad_enabled()
-    return OperandTensor(x.backend, x.shape, words)
+    in_bf16 = x.backend.precision == "bf16" and grad_enabled()
+    return OperandTensor(x.backend, x.shape, in_bf16)
 
 
 def layernorm(x, weight, bias):
@@ -430,7 +430,7 @@ def gelu(x):
 
 def _gelu_backward(out, x):
     def backward():
-        if hasattr(x.grad, "words"):            # (pre's gradient in bf16, from W_proj: as
+        if hasattr(x.grad, "bf16_pairs"):       # (pre's gradient in bf16, from W_proj: as
             x.grad = _values_of(x.backend, x.grad, x.shape)     # float32, to add this one to)
         dx, accumulate = grad_slot(x)
         x.backend.gelu_backward(dx, out.grad, x.data, accumulate=accumulate)
@@ -530,8 +530,8 @@ def cross_entropy(logits, targets, loss_grad=None, vocab=None):
     if loss_grad is not None and grad_enabled() and logits.requires_grad:
         # in bf16 the gradient is written only as the LM head's products read it (a Bf16Matrix
         # [N, Vp]: the same bits a rounding of the float32 one would give, half its bytes)
-        words = backend.precision == "bf16"
-        dlogits = backend.new_operand((N, V)) if words else backend.empty((N, V))
+        in_bf16 = backend.precision == "bf16"
+        dlogits = backend.new_operand((N, V)) if in_bf16 else backend.empty((N, V))
         backend.crossentropy_forward_backward(loss.data, losses, lse, dlogits, rows, targets,
                                               loss_grad, vocab)
 
@@ -539,9 +539,9 @@ def cross_entropy(logits, targets, loss_grad=None, vocab=None):
             if loss.grad is not loss_grad:
                 raise ValueError("cross_entropy: backward got another gradient than loss_grad")
             if logits.grad is None:
-                logits.grad = dlogits if words else dlogits.reshape(logits.shape)
+                logits.grad = dlogits if in_bf16 else dlogits.reshape(logits.shape)
                 return
-            values = _values_of(backend, dlogits, (N, V)) if words else dlogits
+            values = _values_of(backend, dlogits, (N, V)) if in_bf16 else dlogits
             backend.add_into(logits.grad, values.reshape(logits.shape), accumulate=True)
     else:
         backend.crossentropy_forward(loss.data, losses, lse, rows, targets, vocab)

@@ -191,15 +191,15 @@ def crossentropy_fused4_kernel(losses, lse, dlogits, logits, targets, dloss, V):
 
 
 @cuda.jit
-def crossentropy_fused_bf16_kernel(losses, lse, dlogit_words, logits, targets, dloss, V):
-    # crossentropy_fused4_kernel with dlogits written as a Bf16Matrix's words [N, P/2] (P: Vp
+def crossentropy_fused_bf16_kernel(losses, lse, dlogit_pairs, logits, targets, dloss, V):
+    # crossentropy_fused4_kernel with dlogits written as a Bf16Matrix's bf16 pairs [N, P/2] (P: Vp
     # rounded up to 8, zeros past Vp): a thread 8 gradients at a time, one 16-byte store
     scratch = cuda.shared.array(MAX_THREADS, float32)
     n, row_lse, target, scale = fused_row_start(losses, lse, logits, targets, dloss, V, scratch)
-    for v in range(8 * cuda.threadIdx.x, 2 * dlogit_words.shape[1], 8 * cuda.blockDim.x):
+    for v in range(8 * cuda.threadIdx.x, 2 * dlogit_pairs.shape[1], 8 * cuda.blockDim.x):
         x0, x1, x2, x3 = load_classes4(logits, n, v, V)
         x4, x5, x6, x7 = load_classes4(logits, n, v + 4, V)
-        store4_u32(dlogit_words, (n, v >> 1),
+        store4_u32(dlogit_pairs, (n, v >> 1),
                    bf16_pair(gradient4(x0, v, V, row_lse, target, scale),
                              gradient4(x1, v + 1, V, row_lse, target, scale)),
                    bf16_pair(gradient4(x2, v + 2, V, row_lse, target, scale),
@@ -238,7 +238,7 @@ def add_to_running_sum2(m, s, x0, x1, x2, x3, x4, x5, x6, x7):
 
 @inlined
 def eight_classes(w0, w1, w2, w3, v, V):
-    # the eight logits of four words (columns v .. v + 7), in base 2, -inf past the classes
+    # the eight logits of four bf16 pairs (columns v .. v + 7), in base 2, -inf past the classes
     x0, x1 = bf16_unpair(w0)
     x2, x3 = bf16_unpair(w1)
     x4, x5 = bf16_unpair(w2)
@@ -260,13 +260,13 @@ def gradient2(x0, x1, v, V, lse2, target, scale):
 
 @kernel_factory
 def bf16_logits_kernel(gradient):
-    """The loss of logits given as a Bf16Matrix's words, and with `gradient` dlogits too, as a
-    Bf16Matrix's words."""
+    """The loss of logits given as a Bf16Matrix's bf16 pairs, and with `gradient` dlogits too,
+    as a Bf16Matrix's bf16 pairs."""
 
     @cuda.jit
-    def crossentropy_bf16_logits_kernel(losses, lse, dlogit_words, logit_words, targets, dloss,
+    def crossentropy_bf16_logits_kernel(losses, lse, dlogit_pairs, logit_pairs, targets, dloss,
                                         V):
-        # losses[N], lse[N] (and dlogits) of logits [N, P/2] words; one block per row. Each
+        # losses[N], lse[N] (and dlogits) of logits [N, P/2] in bf16 pairs; one block per row. Each
         # thread copies 16-byte chunks c, c + blockDim, ... of the row into shared memory and
         # folds their 8 logits into its running max and sum (base 2); the block combines them
         # (block_max, block_sum: a fixed order); then each thread reads back the chunks it
@@ -274,10 +274,10 @@ def bf16_logits_kernel(gradient):
         scratch = cuda.shared.array(MAX_THREADS, float32)
         row = cuda.shared.array(0, uint32)
         n = cuda.blockIdx.x
-        chunks = logit_words.shape[1] // 4
+        chunks = logit_pairs.shape[1] // 4
         m, s = NEG_INF, float32(0.0)
         for c in range(cuda.threadIdx.x, chunks, cuda.blockDim.x):
-            w0, w1, w2, w3 = load4_u32(logit_words, (n, 4 * c))
+            w0, w1, w2, w3 = load4_u32(logit_pairs, (n, 4 * c))
             row[4 * c], row[4 * c + 1], row[4 * c + 2], row[4 * c + 3] = w0, w1, w2, w3
             x0, x1, x2, x3, x4, x5, x6, x7 = eight_classes(w0, w1, w2, w3, 8 * c, V)
             m, s = add_to_running_sum2(m, s, x0, x1, x2, x3, x4, x5, x6, x7)
@@ -286,16 +286,16 @@ def bf16_logits_kernel(gradient):
         lse2 = row_max + math.log2(block_sum(s, scratch))          # in base 2
         target = targets[n]
         if cuda.threadIdx.x == 0:
-            low, high = bf16_unpair(logit_words[n, target >> 1])
+            low, high = bf16_unpair(logit_pairs[n, target >> 1])
             lse[n] = lse2 / LOG2E
             losses[n] = lse2 / LOG2E - (high if target & 1 else low)
         if gradient:
-            scale = dloss[0] / logit_words.shape[0]
+            scale = dloss[0] / logit_pairs.shape[0]
             for c in range(cuda.threadIdx.x, chunks, cuda.blockDim.x):
                 v = 8 * c
                 x0, x1, x2, x3, x4, x5, x6, x7 = eight_classes(
                     row[4 * c], row[4 * c + 1], row[4 * c + 2], row[4 * c + 3], v, V)
-                store4_u32(dlogit_words, (n, 4 * c),
+                store4_u32(dlogit_pairs, (n, 4 * c),
                            gradient2(x0, x1, v, V, lse2, target, scale),
                            gradient2(x2, x3, v + 2, V, lse2, target, scale),
                            gradient2(x4, x5, v + 4, V, lse2, target, scale),
@@ -308,17 +308,17 @@ def launch_bf16_logits(losses, lse, dlogits, logits, targets, dloss, V):
     """bf16_logits_kernel on logits (a Bf16Matrix); dlogits a Bf16Matrix of its shape, or None
     (the loss alone, evaluation's)."""
     gradient = dlogits is not None
-    words = logits.words
-    if 4 * words.shape[1] > device.current().shared_bytes_optin:   # (a row past ~110k tokens:
+    logit_pairs = logits.bf16_pairs
+    if 4 * logit_pairs.shape[1] > device.current().shared_bytes_optin:  # (a row past ~110k tokens:
         values = device_empty(logits.shape, np.float32)           # float32 values, two reads)
         bf16_values(values, logits)
         launch(crossentropy_fused_bf16_kernel if gradient else crossentropy_forward_kernel,
-               logits.shape[0], THREADS, losses, lse, *((dlogits.words,) if gradient else ()),
+               logits.shape[0], THREADS, losses, lse, *((dlogits.bf16_pairs,) if gradient else ()),
                values, targets, *((dloss,) if gradient else ()), V)
         return
     launch(bf16_logits_kernel(gradient), logits.shape[0], BF16_THREADS, losses, lse,
-           dlogits.words if gradient else words, words, targets,
-           dloss if gradient else lse, V, shared_bytes=4 * words.shape[1])
+           dlogits.bf16_pairs if gradient else logit_pairs, logit_pairs, targets,
+           dloss if gradient else lse, V, shared_bytes=4 * logit_pairs.shape[1])
 
 
 @cuda.jit
@@ -387,9 +387,9 @@ def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, d
     (crossentropy_fused_kernel, any rows; a Bf16Matrix then rounded from its float32 output)
     or "auto" (fast where the rows allow it). logits may be a Bf16Matrix (then dlogits is one
     too): bf16_logits_kernel, the row read once."""
-    words = isinstance(dlogits, Bf16Matrix)
+    bf16_dlogits = isinstance(dlogits, Bf16Matrix)
     if isinstance(logits, Bf16Matrix):
-        check(words, "cross-entropy: with logits in bf16, dlogits is a Bf16Matrix too")
+        check(bf16_dlogits, "cross-entropy: with logits in bf16, dlogits is a Bf16Matrix too")
         check_float32(loss=loss, losses=losses, lse=lse, dloss=dloss)
         check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got "
               f"{targets.dtype}")
@@ -400,26 +400,26 @@ def crossentropy_forward_backward(loss, losses, lse, dlogits, logits, targets, d
         launch(mean_kernel, 1, THREADS, loss, losses)
         return
     check_float32(loss=loss, losses=losses, lse=lse, logits=logits, dloss=dloss,
-                  **({} if words else dict(dlogits=dlogits)))
+                  **({} if bf16_dlogits else dict(dlogits=dlogits)))
     check(targets.dtype == np.int32, f"cross-entropy: targets must be int32, got {targets.dtype}")
     V = _check(logits, targets, vocab, losses=losses, lse=lse)
     check(tuple(dlogits.shape) == tuple(logits.shape),
           f"cross-entropy dlogits: shape {tuple(dlogits.shape)}, logits {tuple(logits.shape)}")
     check(kernel in ("auto", "fast", "reference"), f"cross-entropy: unknown kernel {kernel!r}")
-    aligned = aligned16(logits) and (words or aligned16(dlogits))
+    aligned = aligned16(logits) and (bf16_dlogits or aligned16(dlogits))
     if kernel == "auto":
         kernel = "fast" if aligned else "reference"
     check(aligned or kernel == "reference",
           "cross-entropy: the fast kernel needs logits and dlogits in rows of 4k floats, aligned")
     if kernel == "fast":
-        fused = crossentropy_fused_bf16_kernel if words else crossentropy_fused4_kernel
+        fused = crossentropy_fused_bf16_kernel if bf16_dlogits else crossentropy_fused4_kernel
         launch(fused, logits.shape[0], THREADS, losses, lse,
-               dlogits.words if words else dlogits, logits, targets, dloss, V)
+               dlogits.bf16_pairs if bf16_dlogits else dlogits, logits, targets, dloss, V)
     else:
-        values = device_empty(logits.shape, np.float32) if words else dlogits
+        values = device_empty(logits.shape, np.float32) if bf16_dlogits else dlogits
         launch(crossentropy_fused_kernel, logits.shape[0], THREADS, losses, lse, values, logits,
                targets, dloss, V)
-        if words:
+        if bf16_dlogits:
             round_bf16(dlogits, values)
     launch(mean_kernel, 1, THREADS, loss, losses)
 
@@ -460,8 +460,8 @@ def crossentropy_forward_backward_numpy(loss, losses, lse, dlogits, logits, targ
     if isinstance(logits, Bf16Matrix):              # (bf16 logits: their values)
         logits = bf16_matrix_values(logits)
     crossentropy_forward_numpy(loss, losses, lse, logits, targets, vocab)
-    words = isinstance(dlogits, Bf16Matrix)
-    values = np.empty(logits.shape, np.float32) if words else dlogits
+    bf16_dlogits = isinstance(dlogits, Bf16Matrix)
+    values = np.empty(logits.shape, np.float32) if bf16_dlogits else dlogits
     crossentropy_backward_numpy(values, dloss, logits, lse, targets, vocab=vocab)
-    if words:
+    if bf16_dlogits:
         round_bf16_numpy(dlogits, values)

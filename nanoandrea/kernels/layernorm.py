@@ -20,8 +20,8 @@ Two families of kernels compute this:
   - block kernels (below them), for every other C: one block per row, shared-memory sums. They
     are the readable reference, and the fallback.
 In bf16 training out is a Bf16Matrix, the rows as the products after the layer norm read them
-(the backward reads x, not out): the warp kernels write its words, 8 bytes a lane (C % 8 == 0);
-other widths go through float32 and a rounding pass.
+(the backward reads x, not out): the warp kernels write its bf16 pairs, 8 bytes a lane
+(C % 8 == 0); other widths go through float32 and a rounding pass.
 """
 import math
 from contextlib import contextmanager
@@ -56,12 +56,12 @@ def backward_blocks_per_sm(V):
 # --- warp kernels ---------------------------------------------------------------------------
 
 @kernel_factory
-def warp_kernel(V, which, words=False):
+def warp_kernel(V, which, bf16_out=False):
     """The warp kernel `which` ("forward", "residual_forward" or "backward") for rows of
     C <= 128 V columns (C % 4 == 0). V fixes the size of each lane's register arrays (4 V
-    floats), which must be known when the kernel is compiled. words (the forwards, C % 8 ==
-    0): out is a Bf16Matrix's words [N, C/2], the normalized rows as the next products read
-    them (bf16 training: half float32's bytes, and no rounding pass after)."""
+    floats), which must be known when the kernel is compiled. bf16_out (the forwards, C % 8
+    == 0): out is a Bf16Matrix's bf16 pairs [N, C/2], the normalized rows as the next products
+    read them (bf16 training: half float32's bytes, and no rounding pass after)."""
     SIZE = 4 * V       # floats per lane: values[4 k + i] is column 4 (lane + 32 k) + i
     MAX_C = WARP * SIZE
     # (the simulator's cuda.jit takes no launch_bounds)
@@ -82,7 +82,7 @@ def warp_kernel(V, which, words=False):
     def normalize_warp_row(out, mean, rstd, values, weight, bias, eps, row):
         # The forward after a row is loaded into values (this lane's columns of row `row`):
         # writes out[row, :], mean[row], rstd[row]. Every lane of the warp calls it.
-        C = out.shape[1] * (2 if words else 1)
+        C = out.shape[1] * (2 if bf16_out else 1)
         lane = cuda.threadIdx.x
         total = float32(0.0)
         for k in range(V):
@@ -106,7 +106,7 @@ def warp_kernel(V, which, words=False):
                 y1 = (values[4 * k + 1] - row_mean) * row_rstd * w1 + b1
                 y2 = (values[4 * k + 2] - row_mean) * row_rstd * w2 + b2
                 y3 = (values[4 * k + 3] - row_mean) * row_rstd * w3 + b3
-                if words:               # (columns col .. col + 3: words col/2 and col/2 + 1)
+                if bf16_out:            # (columns col .. col + 3: pairs col/2 and col/2 + 1)
                     store2_u32(out, (row, col >> 1), bf16_pair(y0, y1), bf16_pair(y2, y3))
                 else:
                     store4(out, (row, col), y0, y1, y2, y3)
@@ -350,15 +350,16 @@ def layernorm_forward(out, mean, rstd, x, weight, bias):
     check_float32(mean=mean, rstd=rstd, x=x, weight=weight, bias=bias)
     _check(x, weight, out=out, mean=mean, rstd=rstd)
     N, C = x.shape
-    words = _words_kernel(out, C, x, weight, bias)
-    if words is None:
+    bf16_out = _bf16_out(out, C, x, weight, bias)
+    if bf16_out is None:
         with _through_float32(out) as values:
             layernorm_forward(values, mean, rstd, x, weight, bias)
         return
-    V = warp_vectors(C, *([] if words else [out]), x, weight, bias)
+    V = warp_vectors(C, *([] if bf16_out else [out]), x, weight, bias)
     if V:
-        launch(warp_kernel(V, "forward", words), blocks(N, WARPS), (WARP, WARPS),
-               out.words if words else out, mean, rstd, x, weight, bias, np.float32(EPS))
+        launch(warp_kernel(V, "forward", bf16_out), blocks(N, WARPS), (WARP, WARPS),
+               out.bf16_pairs if bf16_out else out, mean, rstd, x, weight, bias,
+               np.float32(EPS))
     else:
         launch(layernorm_forward_kernel, N, THREADS, out, mean, rstd, x, weight, bias,
                np.float32(EPS))
@@ -371,29 +372,29 @@ def residual_layernorm_forward(resid, out, mean, rstd, a, b, weight, bias):
     check_float32(resid=resid, mean=mean, rstd=rstd, a=a, b=b, weight=weight, bias=bias)
     _check(a, weight, b=b, resid=resid, out=out, mean=mean, rstd=rstd)
     N, C = a.shape
-    words = _words_kernel(out, C, resid, a, b, weight, bias)
-    if words is None:
+    bf16_out = _bf16_out(out, C, resid, a, b, weight, bias)
+    if bf16_out is None:
         with _through_float32(out) as values:
             residual_layernorm_forward(resid, values, mean, rstd, a, b, weight, bias)
         return
-    V = warp_vectors(C, resid, *([] if words else [out]), a, b, weight, bias)
+    V = warp_vectors(C, resid, *([] if bf16_out else [out]), a, b, weight, bias)
     if V:
-        launch(warp_kernel(V, "residual_forward", words), blocks(N, WARPS), (WARP, WARPS),
-               resid, out.words if words else out, mean, rstd, a, b, weight, bias,
+        launch(warp_kernel(V, "residual_forward", bf16_out), blocks(N, WARPS), (WARP, WARPS),
+               resid, out.bf16_pairs if bf16_out else out, mean, rstd, a, b, weight, bias,
                np.float32(EPS))
     else:
         launch(residual_layernorm_forward_kernel, N, THREADS, resid, out, mean, rstd, a, b,
                weight, bias, np.float32(EPS))
 
 
-def _words_kernel(out, C, *arrays):
+def _bf16_out(out, C, *arrays):
     """For a forward's out: False (float32, any kernel), True (a Bf16Matrix the warp kernel
-    writes: C % 8 == 0, the rows whole words and no pad to keep zero) or None (a Bf16Matrix
-    no kernel writes: _through_float32)."""
-    if not hasattr(out, "words"):
+    writes: C % 8 == 0, the rows whole bf16 pairs and no pad to keep zero) or None (a
+    Bf16Matrix no kernel writes: _through_float32)."""
+    if not hasattr(out, "bf16_pairs"):
         check_float32(out=out)
         return False
-    return True if C % 8 == 0 and warp_vectors(C, out.words, *arrays) else None
+    return True if C % 8 == 0 and warp_vectors(C, out.bf16_pairs, *arrays) else None
 
 
 @contextmanager
@@ -434,7 +435,7 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
 
 def layernorm_forward_numpy(out, mean, rstd, x, weight, bias):
     _check(x, weight, out=out, mean=mean, rstd=rstd)
-    if hasattr(out, "words"):                   # (a Bf16Matrix: the float32 rows rounded)
+    if hasattr(out, "bf16_pairs"):              # (a Bf16Matrix: the float32 rows rounded)
         from .operands import round_bf16_numpy
         values = np.empty(out.shape, np.float32)
         layernorm_forward_numpy(values, mean, rstd, x, weight, bias)

@@ -1,14 +1,15 @@
 """Matrix operands in bf16 and tf32: a float32 x [R, C] rounded once, as the tensor cores read it.
 
-    Bf16Matrix   `words` uint32 [R, P/2]: the values rounded to bf16 (to nearest, ties to
-                 even), in pairs, the lower index in the low half (ptx/mma.py's layout); each
-                 row padded with zeros to P, C rounded up to 8
-    Bf16Heads    `words` uint32 [B,H,T,D/2]: attention's heads [B,H,T,D] rounded to bf16 in
-                 pairs, contiguous (heads_bf16), so that a tile of them is a run of whole
-                 16-byte chunks
-    Tf32Matrix   `values` float32 [R, P] (`words` the same memory as uint32): the values
-                 rounded to tf32 (float32 with the 13 low bits of its mantissa zero: to
-                 nearest, ties away from zero, as cvt.rna.tf32.f32); P = C rounded up to 4
+    Bf16Matrix   `bf16_pairs` uint32 [R, P/2]: the values rounded to bf16 (to nearest, ties
+                 to even), two in each 32-bit word, the lower index in the low half
+                 (ptx/mma.py's layout); each row padded with zeros to P, C rounded up to 8
+    Bf16Heads    `bf16_pairs` uint32 [B,H,T,D/2]: attention's heads [B,H,T,D] rounded to
+                 bf16, two a word, contiguous (heads_bf16), so that a tile of them is a run of
+                 whole 16-byte chunks
+    Tf32Matrix   `values` float32 [R, P] (`words` the same memory as uint32, one tf32 a 32-bit
+                 word): the values rounded to tf32 (float32 with the 13 low bits of its
+                 mantissa zero: to nearest, ties away from zero, as cvt.rna.tf32.f32); P = C
+                 rounded up to 4
 
 Every copy a product kernel makes of such a row is then a whole, aligned 16 bytes, whatever C
 is, and the pad's zeros add nothing to a sum. bf16 keeps float32's 8-bit exponent and 7 bits of
@@ -33,49 +34,51 @@ from .runtime.launch import blocks, check, check_float32, current_stream, launch
 # --- bf16 ------------------------------------------------------------------------------------
 
 class Bf16Matrix:
-    """x [R, C] rounded to bf16, as the kernel reads it: `words` uint32 [R, P/2] (pairs, the
-    lower index in the low half), P = C rounded up to 8, zeros from C to P. `shape` is x's."""
-    __slots__ = ("words", "shape")
+    """x [R, C] rounded to bf16, as the kernel reads it: `bf16_pairs` uint32 [R, P/2] (two
+    values a 32-bit word, the lower index in the low half), P = C rounded up to 8, zeros from C
+    to P. `shape` is x's."""
+    __slots__ = ("bf16_pairs", "shape")
 
-    def __init__(self, words, cols):
-        self.words, self.shape = words, (words.shape[0], cols)
+    def __init__(self, bf16_pairs, cols):
+        self.bf16_pairs, self.shape = bf16_pairs, (bf16_pairs.shape[0], cols)
 
     @staticmethod
-    def words_shape(shape):
+    def pairs_shape(shape):
         rows, cols = shape
         return rows, -(-cols // 8) * 4
 
     @classmethod
     def allocate(cls, shape, empty):
-        """A new one, not yet rounded, for an x of `shape`: its words from empty(shape, dtype)."""
-        return cls(empty(cls.words_shape(shape), np.uint32), shape[1])
+        """A new one, not yet rounded, for an x of `shape`: its bf16 pairs from
+        empty(shape, dtype)."""
+        return cls(empty(cls.pairs_shape(shape), np.uint32), shape[1])
 
 
 def round_bf16_numpy(out, x):
     """out (a Bf16Matrix of x's shape) = x rounded to bf16 (to nearest, ties to even)."""
     rows, cols = x.shape
-    padded = np.zeros((rows, 2 * out.words.shape[1]), np.float32)
+    padded = np.zeros((rows, 2 * out.bf16_pairs.shape[1]), np.float32)
     padded[:, :cols] = x
-    out.words[...] = pack_bf16(padded)
+    out.bf16_pairs[...] = pack_bf16(padded)
 
 
 def bf16_matrix_values(x):
     """What the tensor cores multiply: a Bf16Matrix's values, or a float32 x rounded."""
     if isinstance(x, Bf16Matrix):
-        return unpack_bf16(np.asarray(x.words))[:, :x.shape[1]]
-    words = Bf16Matrix(np.empty(Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
-    round_bf16_numpy(words, np.asarray(x, np.float32))
-    return bf16_matrix_values(words)
+        return unpack_bf16(np.asarray(x.bf16_pairs))[:, :x.shape[1]]
+    rounded = Bf16Matrix(np.empty(Bf16Matrix.pairs_shape(x.shape), np.uint32), x.shape[1])
+    round_bf16_numpy(rounded, np.asarray(x, np.float32))
+    return bf16_matrix_values(rounded)
 
 
 @cuda.jit
-def round_bf16_kernel(words, x, whole_rows):
-    # words[R, P/2] = x[R, C] in bf16 pairs, zeros past C; one thread 8 values (one 16-byte
+def round_bf16_kernel(pairs, x, whole_rows):
+    # pairs[R, P/2] = x[R, C] in bf16 pairs, zeros past C; one thread 8 values (one 16-byte
     # store). whole_rows: x's rows are 16-byte aligned runs of 4 (then two 16-byte loads)
-    chunks = words.shape[1] // 4
+    chunks = pairs.shape[1] // 4
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     row, first = c // chunks, 8 * (c % chunks)
-    if row >= words.shape[0]:
+    if row >= pairs.shape[0]:
         return
     cols = x.shape[1]
     v = cuda.local.array(8, float32)
@@ -85,13 +88,13 @@ def round_bf16_kernel(words, x, whole_rows):
     else:
         for e in range(8):
             v[e] = x[row, first + e] if first + e < cols else float32(0.0)
-    store4_u32(words, (row, first // 2), bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
+    store4_u32(pairs, (row, first // 2), bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
                bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]))
 
 
 def round_bf16(out, x):
-    """round_bf16_numpy on the GPU (out's words a device array)."""
-    launch_rounding(round_bf16_kernel, out, out.words, x)
+    """round_bf16_numpy on the GPU (out's bf16 pairs a device array)."""
+    launch_rounding(round_bf16_kernel, out, out.bf16_pairs, x)
 
 
 def bf16_values_numpy(out, x):
@@ -100,12 +103,12 @@ def bf16_values_numpy(out, x):
 
 
 @cuda.jit
-def bf16_values_kernel(out, words):
-    # out[R, C] = the bf16 pairs of words[R, P/2] as float32s; a thread a pair
+def bf16_values_kernel(out, pairs):
+    # out[R, C] = the values of pairs[R, P/2] (bf16 pairs) as float32s; a thread a pair
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    row, col = c // words.shape[1], 2 * (c % words.shape[1])
+    row, col = c // pairs.shape[1], 2 * (c % pairs.shape[1])
     if row < out.shape[0] and col < out.shape[1]:
-        x0, x1 = bf16_unpair(words[row, col >> 1])
+        x0, x1 = bf16_unpair(pairs[row, col >> 1])
         out[row, col] = x0
         if col + 1 < out.shape[1]:
             out[row, col + 1] = x1
@@ -116,7 +119,7 @@ def bf16_values(out, x):
     next product's operand) is read as float32 after all."""
     check_float32(out=out)
     check(tuple(out.shape) == tuple(x.shape), f"bf16_values: out {out.shape}, x {x.shape}")
-    launch(bf16_values_kernel, blocks(x.words.size, 128), 128, out, x.words)
+    launch(bf16_values_kernel, blocks(x.bf16_pairs.size, 128), 128, out, x.bf16_pairs)
 
 
 
@@ -140,14 +143,15 @@ def rounded_bf16(x):
 # --- bf16 heads: attention's q, k, v, dout ------------------------------------------------------
 
 class Bf16Heads:
-    """x [B,H,T,D] rounded to bf16, as the kernels here read it: `words` uint32 [B,H,T,D/2]
-    (pairs, contiguous); `shape` is x's. The model's attention rounds q, k and v once
-    (heads_operand) and hands the same copies to the forward and to the backward."""
-    __slots__ = ("words", "shape")
+    """x [B,H,T,D] rounded to bf16, as the kernels here read it: `bf16_pairs` uint32
+    [B,H,T,D/2] (two values a 32-bit word, contiguous); `shape` is x's. The model's attention
+    rounds q, k and v once (heads_operand) and hands the same copies to the forward and to the
+    backward."""
+    __slots__ = ("bf16_pairs", "shape")
 
-    def __init__(self, words):
-        self.words = words
-        self.shape = (*words.shape[:3], 2 * words.shape[3])
+    def __init__(self, bf16_pairs):
+        self.bf16_pairs = bf16_pairs
+        self.shape = (*bf16_pairs.shape[:3], 2 * bf16_pairs.shape[3])
 
 
 def heads_bf16(x):
@@ -156,16 +160,16 @@ def heads_bf16(x):
     if isinstance(x, Bf16Heads):
         return x
     B, H, T, D = x.shape
-    words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
-    launch(heads_bf16_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
-    return Bf16Heads(words)
+    pairs = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
+    launch(heads_bf16_kernel, blocks(B * H * T * D // 8, 128), 128, pairs, x)
+    return Bf16Heads(pairs)
 
 
 @cuda.jit
-def heads_bf16_kernel(words, x):
-    # words[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
+def heads_bf16_kernel(pairs, x):
+    # pairs[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
     # store)
-    B, H, T, W = words.shape
+    B, H, T, W = pairs.shape
     chunks = W // 4
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if c >= B * H * T * chunks:
@@ -174,7 +178,7 @@ def heads_bf16_kernel(words, x):
     b, h, i = row // (H * T), (row // T) % H, row % T
     x0, x1, x2, x3 = load4(x, (b, h, i, 8 * chunk))
     x4, x5, x6, x7 = load4(x, (b, h, i, 8 * chunk + 4))
-    store4_u32(words, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
+    store4_u32(pairs, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
                bf16_pair(x4, x5), bf16_pair(x6, x7))
 
 
@@ -182,7 +186,8 @@ def heads_bf16_kernel(words, x):
 
 class Tf32Matrix:
     """x [R, C] rounded to tf32, as the kernel reads it: `values` float32 [R, P], P = C rounded
-    up to 4, zeros from C to P; `words` the same memory as uint32 (what the kernel copies).
+    up to 4, zeros from C to P; `words` the same memory as uint32, one tf32 a 32-bit word (what
+    the kernel copies).
     `shape` is x's."""
     __slots__ = ("values", "words", "shape")
 

@@ -107,13 +107,13 @@ def column_partials_sum(total, partial):
 # --- sum over rows: the bias gradient (and the position-embedding gradient) ----------------
 
 @kernel_factory
-def sum_rows_kernel(words=False):
-    """The kernel of sum_rows; words: x is a Bf16Matrix's words [M, P/2] (column c the low half
-    of word c/2 for an even c, the high half for an odd one)."""
+def sum_rows_kernel(bf16_in=False):
+    """The kernel of sum_rows; bf16_in: x is a Bf16Matrix's bf16 pairs [M, P/2] (column c the
+    low half of 32-bit word c/2 for an even c, the high half for an odd one)."""
 
     @inlined
     def value(x, row, col):
-        if words:
+        if bf16_in:
             low, high = bf16_unpair(x[row, col >> 1])
             return high if col & 1 else low
         return x[row, col]
@@ -141,20 +141,20 @@ def sum_rows_kernel(words=False):
 def sum_rows(out, x, accumulate=False):
     """out[N] (+)= x[M,N] summed over its M rows. x: float32, or a Bf16Matrix (a gradient the
     products wrote in bf16: the MLP's pre-activation's), its values summed in float32."""
-    words = hasattr(x, "words")
-    check_float32(out=out, **({} if words else dict(x=x)))
+    bf16_in = hasattr(x, "bf16_pairs")
+    check_float32(out=out, **({} if bf16_in else dict(x=x)))
     check(len(x.shape) == 2, f"sum_rows: x must be 2-D, got {x.shape}")
     check_shape("sum_rows out", out, (x.shape[1],))
     M, N = x.shape
     partials = cuda.device_array((row_chunks(M, N), N), np.float32, stream=current_stream())
-    launch(sum_rows_kernel(words), (blocks(N, COLUMNS), partials.shape[0]),
-           (COLUMNS, ROW_GROUPS), partials, x.words if words else x)
+    launch(sum_rows_kernel(bf16_in), (blocks(N, COLUMNS), partials.shape[0]),
+           (COLUMNS, ROW_GROUPS), partials, x.bf16_pairs if bf16_in else x)
     launch(finish_column_sums_kernel, *elementwise_grid(N), out, partials, accumulate)
 
 
 def sum_rows_numpy(out, x, accumulate=False):
-    if hasattr(x, "words"):                     # (a Bf16Matrix's values)
-        x = unpack_bf16(np.asarray(x.words))[:, :x.shape[1]]
+    if hasattr(x, "bf16_pairs"):                # (a Bf16Matrix's values)
+        x = unpack_bf16(np.asarray(x.bf16_pairs))[:, :x.shape[1]]
     check_shape("sum_rows out", out, (x.shape[1],))
     if accumulate:
         out += x.sum(axis=0)

@@ -31,21 +31,21 @@ def test_crossentropy_kernels(rng, scale, columns):
             assert relative_error(got.copy_to_host(), expected) < TOLERANCE
         # bf16 training's gradient, written as the LM head's products read it: the bits a
         # rounding of the float32 gradient gives
-        words = Bf16Matrix.allocate((N, V), lambda shape, dtype: device(
+        dlogits_bf16 = Bf16Matrix.allocate((N, V), lambda shape, dtype: device(
             np.full(shape, 0xFFFFFFFF), dtype))
         loss_b = poisoned(1)
-        crossentropy.crossentropy_forward_backward(loss_b, poisoned(N), poisoned(N), words,
+        crossentropy.crossentropy_forward_backward(loss_b, poisoned(N), poisoned(N), dlogits_bf16,
                                                    device(logits), device(targets, np.int32),
                                                    device(dloss), kernel=kernel)
         rounded = Bf16Matrix.allocate((N, V), np.empty)
         round_bf16_numpy(rounded, fused[3].copy_to_host())
-        assert np.array_equal(words.words.copy_to_host(), rounded.words)
+        assert np.array_equal(dlogits_bf16.bf16_pairs.copy_to_host(), rounded.bf16_pairs)
         assert loss_b.copy_to_host()[0] == fused[0].copy_to_host()[0]
     twin = Bf16Matrix.allocate((N, V), np.empty)
     crossentropy.crossentropy_forward_backward_numpy(np.empty(1), np.empty(N), np.empty(N), twin,
                                                      logits, targets, dloss)
     round_bf16_numpy(rounded, want_fused[3].astype(np.float32))
-    assert np.array_equal(twin.words, rounded.words)
+    assert np.array_equal(twin.bf16_pairs, rounded.bf16_pairs)
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -82,7 +82,7 @@ def bf16_logits(rng, N, Vp, scale):
     """Logits [N, Vp] as the LM head writes them in bf16: (a device Bf16Matrix, its host twin)."""
     logits = Bf16Matrix.allocate((N, Vp), np.empty)
     round_bf16_numpy(logits, (scale * rng.standard_normal((N, Vp))).astype(np.float32))
-    return Bf16Matrix(device(logits.words, np.uint32), Vp), logits
+    return Bf16Matrix(device(logits.bf16_pairs, np.uint32), Vp), logits
 
 
 @pytest.mark.parametrize("scale", [1.0, 30.0])
@@ -113,7 +113,7 @@ def test_crossentropy_of_bf16_logits(rng, monkeypatch, scale, shared_bytes):
                                                device(dloss), vocab=V)
     for g, w in zip(got, want):
         assert relative_error(g.copy_to_host(), w) < 1e-5
-    got_values = bf16_matrix_values(Bf16Matrix(grad.words.copy_to_host(), Vp))
+    got_values = bf16_matrix_values(Bf16Matrix(grad.bf16_pairs.copy_to_host(), Vp))
     want_values = bf16_matrix_values(want_grad)
     assert np.abs(got_values - want_values).max() <= 2**-7 * np.abs(want_values).max()
     assert not got_values[:, V:].any()

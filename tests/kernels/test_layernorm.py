@@ -64,16 +64,16 @@ def test_residual_layernorm_is_add_then_layernorm(rng, N, C):
 @pytest.mark.parametrize("C", [48, 20, 9])
 def test_layernorm_writes_bf16(rng, C):
     """The forwards with out a Bf16Matrix (bf16 training): the float32 output rounded, to the
-    bit; C = 48 by the warp kernel's words (8 columns a 16 bytes), 20 and 9 through float32.
+    bit; C = 48 by the warp kernel's bf16 pairs (8 columns a 16 bytes), 20 and 9 through float32.
     The twins likewise."""
     N = 12 if not GPU else 4096
     a, b = 3.0 + 2.0 * rng.standard_normal((N, C)), rng.standard_normal((N, C))
     weight, bias = 1 + 0.2 * rng.standard_normal(C), rng.standard_normal(C)
     params = device(weight), device(bias)
     for fused in (False, True):
-        floats, words = poisoned((N, C)), Bf16Matrix.allocate((N, C), device_empty)
+        floats, bf16_out = poisoned((N, C)), Bf16Matrix.allocate((N, C), device_empty)
         stats = [poisoned(N) for _ in range(4)]
-        for out, (mean, rstd) in ((floats, stats[:2]), (words, stats[2:])):
+        for out, (mean, rstd) in ((floats, stats[:2]), (bf16_out, stats[2:])):
             if fused:
                 layernorm.residual_layernorm_forward(poisoned((N, C)), out, mean, rstd, device(a),
                                                      device(b), *params)
@@ -81,10 +81,10 @@ def test_layernorm_writes_bf16(rng, C):
                 layernorm.layernorm_forward(out, mean, rstd, device(a), *params)
         want = Bf16Matrix.allocate((N, C), np.empty)
         round_bf16_numpy(want, floats.copy_to_host())
-        assert np.array_equal(words.words.copy_to_host(), want.words)
+        assert np.array_equal(bf16_out.bf16_pairs.copy_to_host(), want.bf16_pairs)
         host = Bf16Matrix.allocate((N, C), np.empty)
         layernorm.layernorm_forward_numpy(host, np.empty(N), np.empty(N), a, weight, bias)
         values = np.empty((N, C))
         layernorm.layernorm_forward_numpy(values, np.empty(N), np.empty(N), a, weight, bias)
         round_bf16_numpy(want, values.astype(np.float32))
-        assert np.array_equal(host.words, want.words)
+        assert np.array_equal(host.bf16_pairs, want.bf16_pairs)

@@ -14,7 +14,7 @@
                      D the reference kernels, a warp a row)
       ours bf16      the tensor cores (kernels/attention's bf16 dispatch, what --precision bf16
                      trains with), called as the model's attention calls it: q, k, v rounded
-                     to bf16 words once (heads_operand), the forward and the backward reading
+                     to bf16 pairs once (heads_operand), the forward and the backward reading
                      those, the backward rounding dout; the passes are timed with the
                      kernels, as the training step pays them. It takes D = 32 and 64; any
                      other D falls back to the float32 kernels, so at 72 and 128 its figure is
@@ -123,7 +123,7 @@ def fused_against_per_head():
 
 def ours_bf16(Q, K, V, DOUT):
     """The bf16 backend's attention on float32 q, k, v, dout (Numba device arrays [B,H,T,D]):
-    (run, (out, dq, dk, dv)). run() rounds q, k, v to bf16 words (heads_operand, as ops.attention
+    (run, (out, dq, dk, dv)). run() rounds q, k, v to bf16 pairs (heads_operand, as ops.attention
     does), then runs the bf16 attention's forward and backward on them (the backward rounds dout),
     so that a timing of run() includes those passes; the outputs are NaN until run() writes
     them."""

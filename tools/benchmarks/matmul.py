@@ -109,8 +109,9 @@ def bench_matmul_bf16(args):
         outs = [torch.empty(shape, device="cuda") for shape in ((m, n), (m, k), (k, n))]
         out_y, out_dx, out_dw = (cuda.as_cuda_array(t) for t in outs)
         round_ms = kernel_ms(lambda: round_x(X, x_float), args)
+        rounded_bytes = (X.bf16_pairs if precision == "bf16" else X.values).nbytes
         row("matmul", f"{short_name(label):8s} "
-            f"round X {precision}", round_ms, 4.0 * m * k + X.words.nbytes, "TB/s", None, None,
+            f"round X {precision}", round_ms, 4.0 * m * k + rounded_bytes, "TB/s", None, None,
             f"(float32 read, {precision} written)")
         cases = [           # (name, ours, cuBLAS's, the reference, our output)
             ("fwd  Y=X.W", lambda: mm(out_y, X, W), lambda: xb @ wb, lambda: xr @ wr, outs[0]),

@@ -145,9 +145,9 @@ def bench_profile(args):
 
 
 def bf16_tensor(x):
-    """A Bf16Matrix as the bf16 tensor [R, C] of its values (a view of its words)."""
+    """A Bf16Matrix as the bf16 tensor [R, C] of its values (a view of its bf16 pairs)."""
     import torch
-    return torch.as_tensor(x.words, device="cuda").view(torch.bfloat16)[:, :x.shape[1]]
+    return torch.as_tensor(x.bf16_pairs, device="cuda").view(torch.bfloat16)[:, :x.shape[1]]
 
 
 def bench_products(args):
@@ -191,7 +191,7 @@ def bench_products(args):
                         flags.get("gelu_input") is not None else "")
             key = (tuple(out.shape), tuple(a[0].shape), tuple(b[0].shape), ta, tb,
                    bias is not None, bool(flags.get("accumulate")), epilogue,
-                   hasattr(out, "words"), len(a))
+                   hasattr(out, "bf16_pairs"), len(a))
             count, first = groups.get(key, (0, None))
             groups[key] = (count + 1, first or (out, a, b, bias, flags))
 

@@ -54,7 +54,7 @@ DROP = (I1, int64, int64, float32)           # seed, site, threshold, keep
 
 
 MATMUL_ARGS = (A3, A2, A2, A1, BOOL, BOOL, int64, A2)
-U2 = types.uint32[:, ::1]                   # a Bf16Matrix's words
+U2 = types.uint32[:, ::1]                   # a Bf16Matrix's bf16 pairs
 WGMMA_ARGS = (A3, U2, U2, A1, BOOL, BOOL, int64, A2)
 # the tensor-map table; the pairs' rows (a's, b's), out's, GELU's; the pair count, the pairs
 WGMMA_MAPS = (types.uint64[:, ::1], types.UniTuple(int64, 3), types.UniTuple(int64, 3), int64,
@@ -72,24 +72,24 @@ def kernels():
             yield (f"matmul {'T' if ta else 'N'}{'T' if tb else 'N'}"
                    f"{f', {epilogue} epilogue' if epilogue else ''}",
                    matmul.matmul_kernel(ta, tb, epilogue), MATMUL_ARGS)
-    U3 = types.uint32[:, :, ::1]                # a product written in bf16 (words epilogue)
+    U3 = types.uint32[:, :, ::1]                # a product written in bf16 (bf16_out epilogue)
     for ta, tb in ((False, False), (False, True), (True, False)):       # (sm_90a: wgmma)
         for epilogue in (None, "gelu", "gelu_grad"):
             if ta and epilogue or (tb and epilogue == "gelu"):
                 continue
-            for words in (False, True):
-                if words and (ta or epilogue is None):
+            for bf16_out in (False, True):
+                if bf16_out and (ta or epilogue is None):
                     continue            # (bf16 out: the MLP's pre-activation and its gradient)
                 # (None: unread, the launcher passes a)
-                hidden = (U2,) if epilogue is None or words else (A2,)
-                out = (U3,) if words else (A3,)
+                hidden = (U2,) if epilogue is None or bf16_out else (A2,)
+                out = (U3,) if bf16_out else (A3,)
                 # (a bias: the forward's products, X W + b, GELU's among them)
                 forward = not ta and not tb and epilogue != "gelu_grad"
                 for biased in (False, True) if forward else (False,):
                     yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
                            f"{f', {epilogue} epilogue' if epilogue else ''}"
-                           f"{', bf16 out' if words else ''}{', bias' if biased else ''}",
-                           matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue, words, biased),
+                           f"{', bf16 out' if bf16_out else ''}{', bias' if biased else ''}",
+                           matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue, bf16_out, biased),
                            out + WGMMA_ARGS[1:-1] + hidden + WGMMA_MAPS)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits (16-byte)", split_k.sum_splits_kernel, (A1, A2, A1, BOOL, BOOL, int64)
@@ -136,7 +136,7 @@ def kernels():
                      "residual_forward": (A2, A2, A1, A1, A2, A2, A1, A1, float32),
                      "backward": (A2, A2, A2, A2, A2, A2, A1, A1, A1, BOOL)}[which]
         yield f"layernorm warp {which.replace('_', ' ')} C<=768", kernel, signature
-        if which != "backward":             # (bf16 training: the rows as a Bf16Matrix's words)
+        if which != "backward":             # (bf16 training: the rows as a Bf16Matrix's pairs)
             out = 1 if which == "residual_forward" else 0
             yield (f"layernorm warp {which.replace('_', ' ')} C<=768, bf16 out",
                    layernorm.warp_kernel(6, which, True),

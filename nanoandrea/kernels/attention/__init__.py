@@ -53,12 +53,12 @@ def choose(D, arrays):
 
 
 def _tensor_core_operands(kernel, D, arrays, lse, **heads):
-    """Checks the arguments of the tensor-core kernels; the Bf16Heads words of q, k, v."""
+    """Checks the arguments of the tensor-core kernels; the Bf16Heads pairs of q, k, v."""
     check(rounds_heads_of(D, arrays), f"attention: the {kernel} kernels take D in "
           f"{TENSOR_CORE_HEAD_SIZES} and 16-byte aligned rows, got D={D}")
     check_float32(lse=lse)
     check_float32_rows(**{name: x for name, x in heads.items() if not isinstance(x, Bf16Heads)})
-    return [heads_bf16(heads[name]).words for name in ("q", "k", "v")]
+    return [heads_bf16(heads[name]).bf16_pairs for name in ("q", "k", "v")]
 
 
 def attention_forward(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0, kernel="auto",
@@ -74,10 +74,11 @@ def attention_forward(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0, kerne
     elif kernel == "float32":
         float32.attention_forward_flash(out, lse, q, k, v, dropout_p, seed, site, rows_per_block)
     else:
-        words = _tensor_core_operands(kernel, D, (out, q, k, v), lse, out=out, q=q, k=k, v=v)
+        qkv_pairs = _tensor_core_operands(kernel, D, (out, q, k, v), lse, out=out, q=q, k=k,
+                                          v=v)
         launch = (wgmma.attention_forward_wgmma if kernel == "wgmma" else
                   mma_sync.attention_forward_mma)
-        launch(out, lse, *words, np.float32(LOG2E / math.sqrt(D)), dropout_p > 0,
+        launch(out, lse, *qkv_pairs, np.float32(LOG2E / math.sqrt(D)), dropout_p > 0,
                dropout_arguments(dropout_p, seed, site))
 
 
@@ -97,13 +98,13 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         float32.attention_backward_flash(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate,
                                          dropout_p, seed, site, rows_per_block)
     else:
-        words = _tensor_core_operands(kernel, D, arrays, lse, dq=dq, dk=dk, dv=dv, dout=dout,
-                                      q=q, k=k, v=v, out=out)
+        qkv_pairs = _tensor_core_operands(kernel, D, arrays, lse, dq=dq, dk=dk, dv=dv,
+                                          dout=dout, q=q, k=k, v=v, out=out)
         check_float32(delta=delta)
         scale = np.float32(1.0 / math.sqrt(D))
         launch = (wgmma.attention_backward_wgmma if kernel == "wgmma" else
                   mma_sync.attention_backward_mma)
-        launch(dq, dk, dv, delta, dout, out, words, lse, np.float32(LOG2E * scale), scale,
+        launch(dq, dk, dv, delta, dout, out, qkv_pairs, lse, np.float32(LOG2E * scale), scale,
                dropout_p > 0, dropout_arguments(dropout_p, seed, site), accumulate)
 
 

@@ -48,6 +48,7 @@ i + 1 is on its way, and one barrier a tile separates the two. The chunks are sw
 the mma.sync product's are (ptx/sharedmem.swizzle), and ldmatrix reads them: as they lie for S = Q K^T (K's rows are n,
 their pairs run along k), with .trans for O += P V (V's rows are k). The rows a warp
 multiplies by every tile (q and dout; k and v in dk/dv) are loaded into A fragments once.
+Rows, tiles and offsets are counted in words (a word: 32 bits, here a bf16 pair).
 
 Under the CUDA simulator a block is 2 warps and a tile 16 rows: the same code, small enough.
 """
@@ -101,7 +102,7 @@ def tile_functions(D):
 
     @inlined
     def stage(tiles, base, x, bh, row0, T, tid):
-        # start copying the bf16 rows x[bh, row0 : row0 + COLS] (x: heads_bf16's words, flat)
+        # start copying the bf16 rows x[bh, row0 : row0 + COLS] (x: heads_bf16's pairs, flat)
         # into tiles[base:], COLS rows of ROW_WORDS words; zeros past row T
         for r in range(COPIES):
             c = tid + r * THREADS
@@ -226,16 +227,16 @@ def forward_kernel(D, dropout):
      TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout)
 
     @cuda.jit(**BOUNDS)
-    def attention_forward_bf16_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
+    def attention_forward_bf16_kernel(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, seed,
                                       site, threshold, keep):
-        # q, k, v: heads_bf16's words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the
+        # q, k, v: heads_bf16's pairs [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the
         # most keys) first; scores in log2 units (S / sqrt(D) / ln 2): exp is the hardware's exp2
         k_tiles = cuda.shared.array(TWO_TILES, uint32)     # two stages each
         v_tiles = cuda.shared.array(TWO_TILES, uint32)
         q_frag = cuda.local.array((KD, 4), uint32)
         s_acc = cuda.local.array((NT, 4), float32)
         o_acc = cuda.local.array((DN, 4), float32)
-        q, k, v = flat(q_words), flat(k_words), flat(v_words)
+        q, k, v = flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = out.shape[1], out.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -312,7 +313,7 @@ def dq_kernel(D, dropout):
      TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout)
 
     @cuda.jit(**BOUNDS)
-    def attention_dq_bf16_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
+    def attention_dq_bf16_kernel(dq, dout_pairs, q_pairs, k_pairs, v_pairs, lse, delta,
                                  scale_log2, scale, seed, site, threshold, keep, accumulate):
         k_tiles = cuda.shared.array(TWO_TILES, uint32)
         v_tiles = cuda.shared.array(TWO_TILES, uint32)
@@ -321,7 +322,7 @@ def dq_kernel(D, dropout):
         s_acc = cuda.local.array((NT, 4), float32)
         dp_acc = cuda.local.array((NT, 4), float32)
         dq_acc = cuda.local.array((DN, 4), float32)
-        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        dout, q, k, v = flat(dout_pairs), flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = dq.shape[1], dq.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -382,7 +383,7 @@ def dkdv_kernel(D, dropout):
     stage_rows = column_stager(COLS)
 
     @cuda.jit(**BOUNDS)
-    def attention_dkdv_bf16_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
+    def attention_dkdv_bf16_kernel(dk, dv, dout_pairs, q_pairs, k_pairs, v_pairs, lse, delta,
                                    scale_log2, scale, seed, site, threshold, keep, accumulate):
         # grid (B*H, T/ROWS), the first key rows (the most queries) first
         q_tiles = cuda.shared.array(TWO_TILES, uint32)
@@ -395,7 +396,7 @@ def dkdv_kernel(D, dropout):
         dp_acc = cuda.local.array((NT, 4), float32)
         dk_acc = cuda.local.array((DN, 4), float32)
         dv_acc = cuda.local.array((DN, 4), float32)
-        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        dout, q, k, v = flat(dout_pairs), flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = dk.shape[1], dk.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -460,8 +461,8 @@ def delta_and_dout_kernel(D):
     CHUNKS = D // 8                     # a row's threads: 8 values each
 
     @cuda.jit
-    def delta_and_dout_bf16_kernel(delta, words, dout, out):
-        # delta[B,H,T] = dout . out along D and words[B,H,T,D/2] = dout in bf16 pairs: the two
+    def delta_and_dout_bf16_kernel(delta, dout_pairs, dout, out):
+        # delta[B,H,T] = dout . out along D and dout_pairs[B,H,T,D/2] = dout in bf16 pairs: the two
         # passes the backward needs before its products (attention.attention_delta, heads_bf16)
         # made one, so dout is read once. A thread takes 8 values of a row (two 16-byte loads
         # of each array, one 16-byte store), a row's CHUNKS threads are consecutive lanes and
@@ -476,7 +477,7 @@ def delta_and_dout_kernel(D):
         partial, w0, w1, w2, w3 = dout_chunk(dout, out, b, h, i, d)
         total = group_sum(partial, CHUNKS)
         if c < rows * CHUNKS:
-            store4_u32(words, (b, h, i, d // 2), w0, w1, w2, w3)
+            store4_u32(dout_pairs, (b, h, i, d // 2), w0, w1, w2, w3)
             if d == 0:
                 delta[b, h, i] = total
 
@@ -485,25 +486,25 @@ def delta_and_dout_kernel(D):
 
 # --- launchers (the family's dispatch checks the arguments and rounds q, k, v) ---------------
 
-def attention_forward_mma(out, lse, q_words, k_words, v_words, scale_log2, dropout, drop):
-    """The forward's launch: q, k, v as their Bf16Heads words; dropout: whether dropout_p > 0,
+def attention_forward_mma(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, dropout, drop):
+    """The forward's launch: q, k, v as their Bf16Heads pairs; dropout: whether dropout_p > 0,
     drop: reference.dropout_arguments."""
     B, H, T, D = out.shape
-    launch(forward_kernel(D, dropout), (B * H, blocks(T, ROWS)), THREADS, out, lse, q_words,
-           k_words, v_words, scale_log2, *drop)
+    launch(forward_kernel(D, dropout), (B * H, blocks(T, ROWS)), THREADS, out, lse, q_pairs,
+           k_pairs, v_pairs, scale_log2, *drop)
 
 
-def attention_backward_mma(dq, dk, dv, delta, dout, out, words, lse, scale_log2, scale, dropout,
-                           drop, accumulate):
+def attention_backward_mma(dq, dk, dv, delta, dout, out, qkv_pairs, lse, scale_log2, scale,
+                           dropout, drop, accumulate):
     """The backward's launches: delta and dout's bf16 copy first (one pass,
     delta_and_dout_bf16), then the dq kernel and the dk/dv kernel, which read the same bf16
-    copies. words: the Bf16Heads words of q, k, v."""
+    copies. qkv_pairs: the Bf16Heads pairs of q, k, v."""
     B, H, T, D = dq.shape
-    words = [delta_and_dout_bf16(delta, dout, out).words, *words]
+    heads_pairs = [delta_and_dout_bf16(delta, dout, out).bf16_pairs, *qkv_pairs]  # dout, q, k, v
     grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D, dropout), grid, THREADS, dq, *words, lse, delta, scale_log2, scale,
+    launch(dq_kernel(D, dropout), grid, THREADS, dq, *heads_pairs, lse, delta, scale_log2, scale,
            *drop, accumulate)
-    launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, *words, lse, delta, scale_log2,
+    launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, *heads_pairs, lse, delta, scale_log2,
            scale, *drop, accumulate)
 
 
@@ -512,7 +513,7 @@ def delta_and_dout_bf16(delta, dout, out):
     rounded to bf16 pairs (as heads_bf16), in one pass: the Bf16Heads of dout. dout and out:
     float32 heads (views of the concat among them), 16-byte aligned rows, D % 8 == 0."""
     B, H, T, D = dout.shape
-    words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
-    launch(delta_and_dout_kernel(D), blocks(B * H * T * D // 8, 128), 128, delta, words, dout,
-           out)
-    return Bf16Heads(words)
+    dout_pairs = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
+    launch(delta_and_dout_kernel(D), blocks(B * H * T * D // 8, 128), 128, delta, dout_pairs,
+           dout, out)
+    return Bf16Heads(dout_pairs)

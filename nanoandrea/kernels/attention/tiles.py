@@ -285,7 +285,7 @@ def labelled(kernel, threads, tile, shared_bytes=0):
 
 @inlined
 def dout_chunk(dout, out, b, h, i, d):
-    # dout[b, h, i, d : d + 8] rounded to bf16 pairs (4 words) and its dot product with out's
+    # dout[b, h, i, d : d + 8] rounded to 4 bf16 pairs and its dot product with out's
     # same 8 values: two 16-byte loads of each, the sums in one fixed order (the mma.sync
     # attention's delta pass and the wgmma attention's dq, so that both give delta the same bits)
     g0, g1, g2, g3 = load4(dout, (b, h, i, d))

@@ -19,7 +19,8 @@ within it (SECOND_WAITED), one ahead at D = 32. A copy that lands late holds its
 the wait (docs/perf.md measures it). Every tile is 64 rows of 128 bytes whose 16-byte
 chunks are swizzled (chunk c of row r at c ^ r % 8, the layout wgmma reads without bank
 conflicts); a row of D = 32 fills half of its 128 bytes, so both head sizes read the same
-layout.
+layout. Shared memory (`words`, the kernel's dynamic shared array), rows and offsets are counted
+in words (a word: 32 bits, here a bf16 pair).
 
     forward   S [64, COLS] = Q K^T                 A = Q's rows, B = K's rows (both along D:
                                                    K-major)
@@ -40,7 +41,7 @@ every n8 column group j; the A operand in registers takes, for a k16 step s, the
 16w + g, + 8 at columns 16s + 2t and 16s + 8 + 2t: column groups 2s and 2s + 1 of the same
 lanes. Rounded in pairs to bf16 (`fragments`), the scores are the next product's A.
 
-dq keeps a kernel of its own, as in attention_bf16: each gradient is one block's sum, in a fixed
+dq keeps a kernel of its own, as in mma_sync.py: each gradient is one block's sum, in a fixed
 order, with no atomics: reproducible to the bit. It also makes what dk/dv reads besides q, k,
 v: a block stages its rows of dout from float32 itself, rounding them to bf16 and summing each
 row's delta = dO . O as it goes (`stage_dout`), and writes both out, so the backward has no
@@ -135,8 +136,8 @@ def tile_functions(D):
     LOG_CHUNKS = CHUNKS.bit_length() - 1
     ROW_STEP = THREADS // CHUNKS        # rows between a thread's copies (a multiple of 8: each
                                         # copy's chunk is swizzled as the first's)
-    DOUT_PASSES = ROWS // ROW_STEP      # a thread's rows of dO in stage_dout, their bf16 words
-    DOUT_WORDS = 4 * DOUT_PASSES
+    DOUT_PASSES = ROWS // ROW_STEP      # a thread's rows of dO in stage_dout
+    DOUT_WORDS = 4 * DOUT_PASSES        # their bf16 pairs, 4 a row
     multiply_rows = wgmma_by_descriptors(D, REGISTERS, MN_LAYOUT)
 
     @inlined
@@ -153,7 +154,7 @@ def tile_functions(D):
 
         @inlined
         def copy_rows(words, at, x, start, row0, T):
-            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 words, flat; start:
+            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 pairs, flat; start:
             # copy_start's for bh) into words[at:] as swizzled rows of 128 bytes; zeros past T
             place, src, row = start
             rows_left = int32(T - row0)
@@ -167,9 +168,9 @@ def tile_functions(D):
         return copy_rows
 
     @inlined
-    def stage_dout(words, at, dout_words, delta, delta_rows, dout, out, b, h, row0, T, tid):
+    def stage_dout(words, at, dout_pairs, delta, delta_rows, dout, out, b, h, row0, T, tid):
         # dO's rows row0 .. row0 + ROWS of head (b, h), from float32: rounded to bf16 into
-        # words[at:] (the swizzled rows copy_own makes) and into dout_words (dk/dv's copy), and
+        # words[at:] (the swizzled rows copy_own makes) and into dout_pairs (dk/dv's copy), and
         # delta = dO . O of each row into delta_rows[ROWS] and delta. A thread takes chunk
         # tid % CHUNKS (8 values) of rows tid / CHUNKS + ROW_STEP r, so a row's CHUNKS threads
         # are adjacent lanes and their sums meet in shuffles (every lane shuffles: a row past T
@@ -199,7 +200,7 @@ def tile_functions(D):
             if chunk == 0:
                 delta_rows[local] = total
             if inside:
-                store4_u32(dout_words, (b, h, i, 4 * chunk), w0, w1, w2, w3)
+                store4_u32(dout_pairs, (b, h, i, 4 * chunk), w0, w1, w2, w3)
                 if chunk == 0:
                     delta[b, h, i] = total
 
@@ -380,9 +381,9 @@ def forward_kernel(D, dropout):
         return new0, new1, l0, l1
 
     @cuda.jit(**bounds(4))
-    def attention_forward_wgmma_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
+    def attention_forward_wgmma_kernel(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, seed,
                                        site, threshold, keep):
-        # q, k, v: heads_bf16's words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
+        # q, k, v: heads_bf16's pairs [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
         # keys) first; block THREADS; dynamic shared memory shared_bytes(1, 2): Q's rows, then
         # two stages of a K tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
         words = dynamic_shared_words()
@@ -390,7 +391,7 @@ def forward_kernel(D, dropout):
         s_acc = cuda.local.array(S_ACC, float32)
         o_acc = cuda.local.array(O_ACC, float32)
         p_frag = cuda.local.array(FRAG_WORDS, uint32)
-        q, k, v = flat(q_words), flat(k_words), flat(v_words)
+        q, k, v = flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = out.shape[1], out.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -493,12 +494,12 @@ def dq_kernel(D, dropout):
             copy_tiles(words, tiles_at, k, v, start, 0, i + 2, tiles, T)
 
     @cuda.jit(**bounds(3 if dropout else 4))
-    def attention_dq_wgmma_kernel(dq, dout_words, delta, dout, out, q_words, k_words, v_words,
+    def attention_dq_wgmma_kernel(dq, dout_pairs, delta, dout, out, q_pairs, k_pairs, v_pairs,
                                   lse, scale_log2, scale, seed, site, threshold, keep,
                                   accumulate):
         # dynamic shared memory shared_bytes(2, 2): Q's and dO's rows, then two stages of a K
         # tile and a V tile. dO comes as float32 (dout, out: float32 heads): the block rounds
-        # its rows itself and writes them to dout_words, and their delta, for dk/dv
+        # its rows itself and writes them to dout_pairs, and their delta, for dk/dv
         words = dynamic_shared_words()
         first = atom_start(words)
         delta_rows = cuda.shared.array(ROWS, float32)
@@ -506,7 +507,7 @@ def dq_kernel(D, dropout):
         dp_acc = cuda.local.array(S_ACC, float32)
         dq_acc = cuda.local.array(O_ACC, float32)
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)
-        q, k, v = flat(q_words), flat(k_words), flat(v_words)
+        q, k, v = flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = dq.shape[1], dq.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -526,7 +527,7 @@ def dq_kernel(D, dropout):
         # cannot move them past) and behind no branch, so that they travel with its loads (a
         # row past T reads row T - 1's)
         lse0, lse1 = lse[b, h, min(wrow + g, T - 1)], lse[b, h, min(wrow + g + 8, T - 1)]
-        stage_dout(words, first + OWN_WORDS, dout_words, delta, delta_rows, dout, out, b, h,
+        stage_dout(words, first + OWN_WORDS, dout_pairs, delta, delta_rows, dout, out, b, h,
                    row0, T, tid)        # (while the copies are on their way)
         q_desc = shared_descriptor(words, first) | K_BITS
         dout_desc = shared_descriptor(words, first + OWN_WORDS) | K_BITS
@@ -628,7 +629,7 @@ def dkdv_kernel(D, dropout):
             copy_tiles(words, tiles_at, q, dout, start, row0, i + 2, tiles, T)
 
     @cuda.jit(**bounds(2 if dropout else 3))
-    def attention_dkdv_wgmma_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
+    def attention_dkdv_wgmma_kernel(dk, dv, dout_pairs, q_pairs, k_pairs, v_pairs, lse, delta,
                                     scale_log2, scale, seed, site, threshold, keep, accumulate):
         # grid (B*H, T/ROWS), the first key rows (the most queries) first; dynamic shared
         # memory shared_bytes(2, 2): K's and V's rows, then two stages of a Q tile and a dO tile
@@ -642,7 +643,7 @@ def dkdv_kernel(D, dropout):
         dv_acc = cuda.local.array(O_ACC, float32)
         p_frag = cuda.local.array(FRAG_WORDS, uint32)       # (P G)^T in bf16
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)      # dS^T
-        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        dout, q, k, v = flat(dout_pairs), flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = dk.shape[1], dk.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -689,24 +690,24 @@ def dkdv_kernel(D, dropout):
 
 # --- launchers -----------------------------------------------------------------------------------
 
-def attention_forward_wgmma(out, lse, q_words, k_words, v_words, scale_log2, dropout, drop):
-    """The forward's launch: q, k, v as their Bf16Heads words (the family's dispatch checks the
+def attention_forward_wgmma(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, dropout, drop):
+    """The forward's launch: q, k, v as their Bf16Heads pairs (the family's dispatch checks the
     arguments and rounds them); dropout: whether dropout_p > 0, drop:
     reference.dropout_arguments."""
     B, H, T, D = out.shape
-    launch(forward_kernel(D, dropout), (B * H, blocks(T, ROWS)), THREADS, out, lse, q_words,
-           k_words, v_words, scale_log2, *drop, shared_bytes=shared_bytes(1, 2))
+    launch(forward_kernel(D, dropout), (B * H, blocks(T, ROWS)), THREADS, out, lse, q_pairs,
+           k_pairs, v_pairs, scale_log2, *drop, shared_bytes=shared_bytes(1, 2))
 
 
-def attention_backward_wgmma(dq, dk, dv, delta, dout, out, words, lse, scale_log2, scale,
+def attention_backward_wgmma(dq, dk, dv, delta, dout, out, qkv_pairs, lse, scale_log2, scale,
                              dropout, drop, accumulate):
     """The backward's launches (the family's dispatch checks the arguments):
-    dout, out float32 heads; words = the Bf16Heads words of q, k, v. The dq kernel makes delta
+    dout, out float32 heads; qkv_pairs = the Bf16Heads pairs of q, k, v. The dq kernel makes delta
     and dout's bf16 copy as it stages its rows (no pass of their own), and dk/dv reads them."""
     B, H, T, D = dq.shape
-    dout_words = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
+    dout_pairs = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
     grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D, dropout), grid, THREADS, dq, dout_words, delta, dout, out, *words, lse,
+    launch(dq_kernel(D, dropout), grid, THREADS, dq, dout_pairs, delta, dout, out, *qkv_pairs, lse,
            scale_log2, scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))
-    launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, dout_words, *words, lse, delta,
+    launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, dout_pairs, *qkv_pairs, lse, delta,
            scale_log2, scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))

@@ -90,7 +90,7 @@ def four_floats(w, row, col):
 
 @inlined
 def four_bf16(w, row, col):
-    # the same four of a Bf16Matrix's words: two words of bf16 pairs
+    # the same four of a Bf16Matrix's bf16 pairs: two pairs, 8 bytes
     w0, w1 = bf16_unpair(w[row, col >> 1])
     w2, w3 = bf16_unpair(w[row, (col >> 1) + 1])
     return w0, w1, w2, w3
@@ -114,7 +114,7 @@ def finish(out, gelu_array, value, z, m, n, bias, has_bias, gelu):
 
 @kernel_factory
 def matvec_kernel(rows, bf16):
-    """out[z] = x . W over slice z of K (the module's doc): W [K, N] float32 or bf16 words."""
+    """out[z] = x . W over slice z of K (the module's doc): W [K, N] float32 or bf16 pairs."""
     four_weights = four_weights_of(bf16)
     PASSES = (rows + ROW_PASS - 1) // ROW_PASS
 
@@ -166,7 +166,7 @@ def matvec_kernel(rows, bf16):
 
 @kernel_factory
 def matvec_t_kernel(rows, bf16):
-    """out = x . W^T (the module's doc): W [N, K] float32 or bf16 words, K % 4 == 0."""
+    """out = x . W^T (the module's doc): W [N, K] float32 or bf16 pairs, K % 4 == 0."""
     four_weights = four_weights_of(bf16)
 
     @cuda.jit
@@ -222,7 +222,7 @@ def matvec(out, x, w, bias=None, transpose_b=False, gelu_out=None):
     """out[M,N] = x[M,K] . op(w) (+ bias), gelu_out = gelu(out): x float32 [M <= MAX_ROWS, K]
     (takes_matvec says which products), w float32 or a Bf16Matrix."""
     bf16 = isinstance(w, Bf16Matrix)
-    words = w.words if bf16 else w
+    w_array = w.bf16_pairs if bf16 else w
     check_float32(out=out, x=x, bias=bias, gelu_out=gelu_out, w=None if bf16 else w)
     M, N, K = _check_matvec(out, x, w, bias, transpose_b, gelu_out)
     check(takes_matvec(x, w, transpose_b), f"matvec: {M} rows of {K} by {N} columns (at most "
@@ -232,19 +232,19 @@ def matvec(out, x, w, bias=None, transpose_b=False, gelu_out=None):
     gelu_array = gelu_out if gelu else out          # (a placeholder, never read, without GELU)
     if transpose_b:
         launch(matvec_t_kernel(M, bf16), blocks(N, WARPS * WARP_COLUMNS), WARPS * WARP,
-               out.reshape(1, M, N), x, words, bias, has_bias, gelu, gelu_array)
+               out.reshape(1, M, N), x, w_array, bias, has_bias, gelu, gelu_array)
         return
     splits = matvec_splits(N, K)
     k_per_split = -(-K // splits)
     splits = -(-K // k_per_split)
     grid, block = (blocks(N, BLOCK_COLUMNS), splits), (LANES, GROUPS)
     if splits == 1:
-        launch(matvec_kernel(M, bf16), grid, block, out.reshape(1, M, N), x, words, bias,
+        launch(matvec_kernel(M, bf16), grid, block, out.reshape(1, M, N), x, w_array, bias,
                has_bias, gelu, gelu_array, k_per_split)
         return
     partials = cuda.device_array((splits, M, N), np.float32, stream=current_stream())
-    launch(matvec_kernel(M, bf16), grid, block, partials, x, words, bias, False, False, gelu_array,
-           k_per_split)
+    launch(matvec_kernel(M, bf16), grid, block, partials, x, w_array, bias, False, False,
+           gelu_array, k_per_split)
     sum_splits(out, partials, bias, has_bias, False)
     if gelu:
         gelu_forward(gelu_out, out)

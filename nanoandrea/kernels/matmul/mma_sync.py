@@ -39,6 +39,10 @@ tf32 product. One kernel, mma_matmul_kernel(transpose_a, transpose_b, epilogue, 
   split-K      as the float32 kernel: grid z takes a slice of K, summed in a fixed order
                (split_k.py)
 
+Everything here is counted in words (a word: 32 bits, here a bf16 pair or one tf32), so that
+the two element types share one layout: the operands' uint32 arrays (a Bf16Matrix's bf16 pairs,
+a Tf32Matrix's words), shared memory, the fragments' registers.
+
 Under the CUDA simulator the block is 2 x 2 warps of one 16 x 16 tile each (32 x 32): the
 same code, small enough to test there.
 """
@@ -306,8 +310,8 @@ def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     def mma_matmul_kernel(out, a, b, bias, has_bias, accumulate, k_per_split, gelu_array):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if has_bias), Kz the
         # z-th slice of k_per_split rows of K (S = 1 when K is not split); a, b: the words of
-        # Bf16Matrix (or Tf32Matrix) operands. gelu_array[M,N] (S = 1): GELU's output (gelu) or
-        # its input (gelu_grad); else not read.
+        # Bf16Matrix (its bf16 pairs) or Tf32Matrix operands. gelu_array[M,N] (S = 1): GELU's
+        # output (gelu) or its input (gelu_grad); else not read.
         # grid (N/BN, M/BM, S), block THREADS: warp w takes the warp tile (w // WARPS_N,
         # w % WARPS_N) of the block's
         a_tiles = cuda.shared.array(A_WORDS, uint32)
@@ -407,8 +411,11 @@ def matmul_mma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accum
     element "bf16", Tf32Matrix for "tf32"); out, gelu_out and gelu_input float32."""
     check_float32(out=out, bias=bias, gelu_out=gelu_out, gelu_input=gelu_input)
     M, N, K = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
-    check(max(a.words.size, b.words.size) < 2**31,     # (the kernel's offsets are 32-bit)
-          f"matmul_{element}: an operand of {max(a.words.size, b.words.size)} words, 2^31 or more")
+    # the operands' words as the kernel takes them: a Bf16Matrix's bf16 pairs, a Tf32Matrix's
+    # values as uint32
+    a_words, b_words = (x.bf16_pairs if element == "bf16" else x.words for x in (a, b))
+    check(max(a_words.size, b_words.size) < 2**31,     # (the kernel's offsets are 32-bit)
+          f"matmul_{element}: an operand of {max(a_words.size, b_words.size)} words, 2^31 or more")
     gelu_array = gelu_out if gelu_out is not None else gelu_input
     # (split-K's sum reads 4 floats at a time: rows of other widths are not split)
     can_split = all(aligned16(x) for x in (out, bias, gelu_array) if x is not None)
@@ -420,10 +427,10 @@ def matmul_mma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accum
     if grid[2] == 1:                    # one pass: the epilogue does the rest
         kernel = mma_matmul_kernel(bool(transpose_a), bool(transpose_b),
                                    epilogue_of(gelu_out, gelu_input), element)
-        launch(kernel, grid, THREADS, out.reshape(1, M, N), a.words, b.words, bias, has_bias,
-               accumulate, k_per_split, a.words if gelu_array is None else gelu_array)
+        launch(kernel, grid, THREADS, out.reshape(1, M, N), a_words, b_words, bias, has_bias,
+               accumulate, k_per_split, a_words if gelu_array is None else gelu_array)
         return
     partials = split_k.partials(grid[2], M, N)
     launch(mma_matmul_kernel(bool(transpose_a), bool(transpose_b), None, element), grid,
-           THREADS, partials, a.words, b.words, bias, False, False, k_per_split, a.words)
+           THREADS, partials, a_words, b_words, bias, False, False, k_per_split, a_words)
     split_k.finish(out, partials, bias, has_bias, accumulate, gelu_out, gelu_input)

@@ -170,7 +170,7 @@ def matmul_reference(out, a, b, bias=None, transpose_a=False, transpose_b=False,
 def bias_argument(out, bias):
     """(the bias array a kernel is given, has_bias): kernels take arrays, not None, so
     without a bias a placeholder that is never read."""
-    if bias is None:            # (out's first float; of a Bf16Matrix's words, their bits)
+    if bias is None:            # (out's first float; of a Bf16Matrix's pairs, their bits)
         first = out.reshape(out.size)[:1]
         return (first if first.dtype == np.float32 else first.view(np.float32)), False
     return bias, True

@@ -3,9 +3,10 @@ emptied by its copy engine (TMA): bf16 operands, float32 sums.
 
     out[M,N]  (+)=  op(a)[M,K] . op(b)[K,N]  (+ bias[N])      op(x) = x or x^T
 
-The bf16 product's function, with its arguments, operands (Bf16Matrix words) and epilogues, by
-another kernel: on a GPU of compute capability 9.0 (the H100, the H200) the family's dispatch
-sends bf16 products here (`takes` says which). Its NumPy twin is reference.matmul_bf16_numpy.
+The bf16 product's function, with its arguments, operands (a Bf16Matrix's bf16 pairs) and
+epilogues, by another kernel: on a GPU of compute capability 9.0 (the H100, the H200) the
+family's dispatch sends bf16 products here (`takes` says which). Its NumPy twin is
+reference.matmul_bf16_numpy.
 
 Why a second tensor-core kernel: mma.sync (matmul/mma_sync.py) is a warp's instruction on operands
 in its registers; every fragment comes from shared memory through ldmatrix first, and from
@@ -17,7 +18,7 @@ tools/dev/matmul/v12-v20 builds this kernel a step at a time, each step measured
 (docs/perf.md): v16 is the last with the threads copying (cp.async), v17 splits the block into
 a producer and consumers, v18 gives the copies to TMA, v19 the stores, v20 the registers.
 
-The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words, biased):
+The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, bf16_out, biased):
   block        one an SM, persistent (it takes tiles blockIdx.x, + grid, ...; down m first,
                so that the blocks at work at once share op(b)'s columns), 384 threads in 3
                warpgroups with roles (CUTLASS's "warp-specialized" kernels):
@@ -47,18 +48,19 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, words, biase
                waits for the stores of the pass two before, not the one just issued. GELU's
                backward: its input's box is loaded into the buffer first (TMA, an mbarrier a
                buffer, two boxes ahead) and the product times gelu' written over it. GELU's
-               exp and division on the special-function unit (gelu_value_sfu). `words`, the bf16
-               epilogue: out is written as the next products read it (a Bf16Matrix's words:
-               half float32's bytes, no rounding pass after), GELU's output too (of out as
-               rounded), and GELU's backward reads its input so
+               exp and division on the special-function unit (gelu_value_sfu). `bf16_out`, the
+               bf16 epilogue: out is written as the next products read it (a Bf16Matrix's
+               bf16 pairs: half float32's bytes, no rounding pass after), GELU's output too
+               (of out as rounded), and GELU's backward reads its input so
   registers    setmaxnreg: the producer warpgroup drops to 40 registers a thread, the
                consumers rise to 232 (the block's 65,536 / 384 = 168 each would spill the
                epilogue's addresses)
   split-K      as the float32 kernel's: the tiles of every slice of K are the blocks' work; their partial
                sums are added in a fixed order (matmul.sum_splits)
 Operands and out are named by tensor maps (ptx/tma.py: a device table, made once for each
-array's memory). Offsets are 32-bit: the launcher checks that an operand has fewer than 2^31
-words.
+array's memory). Shared memory, coordinates and offsets are counted in words (a word: 32 bits,
+here a bf16 pair or a float32). Offsets are 32-bit: the launcher checks that an operand has
+fewer than 2^31 words.
 """
 import numba
 from numba import cuda, float32, int32, uint64
@@ -124,27 +126,27 @@ def tile_of(item, tiles_m, tiles_n, k_per_split, K):
 
 
 @kernel_factory
-def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, biased=False):
+def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False, biased=False):
     """The kernel (see the module's doc) for one (transpose_a, transpose_b) and epilogue: None,
     "gelu" (gelu(out) also written to `gelu_array`) or "gelu_grad" (the product, plus bias, times
-    gelu'(gelu_array)). words: out and gelu_array are the words of Bf16Matrix's, [1, M, N/2] and
-    [M, N/2]: out rounded to bf16, GELU of out as rounded, rounded too; nothing accumulated.
-    biased: the bias is added (the sums start at it), whatever the launch's has_bias says: a
-    kernel of its own, since a sum chosen at run time between the bias and 0 costs ptxas's
-    wgmma pipeline (start_sums)."""
+    gelu'(gelu_array)). bf16_out: out and gelu_array are the bf16 pairs of Bf16Matrix's,
+    [1, M, N/2] and [M, N/2]: out rounded to bf16, GELU of out as rounded, rounded too; nothing
+    accumulated. biased: the bias is added (the sums start at it), whatever the launch's
+    has_bias says: a kernel of its own, since a sum chosen at run time between the bias and 0
+    costs ptxas's wgmma pipeline (start_sums)."""
     check(epilogue in EPILOGUES, f"matmul_wgmma: unknown epilogue {epilogue!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
-    WORDS, BIASED = words, biased
+    BF16_OUT, BIASED = bf16_out, biased
     STAGES, BUFFERS, _ = shared_layout(epilogue)
     multiply = wgmma_m64nNk16(BN, K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
                               K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
     load_a = box_load(BM if A_ALONG_K else BK, True)
     load_b = box_load(BN if B_ALONG_K else BK, True)
-    load_box, store_box = box_load(BOX_ROWS, WORDS), box_store(WORDS)
-    shared_values = dynamic_shared_words if WORDS else dynamic_shared_floats
-    BOX_COLUMNS = 64 if WORDS else 32   # out's columns in a box
+    load_box, store_box = box_load(BOX_ROWS, BF16_OUT), box_store(BF16_OUT)
+    shared_values = dynamic_shared_words if BF16_OUT else dynamic_shared_floats
+    BOX_COLUMNS = 64 if BF16_OUT else 32   # out's columns in a box
     GROUPS = BOX_COLUMNS // 8           # wgmma's 8-column groups of D in a box
     BOXES = BN // BOX_COLUMNS           # a consumer's boxes a tile: 4 or 8
     # GELU's backward loads each buffer an even number of times a tile, so that every tile's
@@ -236,7 +238,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
     @inlined
     def box_column(col0, p):
         # the word of out's rows where box p of the tile's columns from col0 begins
-        return (col0 + BOX_COLUMNS * p) >> 1 if WORDS else col0 + BOX_COLUMNS * p
+        return (col0 + BOX_COLUMNS * p) >> 1 if BF16_OUT else col0 + BOX_COLUMNS * p
 
     @inlined
     def load_input(values, buffers, loaded, maps, gelu_map, gelu_array, row0, col0, p):
@@ -266,10 +268,10 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
             j = GROUPS * p + jj                 # columns 8 j .. 8 j + 7 of the 256
             for h in range(2):
                 r = row + 8 * h
-                # the pair's place in the box: a word (words) or two floats, swizzled.
+                # the pair's place in the box: a word (BF16_OUT) or two floats, swizzled.
                 # Unsigned: Numba gives a signed index a test and a fix-up for negative values
                 # (from the end), two more instructions a read or write of the box
-                if WORDS:
+                if BF16_OUT:
                     at = uint64(buffer + r * ROW_WORDS + 4 * (jj ^ (r & 7)) + t)
                 else:
                     at = uint64(buffer + r * ROW_WORDS + 4 * ((2 * jj + (t >> 1)) ^ (r & 7))
@@ -277,13 +279,13 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
                 at_next, at_gelu = at + uint64(1), at + uint64(BOX_WORDS)
                 x0, x1 = sums[4 * j + 2 * h], sums[4 * j + 2 * h + 1]
                 if GELU_GRAD:
-                    if WORDS:
+                    if BF16_OUT:
                         g0, g1 = bf16_unpair(values[at])
                     else:
                         g0, g1 = values[at], values[at_next]
                     x0 *= gelu_derivative_sfu(g0)
                     x1 *= gelu_derivative_sfu(g1)
-                if WORDS:
+                if BF16_OUT:
                     pair = bf16_pair(x0, x1)
                     values[at] = pair
                     if GELU:                    # (of the values as rounded: what backward
@@ -365,9 +367,9 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
                             a_maps, b_maps, out_map, gelu_map, pairs, a_parts, b_parts):
         # out[S,M,N]: out[z] (+)= op(a)[:, Kz] . op(b)[Kz, :] (+ bias[N] if biased; has_bias,
         # the launcher's, says the same and is not read), Kz the z-th slice of k_per_split rows
-        # of K (S = 1 when K is not split); a, b: the words of Bf16Matrix operands.
+        # of K (S = 1 when K is not split); a, b: the bf16 pairs of Bf16Matrix operands.
         # gelu_array[M,N] (S = 1): GELU's output (gelu) or its input
-        # (gelu_grad); else not read. (words: out [1, M, N/2] and gelu_array [M, N/2] in pairs)
+        # (gelu_grad); else not read. (BF16_OUT: out [1, M, N/2] and gelu_array [M, N/2] in pairs)
         # pairs > 1: out (+)= the sum of the products op(a_parts[j]) . op(b_parts[j]), j <
         # pairs, of one shape (a, b: the first): one product over their K's one after
         # another, each padded to a whole slice. maps: the tensor-map table; a_maps[j],
@@ -378,7 +380,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, words=False, bi
         tiles = dynamic_shared_words()
         first = atom_start(tiles)
         barriers = first + STAGES * STAGE_WORDS + 2 * BUFFERS * BOX_WORDS
-        S, M, N = out.shape[0], out.shape[1], out.shape[2] * (2 if WORDS else 1)
+        S, M, N = out.shape[0], out.shape[1], out.shape[2] * (2 if BF16_OUT else 1)
         # K: the rows of a k-major operand; with both along k, their padded width (its zeros
         # add nothing)
         K = int32(a.shape[0] if transpose_a else b.shape[0] if not transpose_b else 2 * a.shape[1])
@@ -423,7 +425,7 @@ def takes(out, bias=None, gelu_array=None, a=None, b=None):
     no padding to keep zero; the tensor maps' 16-byte row strides) and every array is 16-byte
     aligned (the tensor maps' and the 8-byte bias loads'). Any M and K. out and gelu_array are
     float32 arrays or Bf16Matrix's, a and b Bf16Matrix's."""
-    arrays = [getattr(x, "words", x) for x in (out, bias, gelu_array, a, b) if x is not None]
+    arrays = [getattr(x, "bf16_pairs", x) for x in (out, bias, gelu_array, a, b) if x is not None]
     return device.runs_wgmma() and out.shape[1] % 8 == 0 and all(aligned16(x) for x in arrays)
 
 
@@ -435,24 +437,24 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     orientation, their products added in the same pass (`takes_pairs`): the sums stay in the
     registers, out is written once."""
     gelu_array = gelu_out if gelu_out is not None else gelu_input
-    words = hasattr(out, "words")                       # (a Bf16Matrix)
-    check(gelu_array is None or hasattr(gelu_array, "words") == words,
+    bf16_out = hasattr(out, "bf16_pairs")               # (a Bf16Matrix)
+    check(gelu_array is None or hasattr(gelu_array, "bf16_pairs") == bf16_out,
           "matmul_wgmma: out and GELU's array must both be float32 or both Bf16Matrix's")
-    check(not (words and accumulate), "matmul_wgmma: a product in bf16 is not added to")
-    if not words:
+    check(not (bf16_out and accumulate), "matmul_wgmma: a product in bf16 is not added to")
+    if not bf16_out:
         check_float32(out=out, gelu_out=gelu_out, gelu_input=gelu_input)
     check_float32(bias=bias)
     M, N, K = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     check(N % 8 == 0, f"matmul_wgmma: out's rows of {N}, not a multiple of 8")
     pairs = [(a, b), *more_pairs]
-    check(takes_pairs(pairs) and (len(pairs) == 1 or gelu_array is None and not words),
+    check(takes_pairs(pairs) and (len(pairs) == 1 or gelu_array is None and not bf16_out),
           f"matmul_wgmma: {len(pairs)} pairs, not all of one shape and kind (at most {PAIRS})")
-    check(max(x.words.size for pair in pairs for x in pair) < 2**31,    # (32-bit offsets)
+    check(max(x.bf16_pairs.size for pair in pairs for x in pair) < 2**31,   # (32-bit offsets)
           "matmul_wgmma: an operand of 2^31 words or more")
     # the pairs' K one after another, each padded to whole slices
     K_all = K if len(pairs) == 1 else len(pairs) * blocks(K, BK) * BK
     # (a product in bf16 comes from the epilogue only: not split)
-    splits = 1 if words else split_k.split_count(M, N, K_all, resident_blocks(), BK, 2,
+    splits = 1 if bf16_out else split_k.split_count(M, N, K_all, resident_blocks(), BK, 2,
                                                  (BM, BN))
     k_per_split = split_k.k_per_slice(K_all, splits, BK)
     grid = (blocks(N, BN), blocks(M, BM), blocks(K_all, k_per_split))
@@ -461,18 +463,19 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
     def tensor_map_arguments(out, gelu_array):
         # the table, each pair's rows in it, out's and gelu_array's (out: [S, M, N] as the
         # kernel writes it; gelu_array: None where there is none), then the pairs themselves
-        table, rows = tensor_maps(*[(a.words, True, BK if transpose_a else BM)
+        table, rows = tensor_maps(*[(a.bf16_pairs, True, BK if transpose_a else BM)
                                     for a, _ in filled],
-                                  *[(b.words, True, BN if transpose_b else BK)
+                                  *[(b.bf16_pairs, True, BN if transpose_b else BK)
                                     for _, b in filled],
-                                  (out, words, BOX_ROWS),
-                                  (out if gelu_array is None else gelu_array, words, BOX_ROWS))
+                                  (out, bf16_out, BOX_ROWS),
+                                  (out if gelu_array is None else gelu_array, bf16_out, BOX_ROWS))
         return (table, rows[:PAIRS], rows[PAIRS:2 * PAIRS], *rows[2 * PAIRS:], len(pairs),
-                tuple(a.words for a, _ in filled), tuple(b.words for _, b in filled))
+                tuple(a.bf16_pairs for a, _ in filled), tuple(b.bf16_pairs for _, b in filled))
 
-    # out and GELU's array as the kernel takes them: a Bf16Matrix's words [M, N/2]
-    out_array = out.words if words else out
-    gelu_argument = None if gelu_array is None else (gelu_array.words if words else gelu_array)
+    # out and GELU's array as the kernel takes them: a Bf16Matrix's bf16 pairs [M, N/2]
+    out_array = out.bf16_pairs if bf16_out else out
+    gelu_argument = (None if gelu_array is None else
+                     gelu_array.bf16_pairs if bf16_out else gelu_array)
     bias, has_bias = bias_argument(out_array, bias)
     # the persistent grid: each block takes tiles in turn, from every slice of K
     launched = min(grid[0] * grid[1] * grid[2], resident_blocks())
@@ -481,16 +484,16 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
         epilogue = epilogue_of(gelu_out, gelu_input)
         out_array = out_array.reshape(1, *out_array.shape)
         biased = has_bias and splits == 1
-        launch(wgmma_matmul_kernel(ta, tb, epilogue, words, biased), launched, THREADS,
-               out_array, a.words, b.words, bias, has_bias, accumulate, k_per_split,
-               a.words if gelu_argument is None else gelu_argument,
+        launch(wgmma_matmul_kernel(ta, tb, epilogue, bf16_out, biased), launched, THREADS,
+               out_array, a.bf16_pairs, b.bf16_pairs, bias, has_bias, accumulate, k_per_split,
+               a.bf16_pairs if gelu_argument is None else gelu_argument,
                *tensor_map_arguments(out_array, gelu_argument),
                shared_bytes=shared_layout(epilogue)[2])
         return
     # split-K: the partial products have no bias (their sum adds it)
     partials = split_k.partials(grid[2], M, N)
-    launch(wgmma_matmul_kernel(ta, tb), launched, THREADS, partials, a.words, b.words, bias,
-           False, False, k_per_split, a.words, *tensor_map_arguments(partials, None),
+    launch(wgmma_matmul_kernel(ta, tb), launched, THREADS, partials, a.bf16_pairs, b.bf16_pairs,
+           bias, False, False, k_per_split, a.bf16_pairs, *tensor_map_arguments(partials, None),
            shared_bytes=shared_layout(None)[2])
     split_k.finish(out, partials, bias, has_bias, accumulate, gelu_out, gelu_input)
 
@@ -500,5 +503,5 @@ def takes_pairs(pairs):
     one shape and array type (the kernel indexes a tuple of them), every b likewise."""
     def alike(xs):
         return (len({x.shape for x in xs}) == 1
-                and len({numba.typeof(x.words) for x in xs}) == 1)
+                and len({numba.typeof(x.bf16_pairs) for x in xs}) == 1)
     return len(pairs) <= PAIRS and alike([a for a, _ in pairs]) and alike([b for _, b in pairs])

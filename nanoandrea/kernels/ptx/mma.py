@@ -1,6 +1,6 @@
 """bf16 and tf32 tensor cores from Numba: what the tensor-core kernels (matmul/mma_sync.py,
-matmul/mma_sync.py, and the ladder's v11 on) are built from, each instruction with a simulator twin
-written from the PTX ISA's fragment definitions.
+attention/mma_sync.py, and the ladder's v11 on) are built from, each instruction with a
+simulator twin written from the PTX ISA's fragment definitions.
 
     d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   one warp's D = A B + C
     d0, d1, d2, d3 = mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   ... A [16,8], B [8,8]: tf32
@@ -13,8 +13,9 @@ written from the PTX ISA's fragment definitions.
     x0, x1 = bf16_unpair(w)                             a pair's two bf16 as float32s
     y = tf32_value(x)                                   a float32 rounded to tf32 (cvt.rna)
 
-bf16 values travel in pairs, packed into one uint32 (the lower index in the low 16 bits, as
-they lie in memory): a bf16 matrix [R, C] is a uint32 array [R, C/2] (pack_bf16 on the host).
+A word here is 32 bits, a uint32: a bf16 pair or one tf32. bf16 values travel in pairs, packed
+into one word (the lower index in the low 16 bits, as they lie in memory): a bf16 matrix [R, C]
+is a uint32 array [R, C/2] (pack_bf16 on the host).
 
 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 is ONE instruction for the whole warp:
 A [16,16] (bf16) times B [16,8] (bf16) plus C [16,8] (float32). With g = lane // 4 and
@@ -72,11 +73,11 @@ def pack_bf16(x):
     return np.ascontiguousarray(bits[..., 0::2] | (bits[..., 1::2] << 16))
 
 
-def unpack_bf16(words):
+def unpack_bf16(pairs):
     """uint32 [..., C/2] of bf16 pairs -> float32 [..., C]."""
-    words = np.asarray(words, dtype=np.uint32)
-    out = np.empty(words.shape[:-1] + (2 * words.shape[-1],), np.uint32)
-    out[..., 0::2], out[..., 1::2] = words << 16, words & np.uint32(0xFFFF0000)
+    pairs = np.asarray(pairs, dtype=np.uint32)
+    out = np.empty(pairs.shape[:-1] + (2 * pairs.shape[-1],), np.uint32)
+    out[..., 0::2], out[..., 1::2] = pairs << 16, pairs & np.uint32(0xFFFF0000)
     return out.view(np.float32)
 
 

@@ -30,8 +30,9 @@ thread, copies a whole box between global and shared memory while the threads go
 shared memory a box's rows are 128 bytes (64 bf16 or 32 float32) in the 128-byte swizzle
 (16-byte chunk c of row r at c ^ r % 8, the layout wgmma reads: ptx/wgmma.py). Past the
 tensor's edges a load brings zeros and a store writes nothing, so a kernel's edge tiles need
-no code of their own. Coordinates here are in 32-bit words along a row (a bf16 pair, or one
-float32: `pairs` says which), as the kernels index their word arrays.
+no code of their own. A word is 32 bits (a bf16 pair, or one float32: `pairs` says which):
+`words` is the block's shared memory as uint32, and coordinates here are in words along a row,
+as the kernels index their word arrays.
 
 A load counts its bytes off an MBARRIER in shared memory: a barrier that completes a phase
 when `count` arrivals have come AND every byte announced by arrive_expect_tx has landed; a

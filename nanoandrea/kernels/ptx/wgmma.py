@@ -21,7 +21,8 @@ simulator twin written from the PTX ISA's definitions.
     wait(acc, acc2)                              fragments (wgmma_fence, wgmma_wait: one of 64)
     fence_proxy_async()                          this thread's generic-proxy writes to shared
                                                  memory (cp.async's) visible to wgmma's reads
-    words = dynamic_shared_words()               the dynamic shared array, uint32
+    words = dynamic_shared_words()               the dynamic shared array, uint32 (a word: 32
+                                                 bits, here a bf16 pair or a float32)
     first = atom_start(words)                    the first word of words on a 1024-byte
                                                  boundary (a 128-byte swizzle's period): 0 to
                                                  255 (launch with ATOM_BYTES more than used)
@@ -45,7 +46,7 @@ A), four words of bf16 pairs,
 which is what two neighbouring n8 column groups of a D accumulator give, rounded in pairs: a
 product's result becomes the next product's A without leaving the registers (attention's P).
 
-The operands are named by MATRIX DESCRIPTORS: 64-bit words that give the start address and
+The operands are named by MATRIX DESCRIPTORS: 64-bit values that give the start address and
 the layout (PTX ISA, "Matrix Descriptor Format"):
     bits 0-13   start address >> 4 (a shared address, 16-byte aligned)
     bits 16-29  leading dimension byte offset >> 4 (LBO)

@@ -67,11 +67,11 @@ def test_delta_and_dout_bf16(rng, D):
     dout, out = (DeviceHeads(rng.standard_normal((B, H, T, D)).astype(np.float32), True)
                  for _ in range(2))
     delta = poisoned((B, H, T))
-    words = mma_sync.delta_and_dout_bf16(delta, dout.array, out.array).words
+    pairs = mma_sync.delta_and_dout_bf16(delta, dout.array, out.array).bf16_pairs
     want_delta = np.empty((B, H, T))
-    want_words = mma_sync.delta_and_dout_bf16_numpy(want_delta, dout.host().astype(
+    want_pairs = mma_sync.delta_and_dout_bf16_numpy(want_delta, dout.host().astype(
         np.float64), out.host().astype(np.float64))
-    np.testing.assert_array_equal(words.copy_to_host(), want_words)
-    np.testing.assert_array_equal(words.copy_to_host(),
-                                  operands.heads_bf16(dout.array).words.copy_to_host())
+    np.testing.assert_array_equal(pairs.copy_to_host(), want_pairs)
+    np.testing.assert_array_equal(pairs.copy_to_host(),
+                                  operands.heads_bf16(dout.array).bf16_pairs.copy_to_host())
     assert relative_error(delta.copy_to_host(), want_delta) < 1e-6

@@ -52,15 +52,15 @@ def test_bf16_products_take_wgmma_on_hopper_and_mma_sync_elsewhere(rng, monkeypa
     8.x GPU, and for the products wgmma does not take."""
     out, a, b = operands(rng, 8, 16, 16)
     a, b = rounded_bf16(a), rounded_bf16(b)
-    words = Bf16Matrix.allocate((8, 16), device_empty)
+    bf16_out = Bf16Matrix.allocate((8, 16), device_empty)
     on_device(monkeypatch, A100)
     assert matmul.choose(out, a, b) == "mma"
-    assert matmul.choose(words, a, b, gelu_array=words) == "mma"
+    assert matmul.choose(bf16_out, a, b, gelu_array=bf16_out) == "mma"
     on_device(monkeypatch, H200)
     assert matmul.choose(out, a, b) == "wgmma"
     assert matmul.choose(out, a, b, device(np.zeros(16)), poisoned((8, 16))) == "wgmma"
-    assert matmul.choose(words, a, b, gelu_array=words) == "wgmma"
-    assert matmul.choose(out, a, b, gelu_array=words) == "mma"          # (float32 out, bf16 GELU)
+    assert matmul.choose(bf16_out, a, b, gelu_array=bf16_out) == "wgmma"
+    assert matmul.choose(out, a, b, gelu_array=bf16_out) == "mma"       # (float32 out, bf16 GELU)
     narrow, a20, b20 = operands(rng, 8, 20, 16)                     # (rows of 20: 8 does not
     assert matmul.choose(narrow, rounded_bf16(a20), rounded_bf16(b20)) == "mma"   # divide it)
 
@@ -112,15 +112,15 @@ def test_mma_named_stays_on_mma_sync_for_products_in_bf16(rng, monkeypatch):
     launched = recording_launches(monkeypatch, mma_sync)
     M, N, K = 16, 24, 16
     a, b, bias = (device(rng.standard_normal(s)) for s in ((M, K), (K, N), (N,)))
-    out, activated, gelu_words = (Bf16Matrix.allocate((M, N), device_empty) for _ in range(3))
+    out, activated, gelu_bf16 = (Bf16Matrix.allocate((M, N), device_empty) for _ in range(3))
     matmul.matmul_bf16(out, a, b, bias, gelu_out=activated, kernel="mma")
-    matmul.matmul_bf16(poisoned((M, N)), a, b, bias, gelu_out=gelu_words, kernel="mma")
+    matmul.matmul_bf16(poisoned((M, N)), a, b, bias, gelu_out=gelu_bf16, kernel="mma")
     assert launched and set(launched) <= {mma_sync.mma_matmul_kernel(False, False, None, "bf16"),
                                           mma_sync.mma_matmul_kernel(False, False, "gelu", "bf16")}
     want = Bf16Matrix.allocate((M, N), np.empty)
     matmul.matmul_bf16_numpy(want, *(x.copy_to_host() for x in (a, b, bias)))
-    assert relative_error(unpack_bf16(out.words.copy_to_host()),
-                          unpack_bf16(want.words)) < 1e-3
+    assert relative_error(unpack_bf16(out.bf16_pairs.copy_to_host()),
+                          unpack_bf16(want.bf16_pairs)) < 1e-3
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -139,7 +139,7 @@ def test_matmul_sum_is_the_sum_of_its_products(rng, monkeypatch, precision):
             for r, x in zip(rounded, pair):
                 round_bf16_numpy(r, x)
             host.append(tuple(rounded))
-        given = [tuple(Bf16Matrix(device(x.words, np.uint32), x.shape[1]) for x in pair)
+        given = [tuple(Bf16Matrix(device(x.bf16_pairs, np.uint32), x.shape[1]) for x in pair)
                  for pair in host]
     else:
         host = pairs

@@ -144,15 +144,15 @@ def check_gelu_in_bf16(rng, product, M, N, K):
     a, b, bias = (device(rng.standard_normal(s)) for s in ((M, K), (K, N), (N,)))
     out, hidden = poisoned((M, N)), poisoned((M, N))
     product(out, a, b, bias, gelu_out=hidden)
-    out_words = poisoned((M, N))
-    words = Bf16Matrix.allocate((M, N), operands.device_empty)
-    product(out_words, a, b, bias, gelu_out=words)
-    np.testing.assert_array_equal(out_words.copy_to_host(), out.copy_to_host())
+    out_again = poisoned((M, N))
+    hidden_bf16 = Bf16Matrix.allocate((M, N), operands.device_empty)
+    product(out_again, a, b, bias, gelu_out=hidden_bf16)
+    np.testing.assert_array_equal(out_again.copy_to_host(), out.copy_to_host())
     want = Bf16Matrix.allocate((M, N), np.empty)
     round_bf16_numpy(want, hidden.copy_to_host())
-    np.testing.assert_array_equal(words.words.copy_to_host(), want.words)
+    np.testing.assert_array_equal(hidden_bf16.bf16_pairs.copy_to_host(), want.bf16_pairs)
     values = poisoned((M, N))
-    operands.bf16_values(values, words)
+    operands.bf16_values(values, hidden_bf16)
     np.testing.assert_array_equal(values.copy_to_host(), bf16_matrix_values(want))
 
 
@@ -180,40 +180,40 @@ def check_products_in_bf16(rng, product, M, N, K, epilogues=EPILOGUES_IN_BF16):
     got = {}
     for side, (run, put, new, host) in sides.items():
         x, w, c = put(a), put(b), put(bias)         # (w: W^T, as dX = dY . W^T reads it)
-        gelu_input = Bf16Matrix(put(pre.words) if side == "twin" else device(pre.words, np.uint32),
-                                N)
-        words = []
+        gelu_input = Bf16Matrix(put(pre.bf16_pairs) if side == "twin"
+                                else device(pre.bf16_pairs, np.uint32), N)
+        pairs = []
         if "plain" in epilogues or "gelu" in epilogues:
             out, plain = new(), put(np.full((M, N), np.nan, np.float32))
             run(out, x, w, c, transpose_b=True)
             run(plain, x, w, c, transpose_b=True)
-            words.append(host(out.words))
-            assert_rounded_from(words[-1], host(plain))             # the float32 one rounded
+            pairs.append(host(out.bf16_pairs))
+            assert_rounded_from(pairs[-1], host(plain))             # the float32 one rounded
         if "gelu" in epilogues:
             activated, activated_pre = new(), new()
             run(activated_pre, x, w, c, transpose_b=True, gelu_out=activated)
-            words += [host(activated_pre.words), host(activated.words)]
-            np.testing.assert_array_equal(words[-2], words[0])      # gelu's pre-activation
+            pairs += [host(activated_pre.bf16_pairs), host(activated.bf16_pairs)]
+            np.testing.assert_array_equal(pairs[-2], pairs[0])      # gelu's pre-activation
             gelu_of_out = np.empty((M, N), np.float32)
-            gelu.gelu_forward_numpy(gelu_of_out, unpack_bf16(words[0])[:, :N])
-            np.testing.assert_allclose(unpack_bf16(words[-1])[:, :N], gelu_of_out,
+            gelu.gelu_forward_numpy(gelu_of_out, unpack_bf16(pairs[0])[:, :N])
+            np.testing.assert_allclose(unpack_bf16(pairs[-1])[:, :N], gelu_of_out,
                                        rtol=2 ** -7, atol=1e-6)
         if "gelu_grad" in epilogues:
             dpre, dpre_float = new(), put(np.full((M, N), np.nan, np.float32))
             run(dpre, x, w, None, transpose_b=True, gelu_input=gelu_input)
             run(dpre_float, x, w, None, transpose_b=True, gelu_input=put(pre_values))
-            words.append(host(dpre.words))
-            assert_rounded_from(words[-1], host(dpre_float))
-        got[side] = words
+            pairs.append(host(dpre.bf16_pairs))
+            assert_rounded_from(pairs[-1], host(dpre_float))
+        got[side] = pairs
     for kernel, twin in zip(got["kernel"], got["twin"]):
         assert relative_error(unpack_bf16(kernel), unpack_bf16(twin)) < BF16_TOLERANCE / 10
 
 
-def assert_rounded_from(words, values):
-    """words are the bf16 pairs of the float32 values, rounded to the bit."""
+def assert_rounded_from(pairs, values):
+    """pairs are the bf16 pairs of the float32 values, rounded to the bit."""
     rounded = Bf16Matrix.allocate(values.shape, np.empty)
     round_bf16_numpy(rounded, values)
-    np.testing.assert_array_equal(words, rounded.words)
+    np.testing.assert_array_equal(pairs, rounded.bf16_pairs)
 
 
 def test_matmul_mma_products_in_bf16(rng):
@@ -231,11 +231,11 @@ def test_matmul_mma_writes_gelu_in_bf16(rng):
     a, b, bias = (rng.standard_normal(s) for s in ((M, K), (K, N), (N,)))
     out, hidden = np.empty((M, N)), np.empty((M, N))
     matmul.matmul_bf16_numpy(out, a, b, bias, gelu_out=hidden)
-    words = Bf16Matrix.allocate((M, N), np.empty)
-    matmul.matmul_bf16_numpy(np.empty((M, N)), a, b, bias, gelu_out=words)
+    hidden_bf16 = Bf16Matrix.allocate((M, N), np.empty)
+    matmul.matmul_bf16_numpy(np.empty((M, N)), a, b, bias, gelu_out=hidden_bf16)
     want = Bf16Matrix.allocate((M, N), np.empty)
     round_bf16_numpy(want, hidden.astype(np.float32))
-    np.testing.assert_array_equal(words.words, want.words)
+    np.testing.assert_array_equal(hidden_bf16.bf16_pairs, want.bf16_pairs)
 
 
 def test_bf16_mlp_keeps_gelu_as_the_next_products_operand(rng):
@@ -263,7 +263,7 @@ def test_bf16_mlp_keeps_gelu_as_the_next_products_operand(rng):
         if name == "cuda":
             assert h.operand is not None and h._values is None
             assert h.pre.operand is not None and h.pre._values is None   # (pre-activation)
-            assert hasattr(h.pre.grad, "words")                          # (and its gradient)
+            assert hasattr(h.pre.grad, "bf16_pairs")                     # (and its gradient)
         results[name] = [backend.to_host(t) for t in (y.data, *(v.grad for v in leaves))]
         results[name + " gelu"] = backend.to_host(h.data)
         results[name + " pre"] = backend.to_host(h.pre.data).astype(np.float64)

@@ -90,7 +90,7 @@ def test_matmul_wgmma_sums_three_products_in_one_pass(rng, monkeypatch, transpos
 
 
 def bf16_matrix(x):
-    """x rounded to bf16 on the host: a Bf16Matrix of NumPy words (matmul_sum_numpy's
+    """x rounded to bf16 on the host: a Bf16Matrix of NumPy bf16 pairs (matmul_sum_numpy's
     operand)."""
     rounded = Bf16Matrix.allocate(x.shape, np.empty)
     round_bf16_numpy(rounded, x.astype(np.float32))
@@ -116,8 +116,8 @@ def test_matmul_bf16_takes_wgmma_on_hopper():
 
 @pytest.mark.parametrize("epilogue", EPILOGUES_IN_BF16)
 def test_matmul_wgmma_products_in_bf16(rng, epilogue):
-    """The bf16 epilogue (words): out, GELU's output and GELU's backward's input as Bf16Matrix
-    words, the rounded float32 results to the bit; with blocks of several tiles (GELU's
+    """The bf16 epilogue (bf16_out): out, GELU's output and GELU's backward's input as
+    Bf16Matrix's, the rounded float32 results to the bit; with blocks of several tiles (GELU's
     buffers and their mbarriers carried from one tile into the next). (An epilogue a test: in
     the simulator each takes minutes, and the test workers share them.)"""
     epilogues = ("plain", epilogue) if epilogue == "gelu" else (epilogue,)

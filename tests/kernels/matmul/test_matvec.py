@@ -22,9 +22,9 @@ CASES = ([(1, 20, 36), (3, 36, 28)] if not GPU else
 
 def bf16_device(x):
     """A Bf16Matrix of x on the device (what backend.operand makes in bf16)."""
-    words = Bf16Matrix(np.zeros(Bf16Matrix.words_shape(x.shape), np.uint32), x.shape[1])
-    round_bf16_numpy(words, x.astype(np.float32))
-    return Bf16Matrix(device(words.words, np.uint32), x.shape[1])
+    rounded = Bf16Matrix(np.zeros(Bf16Matrix.pairs_shape(x.shape), np.uint32), x.shape[1])
+    round_bf16_numpy(rounded, x.astype(np.float32))
+    return Bf16Matrix(device(rounded.bf16_pairs, np.uint32), x.shape[1])
 
 
 def check(rng, M, N, K, transpose_b, bf16, with_bias, gelu):
@@ -39,7 +39,8 @@ def check(rng, M, N, K, transpose_b, bf16, with_bias, gelu):
     want, want_activated = np.zeros((M, N)), np.zeros((M, N))
     w_host = w
     if bf16:
-        w_host = Bf16Matrix(np.asarray(w_device.words.copy_to_host()), K if transpose_b else N)
+        w_host = Bf16Matrix(np.asarray(w_device.bf16_pairs.copy_to_host()),
+                            K if transpose_b else N)
     matvec.matvec_numpy(want, x.astype(np.float64), w_host if bf16 else w.astype(np.float64),
                         bias, transpose_b, want_activated if gelu else None)
     got = out.copy_to_host()

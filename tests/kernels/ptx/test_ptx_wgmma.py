@@ -7,7 +7,8 @@ simulator it checks the twin; on an sm_90 GPU it checks the instruction, the des
 the transposes and D's fragment layout against the same NumPy product, apart from any
 kernel's pipeline (where a wrong layout would only show as a wrong matmul). The attention's
 form, D [64,64] = A [64,16] B [16,64] with A from the threads' registers (each thread's four
-words taken from A by the fragment table, here), is checked the same way.
+words taken from A by the fragment table, here), is checked the same way. A word, in shared
+memory or a register, is 32 bits: here a bf16 pair.
 """
 import numpy as np
 import pytest

@@ -13,7 +13,8 @@ products through two descriptors (K-major for the scores, MN-major for O, dQ, dK
 product's group of wgmma's is waited for before the next step: the tensor cores idle between
 them unless another block on the multiprocessor has work for them. Three kernels as before
 (forward, dq, dk/dv), no atomics, no dropout here. Here it runs as the ladder calls it: float32
-q, k, v, dout, each call rounding them (rounded_heads).
+q, k, v, dout, each call rounding them (rounded_heads). Shared memory (`words`), rows and offsets
+are counted in words (a word: 32 bits, here a bf16 pair).
 """
 import math
 
@@ -72,7 +73,7 @@ def tile_functions(D):
 
         @inlined
         def copy_rows(words, at, x, bh, row0, T, tid):
-            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 words, flat) into
+            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 pairs, flat) into
             # words[at:] as swizzled rows of 128 bytes; zeros past row T
             for r in range(COPIES):
                 c = int32(tid + r * THREADS)
@@ -171,9 +172,9 @@ def forward_kernel(D):
     fence_o, wait_o = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
 
     @cuda.jit(**bounds(4))
-    def attention_forward_wgmma_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
+    def attention_forward_wgmma_kernel(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, seed,
                                        site, threshold, keep):
-        # q, k, v: rounded_heads' words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
+        # q, k, v: rounded_heads' pairs [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
         # keys) first; block THREADS; dynamic shared memory shared_bytes(1, 2): Q's rows, then
         # two stages of a K tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
         words = dynamic_shared_words()
@@ -181,7 +182,7 @@ def forward_kernel(D):
         s_acc = cuda.local.array(S_ACC, float32)
         o_acc = cuda.local.array(O_ACC, float32)
         p_frag = cuda.local.array(FRAG_WORDS, uint32)
-        q, k, v = flat(q_words), flat(k_words), flat(v_words)
+        q, k, v = flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = out.shape[1], out.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -271,7 +272,7 @@ def dq_kernel(D):
     fence_q, wait_q = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
 
     @cuda.jit(**bounds(3))
-    def attention_dq_wgmma_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
+    def attention_dq_wgmma_kernel(dq, dout_pairs, q_pairs, k_pairs, v_pairs, lse, delta,
                                   scale_log2, scale, seed, site, threshold, keep, accumulate):
         # dynamic shared memory shared_bytes(2, 2): Q's and dO's rows, then two stages of a K
         # tile and a V tile
@@ -281,7 +282,7 @@ def dq_kernel(D):
         dp_acc = cuda.local.array(S_ACC, float32)
         dq_acc = cuda.local.array(O_ACC, float32)
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)
-        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        dout, q, k, v = flat(dout_pairs), flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = dq.shape[1], dq.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -362,7 +363,7 @@ def dkdv_kernel(D):
             delta_tiles[at + tid] = delta[b, h, n0 + tid] if n0 + tid < T else float32(0.0)
 
     @cuda.jit(**bounds(2))
-    def attention_dkdv_wgmma_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
+    def attention_dkdv_wgmma_kernel(dk, dv, dout_pairs, q_pairs, k_pairs, v_pairs, lse, delta,
                                     scale_log2, scale, seed, site, threshold, keep, accumulate):
         # grid (B*H, T/ROWS), the first key rows (the most queries) first; dynamic shared
         # memory shared_bytes(2, 2): K's and V's rows, then two stages of a Q tile and a dO tile
@@ -376,7 +377,7 @@ def dkdv_kernel(D):
         dv_acc = cuda.local.array(O_ACC, float32)
         p_frag = cuda.local.array(FRAG_WORDS, uint32)       # (P G)^T in bf16
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)      # dS^T
-        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        dout, q, k, v = flat(dout_pairs), flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = dk.shape[1], dk.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -447,10 +448,10 @@ def dkdv_kernel(D):
 # --- q, k, v and dout rounded to bf16 pairs, each call ----------------------------------------
 
 @cuda.jit
-def round_heads_kernel(words, x):
-    # words[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
+def round_heads_kernel(pairs, x):
+    # pairs[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
     # store)
-    B, H, T, W = words.shape
+    B, H, T, W = pairs.shape
     chunks = W // 4
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if c >= B * H * T * chunks:
@@ -459,16 +460,16 @@ def round_heads_kernel(words, x):
     b, h, i = row // (H * T), (row // T) % H, row % T
     x0, x1, x2, x3 = load4(x, (b, h, i, 8 * chunk))
     x4, x5, x6, x7 = load4(x, (b, h, i, 8 * chunk + 4))
-    store4_u32(words, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
+    store4_u32(pairs, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
                bf16_pair(x4, x5), bf16_pair(x6, x7))
 
 
 def rounded_heads(x):
     """x [B,H,T,D] (float32, D % 8 == 0) rounded to bf16: uint32 pairs [B,H,T,D/2]."""
     B, H, T, D = x.shape
-    words = cuda.device_array((B, H, T, D // 2), np.uint32)
-    launch(round_heads_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
-    return words
+    pairs = cuda.device_array((B, H, T, D // 2), np.uint32)
+    launch(round_heads_kernel, blocks(B * H * T * D // 8, 128), 128, pairs, x)
+    return pairs
 
 
 _no_seed = []
@@ -529,8 +530,8 @@ def row_delta(delta, dout, out):
 
 def forward(out, lse, q, k, v):
     B, H, T, D = q.shape
-    words = [rounded_heads(x) for x in (q, k, v)]
-    launch(forward_kernel(D), (B * H, blocks(T, ROWS)), THREADS, out, lse, *words,
+    heads_pairs = [rounded_heads(x) for x in (q, k, v)]
+    launch(forward_kernel(D), (B * H, blocks(T, ROWS)), THREADS, out, lse, *heads_pairs,
            np.float32(LOG2E / math.sqrt(D)), *no_dropout_arguments(),
            shared_bytes=shared_bytes(1, 2))
 
@@ -544,11 +545,11 @@ def backward(dq, dk, dv, dout, q, k, v, out, lse):
         _deltas[B, H, T] = cuda.device_array((B, H, T), np.float32)
     delta = _deltas[B, H, T]
     row_delta(delta, dout, out)
-    words = [rounded_heads(x) for x in (dout, q, k, v)]
+    heads_pairs = [rounded_heads(x) for x in (dout, q, k, v)]
     scale = np.float32(1.0 / math.sqrt(D))
     drop = no_dropout_arguments()
     grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D), grid, THREADS, dq, *words, lse, delta, np.float32(LOG2E * scale),
+    launch(dq_kernel(D), grid, THREADS, dq, *heads_pairs, lse, delta, np.float32(LOG2E * scale),
            scale, *drop, False, shared_bytes=shared_bytes(2, 2))
-    launch(dkdv_kernel(D), grid, THREADS, dk, dv, *words, lse, delta,
+    launch(dkdv_kernel(D), grid, THREADS, dk, dv, *heads_pairs, lse, delta,
            np.float32(LOG2E * scale), scale, *drop, False, shared_bytes=shared_bytes(2, 2))

@@ -13,7 +13,8 @@ longer staged. Registers (offline, sm_90a, D = 64): forward 124, dq 175 (at 2 bl
 multiprocessor: at 3, ptxas serializes its wgmma for registers, C7512), dk/dv 218. Slower
 than v11 in both shapes: shared memory's bandwidth is not what holds v11, and dq loses a block
 a multiprocessor to the registers. Here it runs as the ladder calls it: float32 q, k, v, dout,
-each call rounding them.
+each call rounding them. Shared memory (`words`), rows and offsets are counted in words (a word:
+32 bits, here a bf16 pair).
 """
 import math
 
@@ -91,7 +92,7 @@ def tile_functions(D):
 
         @inlined
         def copy_rows(words, at, x, start, row0, T):
-            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 words, flat; start:
+            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 pairs, flat; start:
             # copy_start's for bh) into words[at:] as swizzled rows of 128 bytes; zeros past T
             place, src, row = start
             rows_left = int32(T - row0)
@@ -111,7 +112,7 @@ def tile_functions(D):
 
     @inlined
     def load_rows(frag, x, bh, wrow, T, lane):
-        # frag = the A fragments of x[bh, wrow : wrow + 16] (the heads' bf16 words, flat; the
+        # frag = the A fragments of x[bh, wrow : wrow + 16] (the heads' bf16 pairs, flat; the
         # warp's 16 rows of the block's 64), 4 words a k16 step along D; zeros past row T
         g, t = lane >> 2, lane & 3
         for s in range(KD):
@@ -271,9 +272,9 @@ def forward_kernel(D):
         return new0, new1, l0, l1
 
     @cuda.jit(**bounds(4))
-    def attention_forward_wgmma_kernel(out, lse, q_words, k_words, v_words, scale_log2, seed,
+    def attention_forward_wgmma_kernel(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, seed,
                                        site, threshold, keep):
-        # q, k, v: rounded_heads' words [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
+        # q, k, v: rounded_heads' pairs [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
         # keys) first; block THREADS; dynamic shared memory shared_bytes(2): two stages of a K
         # tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
         words = dynamic_shared_words()
@@ -282,7 +283,7 @@ def forward_kernel(D):
         o_acc = cuda.local.array(O_ACC, float32)
         q_frag = cuda.local.array(ROW_FRAG_WORDS, uint32)
         p_frag = cuda.local.array(FRAG_WORDS, uint32)
-        q, k, v = flat(q_words), flat(k_words), flat(v_words)
+        q, k, v = flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = out.shape[1], out.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -380,7 +381,7 @@ def dq_kernel(D):
         wgmma_commit()
 
     @cuda.jit(**bounds(2))
-    def attention_dq_wgmma_kernel(dq, dout_words, q_words, k_words, v_words, lse, delta,
+    def attention_dq_wgmma_kernel(dq, dout_pairs, q_pairs, k_pairs, v_pairs, lse, delta,
                                   scale_log2, scale, seed, site, threshold, keep, accumulate):
         # dynamic shared memory shared_bytes(2): two stages of a K tile and a V tile
         words = dynamic_shared_words()
@@ -391,7 +392,7 @@ def dq_kernel(D):
         q_frag = cuda.local.array(ROW_FRAG_WORDS, uint32)
         dout_frag = cuda.local.array(ROW_FRAG_WORDS, uint32)
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)
-        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        dout, q, k, v = flat(dout_pairs), flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = dq.shape[1], dq.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -509,7 +510,7 @@ def dkdv_kernel(D):
         wgmma_commit()
 
     @cuda.jit(**bounds(2))
-    def attention_dkdv_wgmma_kernel(dk, dv, dout_words, q_words, k_words, v_words, lse, delta,
+    def attention_dkdv_wgmma_kernel(dk, dv, dout_pairs, q_pairs, k_pairs, v_pairs, lse, delta,
                                     scale_log2, scale, seed, site, threshold, keep, accumulate):
         # grid (B*H, T/ROWS), the first key rows (the most queries) first; dynamic shared
         # memory shared_bytes(2): two stages of a Q tile and a dO tile
@@ -525,7 +526,7 @@ def dkdv_kernel(D):
         v_frag = cuda.local.array(ROW_FRAG_WORDS, uint32)   # and values, in registers
         p_frag = cuda.local.array(FRAG_WORDS, uint32)       # (P G)^T in bf16
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)      # dS^T
-        dout, q, k, v = flat(dout_words), flat(q_words), flat(k_words), flat(v_words)
+        dout, q, k, v = flat(dout_pairs), flat(q_pairs), flat(k_pairs), flat(v_pairs)
         H, T = dk.shape[1], dk.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -571,10 +572,10 @@ def dkdv_kernel(D):
 # --- q, k, v and dout rounded to bf16 pairs, each call ----------------------------------------
 
 @cuda.jit
-def round_heads_kernel(words, x):
-    # words[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
+def round_heads_kernel(pairs, x):
+    # pairs[B,H,T,D/2] = x[B,H,T,D] in bf16 pairs: a thread 8 values (two 16-byte loads, one
     # store)
-    B, H, T, W = words.shape
+    B, H, T, W = pairs.shape
     chunks = W // 4
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if c >= B * H * T * chunks:
@@ -583,16 +584,16 @@ def round_heads_kernel(words, x):
     b, h, i = row // (H * T), (row // T) % H, row % T
     x0, x1, x2, x3 = load4(x, (b, h, i, 8 * chunk))
     x4, x5, x6, x7 = load4(x, (b, h, i, 8 * chunk + 4))
-    store4_u32(words, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
+    store4_u32(pairs, (b, h, i, 4 * chunk), bf16_pair(x0, x1), bf16_pair(x2, x3),
                bf16_pair(x4, x5), bf16_pair(x6, x7))
 
 
 def rounded_heads(x):
     """x [B,H,T,D] (float32, D % 8 == 0) rounded to bf16: uint32 pairs [B,H,T,D/2]."""
     B, H, T, D = x.shape
-    words = cuda.device_array((B, H, T, D // 2), np.uint32)
-    launch(round_heads_kernel, blocks(B * H * T * D // 8, 128), 128, words, x)
-    return words
+    pairs = cuda.device_array((B, H, T, D // 2), np.uint32)
+    launch(round_heads_kernel, blocks(B * H * T * D // 8, 128), 128, pairs, x)
+    return pairs
 
 
 _no_seed = []
@@ -653,8 +654,8 @@ def row_delta(delta, dout, out):
 
 def forward(out, lse, q, k, v):
     B, H, T, D = q.shape
-    words = [rounded_heads(x) for x in (q, k, v)]
-    launch(forward_kernel(D), (B * H, blocks(T, ROWS)), THREADS, out, lse, *words,
+    heads_pairs = [rounded_heads(x) for x in (q, k, v)]
+    launch(forward_kernel(D), (B * H, blocks(T, ROWS)), THREADS, out, lse, *heads_pairs,
            np.float32(LOG2E / math.sqrt(D)), *no_dropout_arguments(),
            shared_bytes=shared_bytes(2))
 
@@ -668,11 +669,11 @@ def backward(dq, dk, dv, dout, q, k, v, out, lse):
         _deltas[B, H, T] = cuda.device_array((B, H, T), np.float32)
     delta = _deltas[B, H, T]
     row_delta(delta, dout, out)
-    words = [rounded_heads(x) for x in (dout, q, k, v)]
+    heads_pairs = [rounded_heads(x) for x in (dout, q, k, v)]
     scale = np.float32(1.0 / math.sqrt(D))
     drop = no_dropout_arguments()
     grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D), grid, THREADS, dq, *words, lse, delta, np.float32(LOG2E * scale),
+    launch(dq_kernel(D), grid, THREADS, dq, *heads_pairs, lse, delta, np.float32(LOG2E * scale),
            scale, *drop, False, shared_bytes=shared_bytes(2))
-    launch(dkdv_kernel(D), grid, THREADS, dk, dv, *words, lse, delta,
+    launch(dkdv_kernel(D), grid, THREADS, dk, dv, *heads_pairs, lse, delta,
            np.float32(LOG2E * scale), scale, *drop, False, shared_bytes=shared_bytes(2))

@@ -33,7 +33,7 @@ their pairs run along k), with .trans for O += P V (V's rows are k).
 What it leaves undone: pipelining. A tile is staged between two barriers, its loads waited
 for before any product starts, and every kernel rounds the same q, k, v again as it stages
 them. The package's kernel (attention/mma_sync.py, v9) rounds q, k, v and dout once into bf16
-words in device memory and copies the tiles with cp.async, one tile ahead of the products.
+pairs in device memory and copies the tiles with cp.async, one tile ahead of the products.
 """
 import math
 

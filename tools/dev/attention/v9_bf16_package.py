@@ -2,7 +2,7 @@
 H200 2026-12-02: fwd+bwd 0.47x SDPA bf16 at [16,12,1024,64] (fwd 0.43x), rounding q, k, v each call
 
 Two steps since v8, both in the package:
-  staging    q, k, v and dout are rounded once into bf16 words in device memory
+  staging    q, k, v and dout are rounded once into bf16 pairs in device memory
              (operands.heads_bf16: one pass, half the bytes), so that a streamed tile is a
              run of whole 16-byte chunks that cp.async copies into shared memory without
              registers, one tile ahead of the products (two stages, one barrier a tile):
