@@ -3,12 +3,9 @@
 Errors a user can fix (bad data, an unknown preset, a missing checkpoint, a NaN loss, too little
 memory) end in one line and a non-zero exit, never a traceback.
 """
-import contextlib
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,7 +13,7 @@ import click
 import numpy as np
 
 from . import __version__
-from .stops import Terminated, sigterm_raises
+from .stops import sigterm_raises
 
 
 def _run(action, user_errors=None):

@@ -6,8 +6,8 @@
     Bf16Heads    `bf16_pairs` uint32 [B,H,T,D/2]: attention's heads [B,H,T,D] rounded to
                  bf16, two a word, contiguous (heads_bf16), so that a tile of them is a run of
                  whole 16-byte chunks
-    Tf32Matrix   `values` float32 [R, P] (`words` the same memory as uint32, one tf32 a 32-bit
-                 word): the values rounded to tf32 (float32 with the 13 low bits of its
+    Tf32Matrix   `values` float32 [R, P] (`tf32_bits` the same memory as uint32, one tf32 a
+                 32-bit word): the values rounded to tf32 (float32 with the 13 low bits of its
                  mantissa zero: to nearest, ties away from zero, as cvt.rna.tf32.f32); P = C
                  rounded up to 4
 
@@ -186,13 +186,13 @@ def heads_bf16_kernel(pairs, x):
 
 class Tf32Matrix:
     """x [R, C] rounded to tf32, as the kernel reads it: `values` float32 [R, P], P = C rounded
-    up to 4, zeros from C to P; `words` the same memory as uint32, one tf32 a 32-bit word (what
-    the kernel copies).
+    up to 4, zeros from C to P; `tf32_bits` the same memory as uint32, one tf32 a 32-bit word
+    (what the kernel copies).
     `shape` is x's."""
-    __slots__ = ("values", "words", "shape")
+    __slots__ = ("values", "tf32_bits", "shape")
 
     def __init__(self, values, cols):
-        self.values, self.words = values, values.view(np.uint32)
+        self.values, self.tf32_bits = values, values.view(np.uint32)
         self.shape = values.shape[0], cols
 
     @staticmethod

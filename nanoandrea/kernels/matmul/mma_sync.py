@@ -60,8 +60,8 @@ from . import split_k
 from .reference import EPILOGUES, bias_argument, check_matmul, epilogue_of
 
 WARPS_M, WARPS_N = 2, 2                                # warps down and across a block
-MMA_M, MMA_N = (1, 2) if SIMULATOR else (4, 8)         # 16 x 8 tiles down and across a warp
-                                                        # (the epilogue takes 1, 2 or 4 down, 2, 4 or 8 across)
+# 16 x 8 tiles down and across a warp (the epilogue takes 1, 2 or 4 down, 2, 4 or 8 across)
+MMA_M, MMA_N = (1, 2) if SIMULATOR else (4, 8)
 WM, WN = 16 * MMA_M, 8 * MMA_N          # a warp's tile of out
 BM, BN = WARPS_M * WM, WARPS_N * WN
 BK_WORDS = 16                           # k a slice, in 32-bit words: two steps of 8 words
@@ -102,7 +102,7 @@ def log2(n):
 def mma_matmul_kernel(transpose_a, transpose_b, epilogue=None, element="bf16"):
     """The tensor-core kernel (see the module's doc) for one (transpose_a, transpose_b),
     epilogue: None, "gelu" (gelu(out) also written to `gelu_array`) or "gelu_grad" (the product,
-    plus bias, times gelu'(gelu_array)), and element type: "bf16", or "tf32" (matmul/mma_sync.py)."""
+    plus bias, times gelu'(gelu_array)), and element type: "bf16", or "tf32"."""
     check(epilogue in EPILOGUES, f"matmul_mma: unknown epilogue {epilogue!r}")
     check(element in PER_WORD, f"matmul_mma: unknown element type {element!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
@@ -413,7 +413,7 @@ def matmul_mma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accum
     M, N, K = check_matmul(out, a, b, bias, transpose_a, transpose_b, gelu_out, gelu_input)
     # the operands' words as the kernel takes them: a Bf16Matrix's bf16 pairs, a Tf32Matrix's
     # values as uint32
-    a_words, b_words = (x.bf16_pairs if element == "bf16" else x.words for x in (a, b))
+    a_words, b_words = (x.bf16_pairs if element == "bf16" else x.tf32_bits for x in (a, b))
     check(max(a_words.size, b_words.size) < 2**31,     # (the kernel's offsets are 32-bit)
           f"matmul_{element}: an operand of {max(a_words.size, b_words.size)} words, 2^31 or more")
     gelu_array = gelu_out if gelu_out is not None else gelu_input
