@@ -201,7 +201,7 @@ def test_work_beside_on_a_second_stream_gives_the_same_gradients(rng, monkeypatc
 
     from nanoandrea.kernels.matmul import float32
     monkeypatch.setattr(float32, "TRANSPOSED_COPY_MIN_ROWS", 1)
-    config = get_preset("tiny")
+    config = get_preset("tiny", n_layer=1)   # (one layer shows every kind of launch)
     model = GPT(config, get_backend("cuda"), seed=2)
     idx, targets = batches(rng, config, 2, 5, 1, 1)[0][0]
     one = model.backend.to_device(np.ones(1, np.float32))
