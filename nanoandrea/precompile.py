@@ -71,8 +71,8 @@ def compile_kernels(needed, workers=None, report=None):
     # (a kernel made in a function, not by launch.kernel_factory, has no name another process
     # could make it by: it is compiled where it is first launched)
     missing = sorted(((kernel, signature) for kernel, signature in needed
-                      if "<locals>" not in cache.kernel_name(kernel)[1]
-                      and not cache.cached(kernel, signature)), key=_slowest_first)
+                      if cache.made_elsewhere(kernel) and not cache.cached(kernel, signature)),
+                     key=_slowest_first)
     if not missing or not cache.writable():     # (unwritable: compiled where launched, once)
         return 0, 0.0
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))

@@ -31,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from ...files import shareable
 
 SUFFIX = ".kernel"
@@ -112,12 +114,43 @@ def source_digest(module_name):
 
 def kernel_name(kernel):
     """What names a kernel across processes: (module, factory, parameters) for a kernel made
-    by launch.kernel_factory, (module, name, None) for one defined at a module's top level."""
+    by launch.kernel_factory, (module, name, None) for one defined at a module's top level,
+    and (module, name, its closure's constants) for one made by a function of its own (a
+    `make_kernels(D)` that is not a kernel_factory): two such kernels of one name differ by
+    what they closed over, D = 32 or 64, which their argument types do not show."""
     made_by = getattr(kernel, "made_by", None)
     if made_by is not None:
         return made_by
     function = kernel.py_func
-    return function.__module__, function.__qualname__, None
+    return function.__module__, function.__qualname__, closure_constants(function)
+
+
+PLAIN = (bool, int, float, str, bytes, type(None))
+
+
+def closure_constants(function):
+    """The values a function closed over, as a tuple of plain constants (device functions it
+    closed over give their own, recursively); None without a closure. NotCacheable when one
+    is anything else (an array, an object): its name cannot say what it computes."""
+    cells = function.__closure__ or ()
+    if not cells:
+        return None
+    values = []
+    for name, cell in zip(function.__code__.co_freevars, cells):
+        value = cell.cell_contents
+        inner = getattr(value, "py_func", value)            # (a numba dispatcher's function)
+        if isinstance(value, PLAIN) or type(value).__module__ == "numpy" and np.isscalar(value):
+            values.append((name, repr(value)))
+        elif callable(inner) and hasattr(inner, "__code__"):
+            values.append((name, inner.__module__, inner.__qualname__, closure_constants(inner)))
+        else:
+            raise NotCacheable(f"{function.__qualname__} closes over {name}, a "
+                               f"{type(value).__name__}")
+    return tuple(values)
+
+
+class NotCacheable(Exception):
+    """A kernel whose name does not say what it computes: compiled in memory, not kept."""
 
 
 @functools.cache
@@ -239,10 +272,27 @@ def _argument_types(signature):
 
 
 def attach(kernel):
-    """Make the numba-cuda dispatcher `kernel` load and keep its compiled code here."""
+    """Make the numba-cuda dispatcher `kernel` load and keep its compiled code here (unless it
+    is NotCacheable: then numba-cuda compiles it in memory, as without this cache)."""
+    if getattr(kernel, "in_memory", False):
+        return None
     if not isinstance(getattr(kernel, "_cache", None), KernelCache):
+        try:
+            kernel_name(kernel)
+        except NotCacheable:
+            kernel.in_memory = True
+            return None
         kernel._cache = KernelCache(kernel)
     return kernel._cache
+
+
+def made_elsewhere(kernel):
+    """Whether another process can make `kernel` by its name (cache.kernel_name): a kernel of
+    a module's top level or of a kernel_factory, not one made inside a function."""
+    try:
+        return "<locals>" not in kernel_name(kernel)[1]
+    except NotCacheable:
+        return False
 
 
 def cached(kernel, signature):

@@ -163,3 +163,31 @@ def test_two_processes_fill_one_empty_cache_at_once(tmp_path):
     third, _ = python(GELU_PRODUCT, root, folder)
     assert (third["hits"], third["misses"]) == (1, 0)
     assert not list(folder.glob(".writing-*"))
+
+
+def test_kernels_made_in_a_function_are_named_by_what_they_closed_over():
+    """Kernels of one name made by a function of their own (a ladder version's make_kernels(D),
+    not a kernel_factory) take the same argument types at D = 32 and 64: their names carry
+    the closure's constants, device functions' included, or the D = 64 code would be loaded
+    for D = 32 (wrong numbers, no error). A closure over anything else (an array) is compiled
+    in memory and not kept."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    def make_kernels(D, table=None):
+        def row_sum(x):
+            return x * D
+
+        def kernel(out):
+            return row_sum(out) + (0 if table is None else table[0])
+        return SimpleNamespace(py_func=kernel)
+
+    names = [cache.kernel_name(make_kernels(D)) for D in (32, 64, 32)]
+    assert names[0] == names[2] != names[1]
+    assert "'D', '32'" in repr(names[0]) and "'D', '64'" in repr(names[1])
+    with_array = make_kernels(32, table=np.zeros(4))
+    with pytest.raises(cache.NotCacheable, match="table, a ndarray"):
+        cache.kernel_name(with_array)
+    assert cache.attach(with_array) is None and with_array.in_memory
+    assert not cache.made_elsewhere(with_array) and not cache.made_elsewhere(make_kernels(32))
