@@ -1,5 +1,5 @@
 """wgmma: a warpgroup's [64, N] x [N, 16] products, P and dS as A from the registers.
-H200 2026-12-03: fwd+bwd 0.77x SDPA bf16 at [16,12,1024,64] (fwd 0.92x), q, k, v given in bf16
+H100 2026-12-07: fwd+bwd 0.55x SDPA bf16 at [16,12,1024,64] (fwd 0.45x)
 
 Measured as the package's kernels then (tools/bench.py --only attention --precision bf16):
 0.460 ms at [16,12,1024,64]; 1.09x (forward 1.34x) at [64,12,256,32].

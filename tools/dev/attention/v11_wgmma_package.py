@@ -1,5 +1,5 @@
 """The package's wgmma attention (kernels/attention/wgmma.py): v10, its second wait deferred.
-H100 2026-12-07: fwd+bwd 0.67x SDPA bf16 at [16,12,1024,64] rounding q, k, v (0.96x given bf16)
+H100 2026-12-07: fwd+bwd 0.67x SDPA bf16 at [16,12,1024,64] (fwd 0.45x)
 
 As first kept (H200, 2026-12-03) it was no faster than v10, for 15-25% fewer instructions:
 what held both was not their issue; the package kept this one, whose tiles already overlap

@@ -1,5 +1,5 @@
 """Not kept: the scores' A in registers, each score wgmma reading only B from shared memory.
-H200 2026-12-03: fwd+bwd 0.69x SDPA bf16 at [16,12,1024,64] (fwd 0.91x), q, k, v given in bf16
+H100 2026-12-07: fwd+bwd 0.51x SDPA bf16 at [16,12,1024,64] (fwd 0.44x)
 
 Measured as the package's kernels then (tools/bench.py --only attention --precision bf16):
 0.518 ms against v11's 0.466 at [16,12,1024,64]; at [64,12,256,32] 0.97x against v11's 1.09x.

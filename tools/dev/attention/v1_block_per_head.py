@@ -1,5 +1,5 @@
 """One block per (batch, head), a thread per row, global memory.
-H200 2026-12-01: fwd+bwd 0.00x SDPA float32 at [16,12,1024,64] (fwd 0.01x)
+H100 2026-12-07: fwd+bwd 0.00x SDPA float32 at [16,12,1024,64] (fwd 0.01x)
 
 The starting point, and the design of the package's first reference kernels (any D), without
 dropout (attention.py's reference kernels are now a warp a row: lanes split D). A block

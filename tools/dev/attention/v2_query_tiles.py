@@ -1,5 +1,5 @@
 """Query tiles in the grid, keys in shared memory, online softmax.
-H200 2026-12-01: fwd+bwd 0.23x SDPA float32 at [16,12,1024,64] (fwd 0.31x)
+H100 2026-12-07: fwd+bwd 0.23x SDPA float32 at [16,12,1024,64] (fwd 0.31x)
 
 Three changes to v1, each a standard one:
   - The grid is (B*H, T/ROWS): a block takes ROWS query rows of one head, a thread per row, so

@@ -1,5 +1,5 @@
 """The package's forward: flash tiles as a register-blocked SGEMM.
-H200 2026-12-01: fwd 1.03x SDPA float32 at [16,12,1024,64]
+H100 2026-12-07: fwd 1.01x SDPA float32 at [16,12,1024,64]
 
 This version calls the package's kernel (attention_forward, kernel="float32"): it is the forward
 the product runs, and a copy here would only duplicate it. What it changes over v2:

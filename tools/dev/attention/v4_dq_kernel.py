@@ -1,5 +1,5 @@
 """Backward in v3's tiles: a dq kernel beside the dk/dv kernel.
-H200 2026-12-01: fwd+bwd 0.68x SDPA float32 at [16,12,1024,64] (fwd 1.03x, v3's)
+H100 2026-12-07: fwd+bwd 0.69x SDPA float32 at [16,12,1024,64] (fwd 1.01x)
 
 The backward in two kernels, without atomics. After delta_i = dout_i . out_i,
   dq kernel    a block takes a tile of queries and walks the key tiles up to the diagonal:

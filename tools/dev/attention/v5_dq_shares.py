@@ -1,5 +1,5 @@
 """The package's backward: dq's shares from dk/dv, summed in order.
-H200 2026-12-01: fwd+bwd 0.99x SDPA float32 at [16,12,1024,64] (fwd 1.03x, v3's)
+H100 2026-12-07: fwd+bwd 0.98x SDPA float32 at [16,12,1024,64] (fwd 1.01x)
 
 This version calls the package's backward (attention_backward, kernel="float32"): it is what
 the product runs, and a copy here would only duplicate it. v4 computes S and dP twice, once

@@ -1,5 +1,5 @@
 """Not kept: dq's shares added atomically (red.global.add.v4.f32).
-H200 2026-12-01: fwd+bwd 0.97x SDPA float32 at [16,12,1024,64] (fwd 1.03x, v3's)
+H100 2026-12-07: fwd+bwd 0.99x SDPA float32 at [16,12,1024,64] (fwd 1.01x)
 
 v5's dk/dv kernel with one change: each (query tile, key tile) pair's share of dq, dS K, is
 added into dq where v5 stores it for the sum kernel. dq is zeroed in the delta kernel's

@@ -1,5 +1,5 @@
 """Not kept: the forward on the tensor cores, 3xTF32 mma.sync.
-H200 2026-12-01: fwd 1.34x SDPA float32 at [16,12,1024,64]
+H100 2026-12-07: fwd 1.35x SDPA float32 at [16,12,1024,64]
 
 v3's tiles and online softmax, with every product on the tensor cores (mma3_tf32 below: one
 warp's 16 x 8 x 8 mma.sync on TF32 inputs). TF32 keeps 10 mantissa bits; splitting each float

@@ -1,5 +1,5 @@
 """bf16 mma.sync m16n8k16, a warp per 16 rows, rounded as staged.
-H200 2026-12-01: fwd+bwd 0.20x SDPA bf16 at [16,12,1024,64] (fwd 0.17x), dropout built in
+H100 2026-12-07: fwd+bwd 0.20x SDPA bf16 at [16,12,1024,64] (fwd 0.16x)
 
 The first bf16 version of the package's attention (kernels/attention/mma_sync.py today is its
 successor), here without dropout (measured as the package's kernels then, built with it:

@@ -1,5 +1,5 @@
 """The package's mma.sync attention (kernels/attention/mma_sync.py): v8 pipelined, lean softmax.
-H200 2026-12-02: fwd+bwd 0.47x SDPA bf16 at [16,12,1024,64] (fwd 0.43x), rounding q, k, v each call
+H100 2026-12-07: fwd+bwd 0.46x SDPA bf16 at [16,12,1024,64] (fwd 0.38x)
 
 Two steps since v8, both in the package:
   staging    q, k, v and dout are rounded once into bf16 pairs in device memory

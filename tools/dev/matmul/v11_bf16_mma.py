@@ -1,5 +1,5 @@
 """Tensor cores: bf16 operands, float32 sums, one warp's mma.sync of 16 x 8 x 16 at a time.
-H200 2026-12-01: 0.16x cuBLAS bf16 at 16384x3072x768 (109 TFLOP/s)
+H100 2026-12-07: 0.18x cuBLAS bf16 at 16384x3072x768
 
     out[M,N] = a[M,K] @ b[K,N]     a, b bf16 (uint32 arrays of pairs: [M, K/2], [K, N/2]),
                                    out float32; M, N multiples of 128, K of 32

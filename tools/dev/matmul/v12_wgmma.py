@@ -1,5 +1,5 @@
 """Hopper's warpgroup mma (wgmma): operands from swizzled shared memory, cp.async pipeline.
-H200 2026-12-02: 0.41x cuBLAS bf16 at 16384x3072x768 (288 TFLOP/s), 0.61x at 16384x768x3072
+H100 2026-12-07: 0.43x cuBLAS bf16 at 16384x3072x768
 
     out[M,N] = a[M,K] @ b[K,N]     a, b bf16 (uint32 arrays of pairs: [M, K/2], [K, N/2]),
                                    out float32; M, N multiples of 128, K of 64

@@ -1,5 +1,5 @@
 """wgmma with one group in flight: the next slice's wgmma's issue before this one's are done.
-H200 2026-12-02: 0.41x cuBLAS bf16 at 16384x3072x768 (286 TFLOP/s: v12's)
+H100 2026-12-07: 0.43x cuBLAS bf16 at 16384x3072x768
 
     out[M,N] = a[M,K] @ b[K,N]     as v12: a, b bf16 (uint32 pairs), out float32;
                                    M, N multiples of 128, K of 64

@@ -1,5 +1,5 @@
 """wgmma on 128 x 256 tiles: a quarter fewer bytes from L2 a flop, one block an SM.
-H200 2026-12-02: 0.37x cuBLAS bf16 at 16384x3072x768 (260 TFLOP/s; v12 288)
+H100 2026-12-07: 0.39x cuBLAS bf16 at 16384x3072x768
 
     out[M,N] = a[M,K] @ b[K,N]     as v12: a, b bf16 (uint32 pairs), out float32;
                                    M multiple of 128, N of 256, K of 64

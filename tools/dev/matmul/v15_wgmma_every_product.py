@@ -1,5 +1,5 @@
 """wgmma for every product of training: x W, dY W^T and x^T dY from one kernel.
-H200 2026-12-02: 0.41-0.43x cuBLAS bf16 at 16384x3072x768, in each orientation
+H100 2026-12-07: 0.43x cuBLAS bf16 at 16384x3072x768 (b^T 0.42x, a^T 0.41x)
 
     out[M,N] = op(a)[M,K] @ op(b)[K,N]    op(x) = x or x^T; a, b bf16 (uint32 pairs), stored
                                           as [M,K] or, transposed, [K,M] (a), [K,N] or [N,K]

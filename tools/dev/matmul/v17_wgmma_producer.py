@@ -1,5 +1,5 @@
 """wgmma fed by a producer warpgroup through mbarriers: no block barrier, a group in flight.
-H200 2026-12-03: 0.31x cuBLAS bf16 at 16384x3072x768, 0.38x at 16384x768x3072
+H100 2026-12-07: 0.32x cuBLAS bf16 at 16384x3072x768
 
     out[M,N] = a[M,K] @ b[K,N]     as v12: a, b bf16 (uint32 pairs), out float32;
                                    M multiple of 128, N of 256, K of 64

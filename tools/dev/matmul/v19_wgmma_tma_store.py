@@ -1,5 +1,5 @@
 """v18 with each tile stored through shared memory by TMA: the consumers go on while it lands.
-H200 2026-12-03: 0.57x cuBLAS bf16 at 16384x3072x768, 0.78x at 16384x768x3072
+H100 2026-12-07: 0.48x cuBLAS bf16 at 16384x3072x768
 
     out[M,N] = a[M,K] @ b[K,N]     as v18: a, b bf16 (uint32 pairs), out float32;
                                    M multiple of 128, N of 256, K of 64

@@ -1,5 +1,5 @@
 """The package's wgmma kernel (kernels/matmul/wgmma.py): v20 with what training needs.
-H200 2026-12-04: 0.78-0.80x cuBLAS bf16 at 16384x3072x768, 0.85-0.87x at 16384x768x3072
+H100 2026-12-07: 0.69x cuBLAS bf16 at 16384x3072x768 (b^T 0.66x, a^T 0.68x)
 
     out[M,N] = op(a)[M,K] @ op(b)[K,N]    a, b bf16 (uint32 pairs), stored as they are
                                           transposed or not; out float32; any M, K, and N a
