@@ -76,6 +76,7 @@ class Backend:
         self.split_heads = heads.split_heads if cuda else heads.split_heads_numpy
         self.merge_heads = heads.merge_heads if cuda else heads.merge_heads_numpy
         self.heads_view = heads.heads_view if cuda else heads.heads_view_numpy
+        self.bf16_heads_view = heads.bf16_heads_view if cuda else heads.bf16_heads_view_numpy
         # ... and the rest
         self.sum_rows = reduce.sum_rows if cuda else reduce.sum_rows_numpy
         self.layernorm_forward = layernorm.layernorm_forward if cuda else layernorm.layernorm_forward_numpy

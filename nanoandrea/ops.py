@@ -156,7 +156,8 @@ def _written(t, N):
 def _rows_and_operand(grad, N, backend):
     """A gradient as float32 rows [R, N] and as the products read it (backend.operand). A
     gradient that arrives as the operand alone (bf16: the loss's of the logits, the MLP's of
-    its pre-activation) has no float32 rows: None (sum_rows reads the operand)."""
+    its pre-activation, attention's of q, k, v) has no float32 rows: None (sum_rows reads the
+    operand)."""
     if hasattr(grad, "bf16_pairs"):
         return None, grad
     rows = grad.reshape(-1, N)
@@ -179,7 +180,7 @@ def linears(x, *weights_and_biases, heads=None):
 
     def product(w, b):
         y = linear(x, w, b, x_operand=rows, x_grad=x_grad)
-        return y if heads is None else split_heads(y, heads)
+        return y if heads is None else split_heads(y, heads, sole_reader=True)
 
     (w, b), rest = weights_and_biases[0], weights_and_biases[1:]
     with schedule.on_second_stream():
@@ -268,11 +269,13 @@ class SplitHeads(Tensor):
     straight from fused (a heads_view of it, _heads_operand), so in bf16 training the float32
     copy is never made. A backward that writes this tensor's gradient through a heads_view of
     fused's writes the merged gradient straight away (attention does), and split's own backward
-    then finds no gradient of this tensor to merge."""
-    __slots__ = ("fused", "n_head", "_heads")
+    then finds no gradient of this tensor to merge. sole_reader: nothing else reads fused (a
+    product's output split at once: linears' heads), so its gradient is this one's alone."""
+    __slots__ = ("fused", "n_head", "_heads", "sole_reader")
 
-    def __init__(self, fused, n_head):
+    def __init__(self, fused, n_head, sole_reader=False):
         self.fused, self.n_head, self._heads = fused, n_head, None
+        self.sole_reader = sole_reader
         super().__init__(None, fused.backend)
 
     @property
@@ -307,11 +310,12 @@ class HeadsInConcat(Tensor):
         super().__init__(backend.heads_view(self.concat, H), backend)
 
 
-def split_heads(x, n_head):
+def split_heads(x, n_head, sole_reader=False):
     """[B,T,C] -> [B,H,T,D]: each head's T x D slice contiguous. The copy is made here unless
     the backend's attention rounds these heads straight from x (bf16 on the tensor cores: then
-    only a reader of the float32 heads, the sampling's key/value cache, makes it)."""
-    out = SplitHeads(x, n_head)
+    only a reader of the float32 heads, the sampling's key/value cache, makes it).
+    sole_reader: nothing else reads x (SplitHeads')."""
+    out = SplitHeads(x, n_head, sole_reader)
     if not x.backend.attention_rounds(x.backend.heads_view(x.data, n_head)):
         out.split()
 
@@ -346,11 +350,34 @@ def merge_heads(x):
 def _heads_grad_slot(t):
     """grad_slot for a [B,H,T,D] tensor: split_heads' output gets a view of its fused tensor's
     gradient when both are still to come (merging the heads is then the writer's store)."""
-    if (isinstance(t, SplitHeads) and t.grad is None and t.fused.grad is None
-            and t.fused.requires_grad):
+    if _fused_grad_to_come(t):
         dx, accumulate = grad_slot(t.fused)
         return t.backend.heads_view(dx, t.shape[1]), accumulate
     return grad_slot(t)
+
+
+def _fused_grad_to_come(t):
+    return (isinstance(t, SplitHeads) and t.grad is None and t.fused.grad is None
+            and t.fused.requires_grad)
+
+
+def _heads_grad_slots(q, k, v):
+    """Where attention's backward writes the gradients of q, k, v: [(buffer, accumulate)] * 3.
+    In bf16, where attention rounded all three straight from their fused tensors (three
+    products' outputs, whose gradients only the backward's products read), each fused
+    tensor's gradient is a Bf16Matrix that the attention writes in bf16 through a heads view
+    (no float32 copy, and no rounding pass after); else _heads_grad_slot's."""
+    heads = (q, k, v)
+    if (len({id(t) for t in heads}) == 3 and all(_fused_grad_to_come(t) and t.sole_reader
+                                                  and t._heads is None for t in heads)):
+        # (_heads None: not split, attention rounds them (attention_rounds))
+        slots = []
+        for t in heads:
+            B, H, T, D = t.shape
+            t.fused.grad = t.backend.new_operand((B * T, H * D))
+            slots.append((t.backend.bf16_heads_view(t.fused.grad, B, H), False))
+        return slots
+    return [_heads_grad_slot(t) for t in heads]
 
 
 def _heads_operand(t):
@@ -375,7 +402,7 @@ def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
     backend.attention_forward(out.data, lse, *operands, **drop)
 
     def backward():
-        (dq, acc_q), (dk, acc_k), (dv, acc_v) = (_heads_grad_slot(t) for t in (q, k, v))
+        (dq, acc_q), (dk, acc_k), (dv, acc_v) = _heads_grad_slots(q, k, v)
         if not (acc_q == acc_k == acc_v):
             raise NotImplementedError("attention backward: q, k, v gradients must all be new")
         delta = backend.empty((B, H, T))

@@ -25,6 +25,7 @@ Each op has two kernels, as in elementwise.py:
 import numpy as np
 from numba import cuda, float32
 
+from .operands import Bf16Heads
 from .ptx.vector import aligned16, load4, store4
 from .runtime.device import SIMULATOR
 from .runtime.launch import (ELEMENTWISE_THREADS, blocks, check, check_float32, check_shape, inlined, launch)
@@ -184,13 +185,33 @@ def heads_view(x, n_head):
         return FakeCUDAArray(heads_view_numpy(x._ary, n_head))
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
     batch, time, item = x.strides
-    return DeviceNDArray((B, n_head, T, D), (batch, D * item, time, item), np.float32,
+    return DeviceNDArray((B, n_head, T, D), (batch, D * item, time, item), x.dtype,
                          stream=x.stream, gpu_data=x.gpu_data)
 
 
 def heads_view_numpy(x, n_head):
     B, T, C = x.shape
     return x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+
+
+def bf16_heads_view(matrix, batch, n_head):
+    """The heads [B,H,T,D] of a Bf16Matrix [B*T, C] (C = H*D, D even, no pad) as a Bf16Heads
+    whose bf16 pairs [B,H,T,D/2] are a heads_view of the matrix's: the bf16 attention writes
+    the gradients of q, k, v through it, straight into the matrices that the products of
+    W_Q, W_K, W_V read in their backward (ops.attention)."""
+    return Bf16Heads(heads_view(_pairs_by_batch(matrix, batch, n_head), n_head))
+
+
+def bf16_heads_view_numpy(matrix, batch, n_head):
+    return Bf16Heads(heads_view_numpy(_pairs_by_batch(matrix, batch, n_head), n_head))
+
+
+def _pairs_by_batch(matrix, batch, n_head):
+    rows, C = matrix.shape
+    check(rows % batch == 0 and C % (2 * n_head) == 0 and 2 * matrix.bf16_pairs.shape[1] == C,
+          f"bf16_heads_view: a [B*T, C] matrix with C = H*D, D even, got {matrix.shape} for "
+          f"B={batch}, H={n_head}")
+    return matrix.bf16_pairs.reshape(batch, rows // batch, C // 2)
 
 
 def split_heads_numpy(out, x, accumulate=False):

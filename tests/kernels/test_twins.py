@@ -239,7 +239,7 @@ def test_every_small_op_has_a_case():
     covered = {param.values[0] for param in cases()}
     elsewhere = {"matmul", "matmul_sum", "matvec", "transpose", "round_bf16", "round_tf32",
                  "bf16_values", "attention_forward", "attention_backward", "kv_store",
-                 "attention_cached", "heads_view", "takes_matvec", "heads_operand",
+                 "attention_cached", "heads_view", "bf16_heads_view", "takes_matvec", "heads_operand",
                  "attention_rounds", "copies_b_transposed"}
     table = {name for name, value in vars(CUDA).items() if callable(value)}
     assert covered == table - elsewhere

@@ -85,12 +85,16 @@ def attention_forward(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0, kerne
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
                        dropout_p=0.0, seed=None, site=0, kernel="auto", rows_per_block=None):
     """dq, dk, dv (+)= the gradients of attention_forward (with the same dropout arguments);
-    delta [B,H,T] is scratch. rows_per_block (float32 kernels): key rows per dk/dv block."""
+    delta [B,H,T] is scratch. rows_per_block (float32 kernels): key rows per dk/dv block.
+    dq, dk, dv may be Bf16Heads (all three, accumulate False: the tensor-core kernels write
+    each gradient's floats rounded to bf16 pairs, the bits round_bf16 would make of them):
+    the bf16 training's gradients of q, k, v, which only products read next."""
     B, H, T, D = check_attention(q, k, v, dq=dq, dk=dk, dv=dv, dout=dout, out=out, lse=lse,
                                  delta=delta)
     arrays = (dq, dk, dv, dout, q, k, v, out)
     kernel = choose(D, arrays) if kernel == "auto" else kernel
     check(kernel in KERNELS, f"attention: unknown kernel {kernel!r}: one of {', '.join(KERNELS)}")
+    bf16_grads = _bf16_grads(kernel, accumulate, dq, dk, dv)
     if kernel == "reference":
         reference.attention_backward_reference(dq, dk, dv, delta, dout, q, k, v, out, lse,
                                                accumulate, dropout_p, seed, site)
@@ -104,8 +108,22 @@ def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=Fa
         scale = np.float32(1.0 / math.sqrt(D))
         launch = (wgmma.attention_backward_wgmma if kernel == "wgmma" else
                   mma_sync.attention_backward_mma)
-        launch(dq, dk, dv, delta, dout, out, qkv_pairs, lse, np.float32(LOG2E * scale), scale,
-               dropout_p > 0, dropout_arguments(dropout_p, seed, site), accumulate)
+        grads = [x.bf16_pairs if bf16_grads else x for x in (dq, dk, dv)]
+        launch(*grads, delta, dout, out, qkv_pairs, lse, np.float32(LOG2E * scale), scale,
+               dropout_p > 0, dropout_arguments(dropout_p, seed, site), accumulate, bf16_grads)
+
+
+def _bf16_grads(kernel, accumulate, dq, dk, dv):
+    """Whether the gradients are to be written in bf16 (Bf16Heads), checking that all three
+    are, that nothing is added to them, and that the kernels write bf16."""
+    in_bf16 = [isinstance(x, Bf16Heads) for x in (dq, dk, dv)]
+    if not any(in_bf16):
+        return False
+    check(all(in_bf16) and not accumulate, "attention: gradients in bf16 are dq, dk and dv all "
+          "three, written (not added to)")
+    check(kernel in ("wgmma", "mma"), f"attention: the {kernel} kernels write float32 "
+          "gradients, not bf16")
+    return True
 
 
 def rounds_heads_of(D, arrays):

@@ -206,18 +206,34 @@ def tile_functions(D):
                         y1 += x[b, h, row, col + 1]
                     x[b, h, row, col], x[b, h, row, col + 1] = y0, y1
 
+    @inlined
+    def store_pairs(x, acc, factor0, factor1, accumulate, b, h, row0, T, lane):
+        # store_rows into x, the bf16 pairs [B,H,T,D/2] of a gradient that products read next:
+        # the two floats rounded to one pair (as round_bf16 would round them), a 32-bit store.
+        # (accumulate is False: the launcher checks it)
+        g, t = lane >> 2, lane & 3
+        for j in range(DN):
+            for half in range(2):
+                row = row0 + g + 8 * half
+                factor = factor0 if half == 0 else factor1
+                if row < T:
+                    x[b, h, row, 4 * j + t] = bf16_pair(acc[j, 2 * half] * factor,
+                                                        acc[j, 2 * half + 1] * factor)
+
     return (stage, load_rows, scores, masker(True), masker(False), accumulate_product,
-            store_rows, KD, DN, D * COLS // 2)
+            (store_rows, store_pairs), KD, DN, D * COLS // 2)
 
 
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 2))
 
 
-def kernel_pieces(D, dropout):
-    """tile_functions(D), then the dropout factor's function (dropout: the hash; else 1,
-    compiled to nothing) and the words of a tile's two stages (a shared array's size)."""
-    pieces = tile_functions(D)
-    return pieces + (dropout_factor if dropout else no_dropout, 2 * pieces[-1])
+def kernel_pieces(D, dropout, bf16_grads=False):
+    """tile_functions(D), its store_rows the one writing bf16 pairs where bf16_grads, then the
+    dropout factor's function (dropout: the hash; else 1, compiled to nothing) and the words of
+    a tile's two stages (a shared array's size)."""
+    pieces = list(tile_functions(D))
+    pieces[6] = pieces[6][1] if bf16_grads else pieces[6][0]
+    return tuple(pieces) + (dropout_factor if dropout else no_dropout, 2 * pieces[-1])
 
 
 @kernel_factory
@@ -307,10 +323,11 @@ def forward_kernel(D, dropout):
 
 
 @kernel_factory
-def dq_kernel(D, dropout):
-    """dq for heads of D: the forward's walk over the key tiles, P from lse."""
+def dq_kernel(D, dropout, bf16_grads=False):
+    """dq for heads of D: the forward's walk over the key tiles, P from lse. bf16_grads: dq is
+    written as bf16 pairs, else float32."""
     (stage, load_rows, scores, mask_future, mask_past, accumulate_product, store_rows, KD, DN,
-     TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout)
+     TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout, bf16_grads)
 
     @cuda.jit(**BOUNDS)
     def attention_dq_bf16_kernel(dq, dout_pairs, q_pairs, k_pairs, v_pairs, lse, delta,
@@ -375,10 +392,11 @@ def dq_kernel(D, dropout):
 
 
 @kernel_factory
-def dkdv_kernel(D, dropout):
-    """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
+def dkdv_kernel(D, dropout, bf16_grads=False):
+    """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal.
+    bf16_grads: dk and dv are written as bf16 pairs, else float32."""
     (stage, load_rows, scores, mask_future, mask_past, accumulate_product, store_rows, KD, DN,
-     TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout)
+     TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout, bf16_grads)
 
     stage_rows = column_stager(COLS)
 
@@ -495,17 +513,18 @@ def attention_forward_mma(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, dropo
 
 
 def attention_backward_mma(dq, dk, dv, delta, dout, out, qkv_pairs, lse, scale_log2, scale,
-                           dropout, drop, accumulate):
+                           dropout, drop, accumulate, bf16_grads=False):
     """The backward's launches: delta and dout's bf16 copy first (one pass,
     delta_and_dout_bf16), then the dq kernel and the dk/dv kernel, which read the same bf16
-    copies. qkv_pairs: the Bf16Heads pairs of q, k, v."""
-    B, H, T, D = dq.shape
+    copies. qkv_pairs: the Bf16Heads pairs of q, k, v. bf16_grads: dq, dk, dv are the bf16
+    pairs [B,H,T,D/2] of the gradients, written so."""
+    B, H, T, D = dout.shape
     heads_pairs = [delta_and_dout_bf16(delta, dout, out).bf16_pairs, *qkv_pairs]  # dout, q, k, v
     grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D, dropout), grid, THREADS, dq, *heads_pairs, lse, delta, scale_log2, scale,
-           *drop, accumulate)
-    launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, *heads_pairs, lse, delta, scale_log2,
-           scale, *drop, accumulate)
+    launch(dq_kernel(D, dropout, bf16_grads), grid, THREADS, dq, *heads_pairs, lse, delta,
+           scale_log2, scale, *drop, accumulate)
+    launch(dkdv_kernel(D, dropout, bf16_grads), grid, THREADS, dk, dv, *heads_pairs, lse, delta,
+           scale_log2, scale, *drop, accumulate)
 
 
 def delta_and_dout_bf16(delta, dout, out):

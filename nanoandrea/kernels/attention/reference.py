@@ -37,7 +37,8 @@ import numpy as np
 from numba import cuda, float32
 
 from ..dropout import dropout_constants, keep_scale, keep_scale_numpy
-from ..ptx.mma import bf16_values
+from ..operands import Bf16Heads
+from ..ptx.mma import bf16_values, pack_bf16
 from ..ptx.warp import WARP, warp_sum
 from ..runtime.device import SIMULATOR
 from ..runtime.launch import (blocks, check, check_float32, check_float32_rows, check_shape,
@@ -100,9 +101,17 @@ def attention_forward_bf16_numpy(out, lse, q, k, v, dropout_p=0.0, seed=None, si
 def attention_backward_bf16_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
                                   dropout_p=0.0, seed=None, site=0, kernel="auto",
                                   rows_per_block=None):
+    """attention_backward_numpy of q, k, v and dout rounded to bf16. dq, dk, dv may be
+    Bf16Heads (the tensor-core kernels' bf16 gradients): the float32 gradients rounded."""
     q, k, v, dout = (_rounded(x) for x in (q, k, v, dout))
-    attention_backward_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate,
-                                       dropout_p=dropout_p, seed=seed, site=site)
+    grads = [np.empty(x.shape, np.float32) if isinstance(x, Bf16Heads) else x
+             for x in (dq, dk, dv)]
+    attention_backward_numpy(*grads, delta, dout, q, k, v, out, lse, accumulate,
+                             dropout_p=dropout_p, seed=seed, site=site)
+    for target, values in zip((dq, dk, dv), grads):
+        if isinstance(target, Bf16Heads):
+            check(not accumulate, "attention: gradients in bf16 are written, not added to")
+            target.bf16_pairs[...] = pack_bf16(values)
 
 
 def _rounded(x):

@@ -268,6 +268,20 @@ def tile_functions(D):
                         y1 += x1
                     store2(x, (b, h, row, col), y0, y1)
 
+    @inlined
+    def store_pairs(x, acc, factor0, factor1, accumulate, b, h, wrow, T, lane):
+        # store_rows into x, the bf16 pairs [B,H,T,D/2] of a gradient that products read next:
+        # the two floats rounded to one pair (as round_bf16 would round them), a 32-bit store.
+        # (accumulate is False: the launcher checks it)
+        g, t = lane >> 2, lane & 3
+        for j in range(DN):
+            for half in range(2):
+                row = wrow + g + 8 * half
+                factor = factor0 if half == 0 else factor1
+                if row < T:
+                    x[b, h, row, 4 * j + t] = bf16_pair(acc[4 * j + 2 * half] * factor,
+                                                        acc[4 * j + 2 * half + 1] * factor)
+
     copy_tile = copier(COLS)
     # the backward's tile i + 2 is copied at the end of tile i where its second product is
     # waited for there (SECOND_WAITED): the stage it read is free then, and a tile's copies
@@ -288,7 +302,7 @@ def tile_functions(D):
     return dict(copy_start=copy_start, copy_own=copier(ROWS), copy_tile=copy_tile,
                 copy_tiles=copy_tiles, stage_dout=stage_dout, zero=zero, scores=scores,
                 fragments=fragments, rows_product=rows_product, future=masker(True),
-                past=masker(False), store_rows=store_rows, O_ACC=O_ACC,
+                past=masker(False), store_rows=store_rows, store_pairs=store_pairs, O_ACC=O_ACC,
                 # the backward's tile at its start (two tiles ahead, the next one's group
                 # may still be in flight)
                 tile_landed=copies_landed(1 if TWO_AHEAD else 0))
@@ -441,12 +455,14 @@ def forward_kernel(D, dropout):
 
 
 @kernel_factory
-def dq_kernel(D, dropout):
-    """dq for heads of D: the forward's walk over the key tiles, P from lse."""
+def dq_kernel(D, dropout, bf16_grads=False):
+    """dq for heads of D: the forward's walk over the key tiles, P from lse. bf16_grads: dq is
+    written as bf16 pairs (store_pairs), else float32."""
     f = tile_functions(D)
     copy_start, copy_own = f["copy_start"], f["copy_own"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
-    future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
+    future, O_ACC = f["future"], f["O_ACC"]
+    store_rows = f["store_pairs"] if bf16_grads else f["store_rows"]
     stage_dout, copy_tiles, tile_landed = f["stage_dout"], f["copy_tiles"], f["tile_landed"]
     factor = dropout_factor if dropout else no_dropout
     fence_s, wait_s = fence_for(), wait_for(S_ACC, S_ACC, O_ACC, FRAG_WORDS)
@@ -558,12 +574,14 @@ def dq_kernel(D, dropout):
 
 
 @kernel_factory
-def dkdv_kernel(D, dropout):
-    """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal."""
+def dkdv_kernel(D, dropout, bf16_grads=False):
+    """dk and dv for heads of D: a block of key rows walks the query tiles from the diagonal.
+    bf16_grads: dk and dv are written as bf16 pairs (store_pairs), else float32."""
     f = tile_functions(D)
     copy_start, copy_own = f["copy_start"], f["copy_own"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
-    past, store_rows, O_ACC = f["past"], f["store_rows"], f["O_ACC"]
+    past, O_ACC = f["past"], f["O_ACC"]
+    store_rows = f["store_pairs"] if bf16_grads else f["store_rows"]
     copy_tiles, tile_landed = f["copy_tiles"], f["tile_landed"]
     factor = dropout_factor if dropout else no_dropout
     fence_s = fence_for()
@@ -700,14 +718,16 @@ def attention_forward_wgmma(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, dro
 
 
 def attention_backward_wgmma(dq, dk, dv, delta, dout, out, qkv_pairs, lse, scale_log2, scale,
-                             dropout, drop, accumulate):
+                             dropout, drop, accumulate, bf16_grads=False):
     """The backward's launches (the family's dispatch checks the arguments):
     dout, out float32 heads; qkv_pairs = the Bf16Heads pairs of q, k, v. The dq kernel makes delta
-    and dout's bf16 copy as it stages its rows (no pass of their own), and dk/dv reads them."""
-    B, H, T, D = dq.shape
+    and dout's bf16 copy as it stages its rows (no pass of their own), and dk/dv reads them.
+    bf16_grads: dq, dk, dv are the bf16 pairs [B,H,T,D/2] of the gradients, written so."""
+    B, H, T, D = dout.shape
     dout_pairs = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
     grid = (B * H, blocks(T, ROWS))
-    launch(dq_kernel(D, dropout), grid, THREADS, dq, dout_pairs, delta, dout, out, *qkv_pairs, lse,
-           scale_log2, scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))
-    launch(dkdv_kernel(D, dropout), grid, THREADS, dk, dv, dout_pairs, *qkv_pairs, lse, delta,
-           scale_log2, scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))
+    launch(dq_kernel(D, dropout, bf16_grads), grid, THREADS, dq, dout_pairs, delta, dout, out,
+           *qkv_pairs, lse, scale_log2, scale, *drop, accumulate,
+           shared_bytes=shared_bytes(2, 2))
+    launch(dkdv_kernel(D, dropout, bf16_grads), grid, THREADS, dk, dv, dout_pairs, *qkv_pairs,
+           lse, delta, scale_log2, scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))

@@ -11,6 +11,7 @@ from conftest import GPU, relative_error
 from nanoandrea.kernels import attention, operands
 from nanoandrea.kernels.attention import float32, mma_sync, reference
 from nanoandrea.kernels.operands import Bf16Heads
+from nanoandrea.kernels.ptx.mma import pack_bf16
 from nanoandrea.kernels.runtime import device as runtime_device
 from test_attention_mma import TOLERANCE as BF16_TOLERANCE
 from test_attention_reference import check_attention
@@ -192,3 +193,35 @@ def test_bf16_attention_reads_the_heads_from_the_fused_tensors(rng, monkeypatch)
     np.testing.assert_array_equal(q.data.copy_to_host(),
                                   fused[0].reshape(B, T, H, D).transpose(0, 2, 1, 3))
     assert heads.split_heads4_kernel in launched
+
+
+@pytest.mark.parametrize("card", ["A100"] if not GPU else ["this GPU", "A100"])
+def test_bf16_attention_writes_the_products_gradients_in_bf16(rng, monkeypatch, card):
+    """ops.attention in bf16, its q, k, v split from tensors nothing else reads (products'
+    outputs: linears' heads, sole_reader): their gradients are written by the attention's
+    backward in bf16 (Bf16Matrix's, through bf16_heads_view), the very bits that round_bf16
+    makes of the float32 gradients, which the products' backward would read (so the gradients
+    after them are unchanged to the bit: the model's tests). In the simulator on a pretended
+    A100 (the mma.sync kernels; wgmma's simulator twins take minutes), on the GPU on its own
+    kernels and on the A100's."""
+    from nanoandrea import ops
+    from nanoandrea.autograd import Tensor
+    from nanoandrea.backend import get_backend
+    if card == "A100":
+        on_device(monkeypatch, A100)
+    backend = get_backend("cuda", precision="bf16")
+    B, T, H, D = (1, 20, 1, 32) if not GPU else (2, 300, 3, 64)
+    fused = [rng.standard_normal((B, T, H * D)) for _ in range(3)]
+    dy = device(rng.standard_normal((B, T, H * D)))
+
+    def run(sole_reader):
+        leaves = [Tensor(device(x), backend, requires_grad=True) for x in fused]
+        q, k, v = (ops.split_heads(x, H, sole_reader) for x in leaves)
+        y = ops.merge_heads(ops.attention(q, k, v))
+        y.backward(dy)
+        return [x.grad for x in leaves]
+
+    for got, want in zip(run(True), run(False)):
+        assert isinstance(got, operands.Bf16Matrix) and got.shape == (B * T, H * D)
+        np.testing.assert_array_equal(got.bf16_pairs.copy_to_host(),
+                                      pack_bf16(want.copy_to_host().reshape(B * T, H * D)))
