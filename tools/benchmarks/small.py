@@ -1,6 +1,6 @@
 """The fused memory-bound kernels at andrea-120m's sizes (B=16, T=1024) against what PyTorch
 runs for the same op: residual + layer norm, GELU, cross-entropy with its gradient (at V and
-at the padded vocabulary), one AdamW step with clipping over all parameters. Each in GB/s of
+at the padded vocabulary), the bias gradients (column sums of bf16 dY), one AdamW step with clipping over all parameters. Each in GB/s of
 the fewest bytes the op must move, every output checked against PyTorch's first.
 """
 import numpy as np
@@ -103,6 +103,28 @@ def bench_small(args):
     same("cross-entropy at Vp: loss", loss, want_loss.reshape(1))
     same("cross-entropy at Vp: dlogits", dlogits_p.copy_to_host()[:, :V], want_dlogits, 1e-4)
     compare(f"cross-entropy fwd+bwd [{N}x{Vp}]", ours_ce_p, theirs_ce, 4 * (2 * N * Vp + N))
+
+    # the bias gradients: column sums of the bf16 dY the products read (every linear layer's,
+    # at C and at the MLP's 4C), the fast kernel and the reference's, against PyTorch's sum
+    # of the same bf16 values in float32 (autocast's bias gradient of its bf16 dY)
+    from nanoandrea.kernels import reduce
+    from nanoandrea.kernels.operands import rounded_bf16
+    for width in (C, 4 * C):
+        dy, tdy = pair(N, width)
+        dy_bf16 = rounded_bf16(dy)
+        tdy = tdy.bfloat16()
+        db = cuda.device_array(width, np.float32)
+        reduce.sum_rows(db, dy_bf16)
+        same(f"bias gradient [{N}x{width}]", db, tdy.sum(dim=0, dtype=torch.float32), 1e-5)
+        compare(f"bias gradient, bf16 dY [{N}x{width}]", lambda: reduce.sum_rows(db, dy_bf16),
+                lambda: tdy.sum(dim=0, dtype=torch.float32), 2 * N * width + 4 * width)
+        fast = reduce.takes_sum_rows8
+        reduce.takes_sum_rows8 = lambda x: False
+        try:
+            compare(f"  the reference kernel [{N}x{width}]", lambda: reduce.sum_rows(db, dy_bf16),
+                    lambda: tdy.sum(dim=0, dtype=torch.float32), 2 * N * width + 4 * width)
+        finally:
+            reduce.takes_sum_rows8 = fast
 
     # one AdamW step (global-norm clipping included) over all P parameters in one flat buffer,
     # against clip_grad_norm_ + torch's fused AdamW
