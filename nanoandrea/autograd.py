@@ -12,7 +12,10 @@ gradients are views into the flat gradient buffer, zeroed once per step, so they
 added to (`summed_grad`; which also makes gradient accumulation over micro-batches free).
 
 An op may hand its output's gradient on as an input's without a copy (`share_grad`: the residual
-add passes it to both its inputs). A shared buffer is then never added to in place (that would
+add passes it to both its inputs), with its `grad_operand` if it has one: the same gradient as
+products read it (in bf16 a Bf16Matrix), written by the kernel that wrote the gradient (layer
+norm's backward), so that no rounding pass makes it again. A gradient written again (+= or a
+new buffer) loses its operand. A shared buffer is then never added to in place (that would
 change the other tensor's gradient too): a later gradient of that tensor goes to a new buffer,
 the old one added in (`grad_out_of_place`: by the kernel that makes it, as layer norm's backward
 does; `grad_slot`: a copy first).
@@ -32,7 +35,8 @@ _grad_enabled = True
 
 
 class Tensor:
-    __slots__ = ("data", "backend", "grad", "requires_grad", "name", "grad_ready", "shared")
+    __slots__ = ("data", "backend", "grad", "requires_grad", "name", "grad_ready", "shared",
+                 "grad_operand")
 
     def __init__(self, data, backend, requires_grad=False, grad=None, name=None):
         self.data = data
@@ -42,6 +46,7 @@ class Tensor:
         self.name = name
         self.grad_ready = None      # a function to call before using grad, while it is written
         self.shared = False         # grad is another tensor's gradient too (share_grad)
+        self.grad_operand = None    # grad as the products read it, where its writer made it
 
     @property
     def shape(self):
@@ -91,10 +96,12 @@ def _ready(tensor):
         tensor.grad_ready = None
 
 
-def share_grad(tensor, buffer):
-    """tensor's gradient is `buffer`, another tensor's (final) gradient: no copy."""
+def share_grad(tensor, buffer, operand=None):
+    """tensor's gradient is `buffer`, another tensor's (final) gradient: no copy (and operand,
+    that one's grad_operand)."""
     tensor.grad = buffer
     tensor.shared = True
+    tensor.grad_operand = operand
 
 
 def grad_out_of_place(tensor):
@@ -102,6 +109,7 @@ def grad_out_of_place(tensor):
     None for the first gradient to reach it; buffer is prior itself unless prior is shared."""
     _ready(tensor)
     prior = tensor.grad
+    tensor.grad_operand = None              # (the gradient is about to change)
     if prior is None or tensor.shared:
         tensor.shared = False
         tensor.grad = tensor.backend.empty(tensor.shape)

@@ -104,7 +104,7 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
 
     def backward():
         # (before `on_second_stream`: both products read dY's operand)
-        dy, dy_operand = _rows_and_operand(y.grad, N, backend)
+        dy, dy_operand = _rows_and_operand(y, N, backend)
         with schedule.on_second_stream(weight, bias):     # nothing below needs dW and db
             if weight.requires_grad:
                 dw, accumulate = grad_slot(weight)
@@ -153,15 +153,17 @@ def _written(t, N):
     return operand if operand is not None else t.data.reshape(-1, N)
 
 
-def _rows_and_operand(grad, N, backend):
-    """A gradient as float32 rows [R, N] and as the products read it (backend.operand). A
-    gradient that arrives as the operand alone (bf16: the loss's of the logits, the MLP's of
-    its pre-activation, attention's of q, k, v) has no float32 rows: None (sum_rows reads the
-    operand)."""
+def _rows_and_operand(t, N, backend):
+    """t's gradient as float32 rows [R, N] and as the products read it: its grad_operand where
+    its writer made one (bf16: layer norm's backward, of the residual stream), else
+    backend.operand's. A gradient that arrives as the operand alone (bf16: the loss's of the
+    logits, the MLP's of its pre-activation, attention's of q, k, v) has no float32 rows: None
+    (sum_rows reads the operand)."""
+    grad = t.grad
     if hasattr(grad, "bf16_pairs"):
         return None, grad
     rows = grad.reshape(-1, N)
-    return rows, backend.operand(rows)
+    return rows, t.grad_operand if t.grad_operand is not None else backend.operand(rows)
 
 
 def linears(x, *weights_and_biases, heads=None):
@@ -441,10 +443,16 @@ def _layernorm_backward(out, x, weight, bias, mean, rstd):
 
     def backward():
         dx, prior = grad_out_of_place(x)                   # (prior: another gradient of x, to add)
+        # bf16: x's gradient also as the products read it (x is the residual stream: its
+        # gradient is that of the W_O or W_proj product before it, or the embedding's)
+        operand = x.backend.new_operand(dx.reshape(-1, C).shape) if (
+            x.backend.precision == "bf16") else None
         x.backend.layernorm_backward(dx.reshape(-1, C), summed_grad(weight), summed_grad(bias),
                                      out.grad.reshape(-1, C), x.data.reshape(-1, C),
                                      weight.data, mean, rstd, accumulate=prior is not None,
-                                     prior=None if prior is None else prior.reshape(-1, C))
+                                     prior=None if prior is None else prior.reshape(-1, C),
+                                     dx_bf16=operand)
+        x.grad_operand = operand
 
     return backward
 
@@ -481,7 +489,7 @@ def _add_backward(out, a, b):
             if not t.requires_grad:
                 continue
             if t.grad is None:
-                share_grad(t, out.grad)
+                share_grad(t, out.grad, out.grad_operand)
             else:
                 dt, accumulate = grad_slot(t)
                 t.backend.add_into(dt, out.grad, accumulate=accumulate)

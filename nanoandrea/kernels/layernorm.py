@@ -59,9 +59,11 @@ def backward_blocks_per_sm(V):
 def warp_kernel(V, which, bf16_out=False):
     """The warp kernel `which` ("forward", "residual_forward" or "backward") for rows of
     C <= 128 V columns (C % 4 == 0). V fixes the size of each lane's register arrays (4 V
-    floats), which must be known when the kernel is compiled. bf16_out (the forwards, C % 8
-    == 0): out is a Bf16Matrix's bf16 pairs [N, C/2], the normalized rows as the next products
-    read them (bf16 training: half float32's bytes, and no rounding pass after)."""
+    floats), which must be known when the kernel is compiled. bf16_out (C % 8 == 0): in the
+    forwards out is a Bf16Matrix's bf16 pairs [N, C/2], the normalized rows as the next products
+    read them (bf16 training: half float32's bytes, and no rounding pass after); in the backward
+    dx is written also as such pairs, dx_pairs (the residual stream's gradient, which the
+    products of W_O and W_proj read in bf16), else dx_pairs is not touched."""
     SIZE = 4 * V       # floats per lane: values[4 k + i] is column 4 (lane + 32 k) + i
     MAX_C = WARP * SIZE
     # (the simulator's cuda.jit takes no launch_bounds)
@@ -152,10 +154,11 @@ def warp_kernel(V, which, bf16_out=False):
         normalize_warp_row(out, mean, rstd, values, weight, bias, eps, row)
 
     @cuda.jit(**bounds)
-    def backward(dx, prior, dweight_partials, dbias_partials, dout, x, weight, mean, rstd,
-                 accumulate):
+    def backward(dx, dx_pairs, prior, dweight_partials, dbias_partials, dout, x, weight, mean,
+                 rstd, accumulate):
         # dx[N,C] = the input gradient (+ prior[N,C] if accumulate: dx itself, or another
-        # array); dweight_partials, dbias_partials[BLOCKS, C]: block
+        # array), and (bf16_out) dx_pairs[N, C/2] the same rounded to bf16 pairs, the bits
+        # round_bf16 would make of dx; dweight_partials, dbias_partials[BLOCKS, C]: block
         # blockIdx.x's sums of dout * xhat and dout over its rows. block (32, WARPS); warps take
         # rows in a grid-stride loop, adding their lane's share of those sums in registers;
         # then the block's warps add theirs, in order, in shared memory.
@@ -206,6 +209,9 @@ def warp_kernel(V, which, bf16_out=False):
                 col = 4 * (lane + WARP * k)
                 if col < C:
                     store4(dx, (row, col), g[4 * k], g[4 * k + 1], g[4 * k + 2], g[4 * k + 3])
+                    if bf16_out:
+                        store2_u32(dx_pairs, (row, col >> 1), bf16_pair(g[4 * k], g[4 * k + 1]),
+                                   bf16_pair(g[4 * k + 2], g[4 * k + 3]))
         block_dweight = cuda.shared.array(MAX_C, float32)
         block_dbias = cuda.shared.array(MAX_C, float32)
         for turn in range(cuda.blockDim.y):              # warp 0 writes, the others add in turn
@@ -407,30 +413,51 @@ def _through_float32(out):
 
 
 def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False,
-                       prior=None):
+                       prior=None, dx_bf16=None):
     """dx (+)= input gradient; dweight, dbias += parameter gradients (always accumulated).
     prior (with accumulate): dx = prior + the input gradient, prior another array than dx (an
-    input gradient that must not be written in place: autograd.grad_out_of_place)."""
+    input gradient that must not be written in place: autograd.grad_out_of_place).
+    dx_bf16: a Bf16Matrix [N, C] written too, dx rounded (round_bf16's bits): the residual
+    stream's gradient as the products of W_O and W_proj read it (by the warp kernel as it
+    stores dx, else a rounding pass)."""
     prior = dx if prior is None else prior
     check_float32(dx=dx, prior=prior, dweight=dweight, dbias=dbias, dout=dout, x=x, weight=weight)
     _check(x, weight, dx=dx, prior=prior, dout=dout, mean=mean, rstd=rstd)
     N, C = x.shape
+    if dx_bf16 is not None:
+        check_shape("layernorm dx_bf16", dx_bf16, (N, C))
     V = warp_vectors(C, dx, prior, dout, x, weight)
+    pairs_in_kernel = V and dx_bf16 is not None and C % 8 == 0
     if V:
         R = min(blocks(N, WARPS), 2 if SIMULATOR else device.current().multiprocessors * backward_blocks_per_sm(V))
         partials = cuda.device_array((2, R, C), np.float32, stream=current_stream())
-        launch(warp_kernel(V, "backward"), R, (WARP, WARPS), dx, prior, partials[0], partials[1],
-               dout, x, weight, mean, rstd, accumulate)
+        pairs = dx_bf16.bf16_pairs if pairs_in_kernel else _no_pairs()
+        launch(warp_kernel(V, "backward", pairs_in_kernel), R, (WARP, WARPS), dx, pairs,
+               prior, partials[0], partials[1], dout, x, weight, mean, rstd, accumulate)
         sum_rows(dweight, partials[0], accumulate=True)
         sum_rows(dbias, partials[1], accumulate=True)
-        return
-    launch(layernorm_backward_kernel, N, THREADS, dx, prior, dout, x, weight, mean, rstd,
-           accumulate)
-    partials = cuda.device_array((row_chunks(N, C), C), np.float32, stream=current_stream())
-    launch(layernorm_weight_grad_kernel, (blocks(C, COLUMNS), partials.shape[0]),
-           (COLUMNS, ROW_GROUPS), partials, dout, x, mean, rstd)
-    launch(finish_column_sums_kernel, *elementwise_grid(C), dweight, partials, True)
-    sum_rows(dbias, dout, accumulate=True)
+    else:
+        launch(layernorm_backward_kernel, N, THREADS, dx, prior, dout, x, weight, mean, rstd,
+               accumulate)
+        partials = cuda.device_array((row_chunks(N, C), C), np.float32, stream=current_stream())
+        launch(layernorm_weight_grad_kernel, (blocks(C, COLUMNS), partials.shape[0]),
+               (COLUMNS, ROW_GROUPS), partials, dout, x, mean, rstd)
+        launch(finish_column_sums_kernel, *elementwise_grid(C), dweight, partials, True)
+        sum_rows(dbias, dout, accumulate=True)
+    if dx_bf16 is not None and not pairs_in_kernel:
+        from .operands import round_bf16
+        round_bf16(dx_bf16, dx)
+
+
+_placeholder = {}
+
+
+def _no_pairs():
+    """The backward warp kernel's dx_pairs where it writes none: a [1, 1] uint32 array it never
+    touches (one per process)."""
+    if "pairs" not in _placeholder:
+        _placeholder["pairs"] = cuda.device_array((1, 1), np.uint32)
+    return _placeholder["pairs"]
 
 
 def layernorm_forward_numpy(out, mean, rstd, x, weight, bias):
@@ -453,7 +480,7 @@ def residual_layernorm_forward_numpy(resid, out, mean, rstd, a, b, weight, bias)
 
 
 def layernorm_backward_numpy(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate=False,
-                             prior=None):
+                             prior=None, dx_bf16=None):
     prior = dx if prior is None else prior
     _check(x, weight, dx=dx, prior=prior, dout=dout, mean=mean, rstd=rstd)
     xhat = (x - mean[:, None]) * rstd[:, None]
@@ -463,3 +490,6 @@ def layernorm_backward_numpy(dx, dweight, dbias, dout, x, weight, mean, rstd, ac
     dx[...] = prior + value if accumulate else value
     dweight += (dout * xhat).sum(axis=0)
     dbias += dout.sum(axis=0)
+    if dx_bf16 is not None:
+        from .operands import round_bf16_numpy
+        round_bf16_numpy(dx_bf16, dx.astype(np.float32))

@@ -4,8 +4,8 @@ same bits as add then layer norm, and the forwards writing bf16 as the next prod
 import numpy as np
 import pytest
 
-from checks import WIDTH, device, output_and_prior, poisoned
-from conftest import GPU
+from checks import TOLERANCE, WIDTH, device, output_and_prior, poisoned
+from conftest import GPU, relative_error
 from nanoandrea.kernels import elementwise, layernorm
 from nanoandrea.kernels.operands import Bf16Matrix, device_empty, round_bf16_numpy
 
@@ -88,3 +88,38 @@ def test_layernorm_writes_bf16(rng, C):
         layernorm.layernorm_forward_numpy(values, np.empty(N), np.empty(N), a, weight, bias)
         round_bf16_numpy(want, values.astype(np.float32))
         assert np.array_equal(host.bf16_pairs, want.bf16_pairs)
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["=", "+="])
+@pytest.mark.parametrize("N,C", [(20, 40), (20, 36), (20, 77)] if not GPU else
+                         [(16384, 768), (300, 36), (300, 77)])
+def test_layernorm_backward_writes_dx_in_bf16_too(rng, N, C, accumulate):
+    """dx_bf16: dx also as a Bf16Matrix, the bits round_bf16 makes of dx (written by the warp
+    kernel where C % 8 == 0, by a rounding pass after the others: C = 36, 77); dx, dweight and
+    dbias the same bits as without it. The twin alike."""
+    x = 3.0 + 2.0 * rng.standard_normal((N, C))
+    weight, bias = 1 + 0.2 * rng.standard_normal(C), rng.standard_normal(C)
+    mean, rstd = poisoned(N), poisoned(N)
+    layernorm.layernorm_forward(poisoned((N, C)), mean, rstd, device(x), device(weight),
+                                device(bias))
+    dout = device(rng.standard_normal((N, C)))
+    prior = rng.standard_normal((N, C))
+    results = []
+    for dx_bf16 in (None, Bf16Matrix.allocate((N, C), device_empty)):
+        dx = device(prior) if accumulate else poisoned((N, C))
+        dweight, dbias = device(np.zeros(C)), device(np.zeros(C))
+        layernorm.layernorm_backward(dx, dweight, dbias, dout, device(x), device(weight), mean,
+                                     rstd, accumulate, dx_bf16=dx_bf16)
+        results.append([a.copy_to_host() for a in (dx, dweight, dbias)])
+    for got, want in zip(*results):
+        assert np.array_equal(got, want)
+    rounded = Bf16Matrix.allocate((N, C), np.empty)
+    round_bf16_numpy(rounded, results[0][0])
+    assert np.array_equal(dx_bf16.bf16_pairs.copy_to_host(), rounded.bf16_pairs)
+    twin, twin_dx = Bf16Matrix.allocate((N, C), np.empty), prior.astype(np.float32)
+    layernorm.layernorm_backward_numpy(twin_dx, np.zeros(C), np.zeros(C), dout.copy_to_host(),
+                                       x, weight, mean.copy_to_host(), rstd.copy_to_host(),
+                                       accumulate, dx_bf16=twin)
+    assert relative_error(twin_dx, results[0][0]) < TOLERANCE
+    round_bf16_numpy(rounded, twin_dx)
+    assert np.array_equal(twin.bf16_pairs, rounded.bf16_pairs)

@@ -134,13 +134,16 @@ def kernels():
         kernel = layernorm.warp_kernel(6, which)
         signature = {"forward": (A2, A1, A1, A2, A1, A1, float32),
                      "residual_forward": (A2, A2, A1, A1, A2, A2, A1, A1, float32),
-                     "backward": (A2, A2, A2, A2, A2, A2, A1, A1, A1, BOOL)}[which]
+                     "backward": (A2, U2, A2, A2, A2, A2, A2, A1, A1, A1, BOOL)}[which]
         yield f"layernorm warp {which.replace('_', ' ')} C<=768", kernel, signature
         if which != "backward":             # (bf16 training: the rows as a Bf16Matrix's pairs)
             out = 1 if which == "residual_forward" else 0
             yield (f"layernorm warp {which.replace('_', ' ')} C<=768, bf16 out",
                    layernorm.warp_kernel(6, which, True),
                    signature[:out] + (U2,) + signature[out + 1:])
+        else:                               # (bf16 training: dx also as a Bf16Matrix's pairs)
+            yield ("layernorm warp backward C<=768, dx in bf16 too",
+                   layernorm.warp_kernel(6, which, True), signature)
     yield "gelu forward, 16-byte", gelu.gelu_forward4_kernel, (A1, A1)
     yield "gelu backward, 16-byte", gelu.gelu_backward4_kernel, (A1, A1, A1, BOOL)
     yield "cross-entropy fused, 16-byte", crossentropy.crossentropy_fused4_kernel, \
