@@ -22,7 +22,6 @@ Each op has two kernels, as in elementwise.py:
     The batch, head and row come from the block indices: no division per element.
   - one-element kernels for every other D (D=6, an odd D): a thread per element; the reference.
 """
-import numpy as np
 from numba import cuda, float32
 
 from .operands import Bf16Heads

@@ -21,16 +21,22 @@ def test_warp_kernels_take_rows_of_whole_16_byte_runs_up_to_1024(C):
         assert not layernorm.warp_vectors(C, device(np.zeros(3 * C + 1))[1:].reshape(3, C))
 
 
-@pytest.mark.parametrize("N,C", [(20, WIDTH), (20, 77)])
-def test_layernorm_backward_beside_its_prior(rng, N, C):
-    """dx = prior + the gradient, prior another array (out of place), left as it was: the same
-    bits as the gradient added onto the prior in place."""
+def backward_inputs(rng, N, C):
+    """x [N, C] (host), weight (host), mean and rstd of x's layer norm (device) and a random
+    dout (device): what a backward reads."""
     x = 3.0 + 2.0 * rng.standard_normal((N, C))
     weight, bias = 1 + 0.2 * rng.standard_normal(C), rng.standard_normal(C)
     mean, rstd = poisoned(N), poisoned(N)
     layernorm.layernorm_forward(poisoned((N, C)), mean, rstd, device(x), device(weight),
                                 device(bias))
-    dout = device(rng.standard_normal((N, C)))
+    return x, weight, mean, rstd, device(rng.standard_normal((N, C)))
+
+
+@pytest.mark.parametrize("N,C", [(20, WIDTH), (20, 77)])
+def test_layernorm_backward_beside_its_prior(rng, N, C):
+    """dx = prior + the gradient, prior another array (out of place), left as it was: the same
+    bits as the gradient added onto the prior in place."""
+    x, weight, mean, rstd, dout = backward_inputs(rng, N, C)
     dx, prior = output_and_prior(rng, (N, C), True)
     dweight, dbias = device(np.zeros(C)), device(np.zeros(C))
     layernorm.layernorm_backward(dx, dweight, dbias, dout, device(x), device(weight), mean, rstd,
@@ -97,12 +103,7 @@ def test_layernorm_backward_writes_dx_in_bf16_too(rng, N, C, accumulate):
     """dx_bf16: dx also as a Bf16Matrix, the bits round_bf16 makes of dx (written by the warp
     kernel where C % 8 == 0, by a rounding pass after the others: C = 36, 77); dx, dweight and
     dbias the same bits as without it. The twin alike."""
-    x = 3.0 + 2.0 * rng.standard_normal((N, C))
-    weight, bias = 1 + 0.2 * rng.standard_normal(C), rng.standard_normal(C)
-    mean, rstd = poisoned(N), poisoned(N)
-    layernorm.layernorm_forward(poisoned((N, C)), mean, rstd, device(x), device(weight),
-                                device(bias))
-    dout = device(rng.standard_normal((N, C)))
+    x, weight, mean, rstd, dout = backward_inputs(rng, N, C)
     prior = rng.standard_normal((N, C))
     results = []
     for dx_bf16 in (None, Bf16Matrix.allocate((N, C), device_empty)):
