@@ -61,8 +61,30 @@ def _serialise_simulated_shared_arrays():
     FakeCUDAShared.array = array
 
 
+def _yield_between_polls():
+    """Numba's simulator runs a block's threads as Python threads, and its BlockManager.run
+    polls them in a loop that never sleeps (to see which wait at a barrier, which finished):
+    the polling thread holds the interpreter lock for its whole switch interval while the
+    block's threads wait for it, about half the time of a block with one thread left running.
+    Here each poll of a thread (BlockThread.is_alive, called once a loop for every live thread)
+    first yields the lock (time.sleep(0)). The same results; one mma.sync attention test 69 s
+    -> 24 s in one process on this 2-core machine (2026-12-07)."""
+    import time
+
+    from numba.cuda.simulator.kernel import BlockThread
+
+    alive = BlockThread.is_alive
+
+    def is_alive(self):
+        time.sleep(0)
+        return alive(self)
+
+    BlockThread.is_alive = is_alive
+
+
 if not GPU:
     _serialise_simulated_shared_arrays()
+    _yield_between_polls()
 
 
 def pytest_report_header(config):
