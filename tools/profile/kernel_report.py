@@ -40,7 +40,7 @@ sys.path.insert(0, str(TOOLS.parent))
 
 from numba import cuda, float32, int32, int64, types, uint32  # noqa: E402
 
-from nanoandrea.kernels import crossentropy, gelu, heads, layernorm  # noqa: E402
+from nanoandrea.kernels import crossentropy, gelu, heads, layernorm, reduce  # noqa: E402
 from nanoandrea.kernels.attention import float32 as attention  # noqa: E402
 from nanoandrea.kernels.attention import mma_sync as attention_mma  # noqa: E402
 from nanoandrea.kernels.attention import wgmma as attention_wgmma  # noqa: E402
@@ -102,6 +102,7 @@ def kernels():
         yield f"attention dk/dv D={D}, dropout", attention.dkdv_kernel(D, dkdv_tile, True), \
             (V4, V4, A4, V4, A4, A4, A4, A3, A3, float32, *DROP, int64, BOOL)
     W4 = types.uint32[:, :, :, ::1]             # the tensor-core attention's heads in bf16 pairs
+    P4 = types.uint32[:, :, :, :]               # heads views of bf16 pairs (bf16_heads_view)
     for D in attention_mma.HEAD_SIZES:
         for dropout in (False, True):
             named = f"D={D}{', dropout' if dropout else ''}"
@@ -122,6 +123,12 @@ def kernels():
                    (V4, W4, A3, V4, V4, W4, W4, W4, A3, float32, float32, *DROP, BOOL))
             yield (f"attention wgmma dk/dv {named}", attention_wgmma.dkdv_kernel(D, dropout),
                    (V4, V4, *backward))
+            # (bf16 training: the gradients written as bf16 pairs, through heads views)
+            yield (f"attention wgmma dq {named}, bf16 gradients",
+                   attention_wgmma.dq_kernel(D, dropout, True),
+                   (P4, W4, A3, V4, V4, W4, W4, W4, A3, float32, float32, *DROP, BOOL))
+            yield (f"attention wgmma dk/dv {named}, bf16 gradients",
+                   attention_wgmma.dkdv_kernel(D, dropout, True), (P4, P4, *backward))
     yield "attention dq sum", attention.attention_dq_sum_kernel, \
         (V4, A4, float32, int64, int64, BOOL)
     yield "attention delta", attention.attention_delta4_kernel, (A3, V4, V4)
@@ -144,6 +151,9 @@ def kernels():
         else:                               # (bf16 training: dx also as a Bf16Matrix's pairs)
             yield ("layernorm warp backward C<=768, dx in bf16 too",
                    layernorm.warp_kernel(6, which, True), signature)
+    for bf16_in in (False, True):           # the bias gradients: column sums, 8 columns a thread
+        yield (f"sum_rows, 16-byte, {'bf16' if bf16_in else 'float32'} rows",
+               reduce.sum_rows8_kernel(bf16_in), (A2, U2 if bf16_in else A2, BOOL))
     yield "gelu forward, 16-byte", gelu.gelu_forward4_kernel, (A1, A1)
     yield "gelu backward, 16-byte", gelu.gelu_backward4_kernel, (A1, A1, A1, BOOL)
     yield "cross-entropy fused, 16-byte", crossentropy.crossentropy_fused4_kernel, \
