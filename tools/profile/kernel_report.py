@@ -113,6 +113,10 @@ def kernels():
                    (V4, *backward))
             yield (f"attention bf16 dk/dv {named}", attention_mma.dkdv_kernel(D, dropout),
                    (V4, V4, *backward))
+            yield (f"attention bf16 dq {named}, bf16 gradients",
+                   attention_mma.dq_kernel(D, dropout, True), (P4, *backward))
+            yield (f"attention bf16 dk/dv {named}, bf16 gradients",
+                   attention_mma.dkdv_kernel(D, dropout, True), (P4, P4, *backward))
     for D in attention_wgmma.HEAD_SIZES:                                # (sm_90a: wgmma)
         for dropout in (False, True):
             named = f"D={D}{', dropout' if dropout else ''}"

@@ -69,7 +69,7 @@ from ..ptx.warp import group_sum, quad_max, quad_sum
 from ..runtime.device import SIMULATOR
 from ..runtime.launch import blocks, current_stream, inlined, kernel_factory, launch
 from .reference import dropout_factor, no_dropout
-from .tiles import LOG2E, NEG_INF, column_stager, dout_chunk
+from .tiles import LOG2E, NEG_INF, column_stager, dout_chunk, pairs_storer
 
 HEAD_SIZES = (32, 64)
 WARPS = 2 if SIMULATOR else 4
@@ -206,22 +206,14 @@ def tile_functions(D):
                         y1 += x[b, h, row, col + 1]
                     x[b, h, row, col], x[b, h, row, col + 1] = y0, y1
 
-    @inlined
-    def store_pairs(x, acc, factor0, factor1, accumulate, b, h, row0, T, lane):
-        # store_rows into x, the bf16 pairs [B,H,T,D/2] of a gradient that products read next:
-        # the two floats rounded to one pair (as round_bf16 would round them), a 32-bit store.
-        # (accumulate is False: the launcher checks it)
-        g, t = lane >> 2, lane & 3
-        for j in range(DN):
-            for half in range(2):
-                row = row0 + g + 8 * half
-                factor = factor0 if half == 0 else factor1
-                if row < T:
-                    x[b, h, row, 4 * j + t] = bf16_pair(acc[j, 2 * half] * factor,
-                                                        acc[j, 2 * half + 1] * factor)
-
     return (stage, load_rows, scores, masker(True), masker(False), accumulate_product,
-            (store_rows, store_pairs), KD, DN, D * COLS // 2)
+            (store_rows, pairs_storer(DN, accumulator)), KD, DN, D * COLS // 2)
+
+
+@inlined
+def accumulator(acc, j, e):
+    # the lane's e-th float of column group j of an [16, D] product's accumulators [DN, 4]
+    return acc[j, e]
 
 
 BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 2))

@@ -10,7 +10,8 @@ miniature, their operands read from shared memory 16 bytes at a time:
     output_product   O += E^T Y      (the sum over the streamed columns)
 `stage` copies rows of a head into a shared tile; `Tile` names a tile's shape; `block_rows` says
 which rows a block takes (the longest causal rows first). `dout_chunk` is the tensor-core
-backward's: 8 values of dout rounded to bf16 and their share of delta.
+backward's: 8 values of dout rounded to bf16 and their share of delta; `pairs_storer` its
+store of a gradient in bf16.
 """
 import math
 from typing import NamedTuple
@@ -295,3 +296,25 @@ def dout_chunk(dout, out, b, h, i, d):
     partial = (g0 * o0 + g1 * o1 + g2 * o2 + g3 * o3) + (g4 * o4 + g5 * o5 + g6 * o6 + g7 * o7)
     return (partial, bf16_pair(g0, g1), bf16_pair(g2, g3), bf16_pair(g4, g5),
             bf16_pair(g6, g7))
+
+
+def pairs_storer(DN, accumulator):
+    """store_pairs for the tensor-core kernels' accumulators of a [16-row, D] product, DN = D/8
+    column groups: x[b, h, row0 + g (+ 8), :] = acc times factor0 (row g) or factor1 (g + 8),
+    x the bf16 pairs [B,H,T,D/2] of a gradient that products read next, each two floats
+    rounded to one pair (as round_bf16 would round them), a 32-bit store; nothing past row T.
+    accumulator(acc, j, e): the lane's e-th float of column group j (mma.sync's acc is
+    [DN, 4], wgmma's flat). `accumulate` is False (the launchers check it): store_rows' place."""
+
+    @inlined
+    def store_pairs(x, acc, factor0, factor1, accumulate, b, h, row0, T, lane):
+        g, t = lane >> 2, lane & 3
+        for j in range(DN):
+            for half in range(2):
+                row = row0 + g + 8 * half
+                factor = factor0 if half == 0 else factor1
+                if row < T:
+                    x[b, h, row, 4 * j + t] = bf16_pair(accumulator(acc, j, 2 * half) * factor,
+                                                        accumulator(acc, j, 2 * half + 1) * factor)
+
+    return store_pairs

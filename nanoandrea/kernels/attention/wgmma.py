@@ -74,7 +74,7 @@ from ..ptx.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start, d
 from ..runtime.device import SIMULATOR
 from ..runtime.launch import blocks, current_stream, inlined, kernel_factory, launch
 from .reference import dropout_factor, no_dropout
-from .tiles import LOG2E, NEG_INF, column_loader, dout_chunk
+from .tiles import LOG2E, NEG_INF, column_loader, dout_chunk, pairs_storer
 
 HEAD_SIZES = (32, 64)
 ROWS = 64                           # a block's own rows: wgmma's M, one warpgroup
@@ -268,20 +268,6 @@ def tile_functions(D):
                         y1 += x1
                     store2(x, (b, h, row, col), y0, y1)
 
-    @inlined
-    def store_pairs(x, acc, factor0, factor1, accumulate, b, h, wrow, T, lane):
-        # store_rows into x, the bf16 pairs [B,H,T,D/2] of a gradient that products read next:
-        # the two floats rounded to one pair (as round_bf16 would round them), a 32-bit store.
-        # (accumulate is False: the launcher checks it)
-        g, t = lane >> 2, lane & 3
-        for j in range(DN):
-            for half in range(2):
-                row = wrow + g + 8 * half
-                factor = factor0 if half == 0 else factor1
-                if row < T:
-                    x[b, h, row, 4 * j + t] = bf16_pair(acc[4 * j + 2 * half] * factor,
-                                                        acc[4 * j + 2 * half + 1] * factor)
-
     copy_tile = copier(COLS)
     # the backward's tile i + 2 is copied at the end of tile i where its second product is
     # waited for there (SECOND_WAITED): the stage it read is free then, and a tile's copies
@@ -302,10 +288,17 @@ def tile_functions(D):
     return dict(copy_start=copy_start, copy_own=copier(ROWS), copy_tile=copy_tile,
                 copy_tiles=copy_tiles, stage_dout=stage_dout, zero=zero, scores=scores,
                 fragments=fragments, rows_product=rows_product, future=masker(True),
-                past=masker(False), store_rows=store_rows, store_pairs=store_pairs, O_ACC=O_ACC,
+                past=masker(False), store_rows=store_rows,
+                store_pairs=pairs_storer(DN, accumulator), O_ACC=O_ACC,
                 # the backward's tile at its start (two tiles ahead, the next one's group
                 # may still be in flight)
                 tile_landed=copies_landed(1 if TWO_AHEAD else 0))
+
+
+@inlined
+def accumulator(acc, j, e):
+    # the lane's e-th float of column group j of a [64, D] product's flat accumulators
+    return acc[4 * j + e]
 
 
 def bounds(blocks_per_sm):
