@@ -67,8 +67,8 @@ def _yield_between_polls():
     the polling thread holds the interpreter lock for its whole switch interval while the
     block's threads wait for it, about half the time of a block with one thread left running.
     Here each poll of a thread (BlockThread.is_alive, called once a loop for every live thread)
-    first yields the lock (time.sleep(0)). The same results; one mma.sync attention test 69 s
-    -> 24 s in one process on this 2-core machine (2026-12-07)."""
+    first yields the lock (time.sleep(0)): the same results, the simulated threads run while
+    the block manager waits."""
     import time
 
     from numba.cuda.simulator.kernel import BlockThread

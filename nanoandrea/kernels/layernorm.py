@@ -63,7 +63,8 @@ def warp_kernel(V, which, bf16_out=False):
     forwards out is a Bf16Matrix's bf16 pairs [N, C/2], the normalized rows as the next products
     read them (bf16 training: half float32's bytes, and no rounding pass after); in the backward
     dx is written also as such pairs, dx_pairs (the residual stream's gradient, which the
-    products of W_O and W_proj read in bf16), else dx_pairs is not touched."""
+    products of W_O and W_proj read in bf16), else dx_pairs is not touched (the launcher
+    passes dx's own bits as uint32)."""
     SIZE = 4 * V       # floats per lane: values[4 k + i] is column 4 (lane + 32 k) + i
     MAX_C = WARP * SIZE
     # (the simulator's cuda.jit takes no launch_bounds)
@@ -431,7 +432,7 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
     if V:
         R = min(blocks(N, WARPS), 2 if SIMULATOR else device.current().multiprocessors * backward_blocks_per_sm(V))
         partials = cuda.device_array((2, R, C), np.float32, stream=current_stream())
-        pairs = dx_bf16.bf16_pairs if pairs_in_kernel else _no_pairs()
+        pairs = dx_bf16.bf16_pairs if pairs_in_kernel else dx.view(np.uint32)   # (untouched)
         launch(warp_kernel(V, "backward", pairs_in_kernel), R, (WARP, WARPS), dx, pairs,
                prior, partials[0], partials[1], dout, x, weight, mean, rstd, accumulate)
         sum_rows(dweight, partials[0], accumulate=True)
@@ -447,17 +448,6 @@ def layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, accumula
     if dx_bf16 is not None and not pairs_in_kernel:
         from .operands import round_bf16
         round_bf16(dx_bf16, dx)
-
-
-_placeholder = {}
-
-
-def _no_pairs():
-    """The backward warp kernel's dx_pairs where it writes none: a [1, 1] uint32 array it never
-    touches (one per process)."""
-    if "pairs" not in _placeholder:
-        _placeholder["pairs"] = cuda.device_array((1, 1), np.uint32)
-    return _placeholder["pairs"]
 
 
 def layernorm_forward_numpy(out, mean, rstd, x, weight, bias):

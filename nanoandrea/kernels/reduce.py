@@ -226,10 +226,7 @@ def sum_rows_chunks(rows, columns):
 def takes_sum_rows8(x):
     """Whether the fast kernel takes x (float32, or a Bf16Matrix's pairs): rows of 8k columns,
     16-byte aligned."""
-    pairs = getattr(x, "bf16_pairs", None)
-    if pairs is not None:
-        return x.shape[1] % 8 == 0 and aligned16(pairs)
-    return x.shape[1] % 8 == 0 and aligned16(x)
+    return x.shape[1] % 8 == 0 and aligned16(getattr(x, "bf16_pairs", x))
 
 
 def sum_rows(out, x, accumulate=False):

@@ -103,14 +103,16 @@ def attention_backward_bf16_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, ac
                                   rows_per_block=None):
     """attention_backward_numpy of q, k, v and dout rounded to bf16. dq, dk, dv may be
     Bf16Heads (the tensor-core kernels' bf16 gradients): the float32 gradients rounded."""
+    in_bf16 = [isinstance(x, Bf16Heads) for x in (dq, dk, dv)]
+    check(not (any(in_bf16) and accumulate), "attention: gradients in bf16 are written, not "
+          "added to")
     q, k, v, dout = (_rounded(x) for x in (q, k, v, dout))
-    grads = [np.empty(x.shape, np.float32) if isinstance(x, Bf16Heads) else x
-             for x in (dq, dk, dv)]
+    grads = [np.empty(x.shape, np.float32) if bf16 else x
+             for x, bf16 in zip((dq, dk, dv), in_bf16)]
     attention_backward_numpy(*grads, delta, dout, q, k, v, out, lse, accumulate,
                              dropout_p=dropout_p, seed=seed, site=site)
-    for target, values in zip((dq, dk, dv), grads):
-        if isinstance(target, Bf16Heads):
-            check(not accumulate, "attention: gradients in bf16 are written, not added to")
+    for target, values, bf16 in zip((dq, dk, dv), grads, in_bf16):
+        if bf16:
             target.bf16_pairs[...] = pack_bf16(values)
 
 
