@@ -28,7 +28,10 @@ CASES = [(136, 136, 72)] if not GPU else [(1000, 1544, 392), (8192, 1536, 200)]
 
 
 @pytest.mark.parametrize("transpose_a,transpose_b", ORIENTATIONS)
-def test_matmul_wgmma(rng, monkeypatch, transpose_a, transpose_b):
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_matmul_wgmma(rng, monkeypatch, transpose_a, transpose_b, pingpong):
+    """Each orientation, the consumers on tiles of their own (ping-pong) and on one tile."""
+    monkeypatch.setattr(wgmma, "PINGPONG", pingpong)
     split_k(monkeypatch, 1)
     for M, N, K in CASES:
         check(rng, transpose_a, transpose_b, M, N, K, True, False, precision="wgmma")
@@ -43,13 +46,17 @@ def test_matmul_wgmma_split_k(rng, monkeypatch, transpose_a, transpose_b):
     assert asked == [(M, N, K)]        # (a product without bias is split too)
 
 
-@pytest.mark.parametrize("gelu,transpose_b,accumulate,splits,bias", [
-    ("out", False, False, 1, True), ("input", True, True, 1, False),
-    ("out", True, False, 1, False)] + ([] if not GPU else [
-        ("out", False, False, 2, True), ("input", True, False, 2, False)]))
-def test_matmul_wgmma_epilogues(rng, monkeypatch, gelu, transpose_b, accumulate, splits, bias):
+@pytest.mark.parametrize("gelu,transpose_b,accumulate,splits,bias,pingpong", [
+    ("out", False, False, 1, True, True), ("input", True, True, 1, False, True),
+    ("out", True, False, 1, False, True), ("out", False, False, 1, True, False)] + (
+        [] if not GPU else [("input", True, True, 1, False, False),
+                            ("out", False, False, 2, True, True),
+                            ("input", True, False, 2, False, True)]))
+def test_matmul_wgmma_epilogues(rng, monkeypatch, gelu, transpose_b, accumulate, splits, bias,
+                                pingpong):
     """The MLP up with its activation (gelu; with its bias, as the model's, and without),
-    dH = (dY . W^T) * gelu'(H) (gelu_grad)."""
+    dH = (dY . W^T) * gelu'(H) (gelu_grad); ping-pong and one tile for both consumers."""
+    monkeypatch.setattr(wgmma, "PINGPONG", pingpong)
     split_k(monkeypatch, splits)
     M, N, K = (72, 136, 72) if not GPU else (1000, 1544, 392)
     check(rng, False, transpose_b, M, N, K, bias, accumulate, gelu, precision="wgmma")
