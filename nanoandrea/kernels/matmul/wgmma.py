@@ -499,9 +499,10 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
           "matmul_wgmma: an operand of 2^31 words or more")
     # the pairs' K one after another, each padded to whole slices
     K_all = K if len(pairs) == 1 else len(pairs) * blocks(K, BK) * BK
-    # (a product in bf16 comes from the epilogue only: not split)
+    # (a product in bf16 comes from the epilogue only: not split.) The count is that of the
+    # 128-row tiles either way, so that ping-pong's sums are the same bits as without it
     splits = 1 if bf16_out else split_k.split_count(M, N, K_all, resident_blocks(), BK, 2,
-                                                 (rows, BN))
+                                                 (BM, BN))
     k_per_split = split_k.k_per_slice(K_all, splits, BK)
     grid = (blocks(N, BN), blocks(M, rows), blocks(K_all, k_per_split))
     filled = pairs + [pairs[0]] * (PAIRS - len(pairs))     # (the kernel's tuples: PAIRS each)

@@ -37,6 +37,33 @@ def test_matmul_wgmma(rng, monkeypatch, transpose_a, transpose_b, pingpong):
         check(rng, transpose_a, transpose_b, M, N, K, True, False, precision="wgmma")
 
 
+@pytest.mark.parametrize("transpose_a,transpose_b,gelu,splits", [
+    (False, False, "out", 1), (True, False, None, 2)] + ([] if not GPU else [
+        (False, True, "input", 1), (False, True, None, 3)]))
+def test_matmul_wgmma_pingpong_changes_no_bit(rng, monkeypatch, transpose_a, transpose_b, gelu,
+                                              splits):
+    """The consumers on tiles of their own or on one tile: each sum is the same wgmma's in the
+    same order, and split-K the same slices, so out (and GELU's array) are the same bits."""
+    split_k(monkeypatch, splits)
+    M, N, K = CASES[-1]
+    a = operands.rounded_bf16(device(rng.standard_normal((K, M) if transpose_a else (M, K))))
+    b = operands.rounded_bf16(device(rng.standard_normal((N, K) if transpose_b else (K, N))))
+    bias = device(rng.standard_normal(N))
+    pre = device(3 * rng.standard_normal((M, N)))
+    results = []
+    for pingpong in (True, False):
+        out, activated = device(np.full((M, N), np.nan)), device(np.full((M, N), np.nan))
+        gelu_arrays = (dict(gelu_out=activated) if gelu == "out" else
+                       dict(gelu_input=pre) if gelu == "input" else {})
+        wgmma.matmul_wgmma(out, a, b, None if transpose_a else bias, transpose_a, transpose_b,
+                           pingpong=pingpong, **gelu_arrays)
+        results.append((out.copy_to_host(), activated.copy_to_host()))
+    (out, activated), (cooperative_out, cooperative_activated) = results
+    assert not np.isnan(out).any()
+    assert np.array_equal(out, cooperative_out)
+    assert np.array_equal(activated, cooperative_activated, equal_nan=True)
+
+
 @pytest.mark.parametrize("transpose_a,transpose_b", [(True, False)] if not GPU else ORIENTATIONS)
 def test_matmul_wgmma_split_k(rng, monkeypatch, transpose_a, transpose_b):
     """Two slices of K, their partial tiles the blocks' work (dW = x^T dY's case)."""
