@@ -111,6 +111,9 @@ class Backend:
                               attention.heads_operand_numpy) if bf16 else (lambda x: x)
         self.attention_rounds = (attention.rounds_heads if cuda else
                                  attention.rounds_heads_numpy) if bf16 else _never
+        # whether attention_forward of these operands writes out's bf16 copy too (out_bf16:
+        # the tensor-core kernels; the NumPy twins do not)
+        self.attention_writes_bf16_out = attention.writes_bf16_out if cuda and bf16 else _never
         # whether the float32 product multiplies by a copy of W^T it makes (the step makes it
         # beside; the tensor-core kernels read W^T as it lies)
         self.copies_b_transposed = (matmul.copies_b_transposed if cuda and precision == "fp32"

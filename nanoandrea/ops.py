@@ -303,13 +303,26 @@ class SplitHeads(Tensor):
 
 class HeadsInConcat(Tensor):
     """attention's output [B,H,T,D]: a heads_view of `concat`, a [B,T,C] array, so the heads are
-    already side by side there and merge_heads copies nothing."""
-    __slots__ = ("concat",)
+    already side by side there and merge_heads copies nothing. in_bf16: attention writes the
+    concat's bf16 copy too, `operand` (a Bf16Matrix [B*T, C]), as the product after it (W_O)
+    reads it: no rounding pass."""
+    __slots__ = ("concat", "operand")
 
-    def __init__(self, backend, shape):
+    def __init__(self, backend, shape, in_bf16=False):
         B, H, T, D = shape
         self.concat = backend.empty((B, T, H * D))
+        self.operand = backend.new_operand((B * T, H * D)) if in_bf16 else None
         super().__init__(backend.heads_view(self.concat, H), backend)
+
+
+class ConcatWithOperand(Tensor):
+    """merge_heads' output where attention wrote the concat's bf16 copy too: its float32
+    `data` and `operand`, the copy the next product reads (linear's x_operand)."""
+    __slots__ = ("operand",)
+
+    def __init__(self, heads):
+        self.operand = heads.operand
+        super().__init__(heads.concat, heads.backend)
 
 
 def split_heads(x, n_head, sole_reader=False):
@@ -334,7 +347,7 @@ def merge_heads(x):
     a view of this one's."""
     B, H, T, D = x.shape
     if isinstance(x, HeadsInConcat):
-        out = Tensor(x.concat, x.backend)
+        out = (Tensor(x.concat, x.backend) if x.operand is None else ConcatWithOperand(x))
     else:
         out = _new(x, (B, T, H * D))
         x.backend.merge_heads(out.data, x.data)
@@ -397,11 +410,14 @@ def attention(q, k, v, dropout_p=0.0, seed=None, site=0):
     split_heads their gradients are written into their fused tensors' (_heads_grad_slot)."""
     backend = q.backend
     B, H, T, D = q.shape
-    out = HeadsInConcat(backend, q.shape)
     lse = backend.empty((B, H, T))
     drop = dict(dropout_p=dropout_p, seed=seed, site=site)
     operands = [_heads_operand(t) for t in (q, k, v)]     # (bf16: rounded once, for both)
-    backend.attention_forward(out.data, lse, *operands, **drop)
+    # in training, out's bf16 copy for W_O's products, written by the same kernel
+    in_bf16 = grad_enabled() and backend.attention_writes_bf16_out(*operands)
+    out = HeadsInConcat(backend, q.shape, in_bf16)
+    copy = dict(out_bf16=backend.bf16_heads_view(out.operand, B, H)) if in_bf16 else {}
+    backend.attention_forward(out.data, lse, *operands, **drop, **copy)
 
     def backward():
         (dq, acc_q), (dk, acc_k), (dv, acc_v) = _heads_grad_slots(q, k, v)

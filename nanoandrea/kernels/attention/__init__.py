@@ -62,13 +62,19 @@ def _tensor_core_operands(kernel, D, arrays, lse, **heads):
 
 
 def attention_forward(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0, kernel="auto",
-                      rows_per_block=None):
+                      rows_per_block=None, out_bf16=None):
     """out = causal softmax(q k^T / sqrt(D)) v for every (batch, head); lse saved for backward.
     dropout_p > 0 drops attention probabilities (seed: int64[1] on the device, site: an int).
-    rows_per_block (float32 kernels): query rows per thread block."""
+    rows_per_block (float32 kernels): query rows per thread block. out_bf16: a Bf16Heads that
+    the tensor-core kernels write too, out rounded to bf16 (the bits round_bf16 would make):
+    the bf16 training's operand of the product after attention (W_O), without a rounding
+    pass (writes_bf16_out says when)."""
     B, H, T, D = check_attention(q, k, v, out=out, lse=lse)
     kernel = choose(D, (out, q, k, v)) if kernel == "auto" else kernel
     check(kernel in KERNELS, f"attention: unknown kernel {kernel!r}: one of {', '.join(KERNELS)}")
+    check(out_bf16 is None or kernel in ("wgmma", "mma") and isinstance(out_bf16, Bf16Heads)
+          and out_bf16.shape == out.shape, f"attention: the {kernel} kernels write out in "
+          "float32 only; out_bf16 is a Bf16Heads of out's shape for the tensor-core kernels")
     if kernel == "reference":
         reference.attention_forward_reference(out, lse, q, k, v, dropout_p, seed, site)
     elif kernel == "float32":
@@ -79,7 +85,14 @@ def attention_forward(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0, kerne
         launch = (wgmma.attention_forward_wgmma if kernel == "wgmma" else
                   mma_sync.attention_forward_mma)
         launch(out, lse, *qkv_pairs, np.float32(LOG2E / math.sqrt(D)), dropout_p > 0,
-               dropout_arguments(dropout_p, seed, site))
+               dropout_arguments(dropout_p, seed, site),
+               None if out_bf16 is None else out_bf16.bf16_pairs)
+
+
+def writes_bf16_out(q, k, v):
+    """Whether attention_forward of these operands (heads_operand's) can write out's bf16 copy
+    too (out_bf16): where the tensor-core kernels take them."""
+    return all(isinstance(x, Bf16Heads) for x in (q, k, v))
 
 
 def attention_backward(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
@@ -154,10 +167,11 @@ def heads_operand_numpy(x):
 
 
 def attention_forward_bf16(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0, kernel="auto",
-                           rows_per_block=None):
+                           rows_per_block=None, out_bf16=None):
     """attention_forward of q, k, v rounded to bf16 where the tensor-core kernels take them."""
     q, k, v = (heads_operand(x) if not isinstance(x, Bf16Heads) else x for x in (q, k, v))
-    attention_forward(out, lse, q, k, v, dropout_p, seed, site, kernel, rows_per_block)
+    attention_forward(out, lse, q, k, v, dropout_p, seed, site, kernel, rows_per_block,
+                      out_bf16)
 
 
 def attention_backward_bf16(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,

@@ -229,16 +229,21 @@ def kernel_pieces(D, dropout, bf16_grads=False):
 
 
 @kernel_factory
-def forward_kernel(D, dropout):
-    """The forward for heads of D; dropout: built with the dropout hash, else without."""
+def forward_kernel(D, dropout, bf16_copy=False):
+    """The forward for heads of D; dropout: built with the dropout hash, else without.
+    bf16_copy: out is also written rounded to bf16 pairs (out_pairs), as the product after
+    attention (W_O) reads it."""
     (stage, load_rows, scores, mask_future, mask_past, accumulate_product, store_rows, KD, DN,
      TILE_WORDS, factor, TWO_TILES) = kernel_pieces(D, dropout)
+    store_pairs = pairs_storer(DN, accumulator)
+    BF16_COPY = bf16_copy
 
     @cuda.jit(**BOUNDS)
     def attention_forward_bf16_kernel(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, seed,
-                                      site, threshold, keep):
-        # q, k, v: heads_bf16's pairs [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the
-        # most keys) first; scores in log2 units (S / sqrt(D) / ln 2): exp is the hardware's exp2
+                                      site, threshold, keep, out_pairs):
+        # q, k, v: heads_bf16's pairs [B,H,T,D/2]; out_pairs: out's bf16 pairs [B,H,T,D/2]
+        # (BF16_COPY; else not read). grid (B*H, T/ROWS), the last rows (the most keys)
+        # first; scores in log2 units (S / sqrt(D) / ln 2): exp is the hardware's exp2
         k_tiles = cuda.shared.array(TWO_TILES, uint32)     # two stages each
         v_tiles = cuda.shared.array(TWO_TILES, uint32)
         q_frag = cuda.local.array((KD, 4), uint32)
@@ -305,6 +310,9 @@ def forward_kernel(D, dropout):
                 accumulate_product(o_acc, s_acc, v_tiles, base, lane)
         l0, l1 = quad_sum(l0), quad_sum(l1)
         store_rows(out, o_acc, float32(1.0) / l0, float32(1.0) / l1, False, b, h, wrow, T, lane)
+        if BF16_COPY:                           # (the same floats, rounded: round_bf16's bits)
+            store_pairs(out_pairs, o_acc, float32(1.0) / l0, float32(1.0) / l1, False, b, h,
+                        wrow, T, lane)
         if t == 0:
             if wrow + g < T:
                 lse[b, h, wrow + g] = (m0 + math.log2(l0)) * LN2
@@ -496,12 +504,14 @@ def delta_and_dout_kernel(D):
 
 # --- launchers (the family's dispatch checks the arguments and rounds q, k, v) ---------------
 
-def attention_forward_mma(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, dropout, drop):
+def attention_forward_mma(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, dropout, drop,
+                          out_pairs=None):
     """The forward's launch: q, k, v as their Bf16Heads pairs; dropout: whether dropout_p > 0,
-    drop: reference.dropout_arguments."""
+    drop: reference.dropout_arguments; out_pairs: out's bf16 pairs, written too (or None)."""
     B, H, T, D = out.shape
-    launch(forward_kernel(D, dropout), (B * H, blocks(T, ROWS)), THREADS, out, lse, q_pairs,
-           k_pairs, v_pairs, scale_log2, *drop)
+    launch(forward_kernel(D, dropout, out_pairs is not None), (B * H, blocks(T, ROWS)),
+           THREADS, out, lse, q_pairs, k_pairs, v_pairs, scale_log2, *drop,
+           q_pairs if out_pairs is None else out_pairs)
 
 
 def attention_backward_mma(dq, dk, dv, delta, dout, out, qkv_pairs, lse, scale_log2, scale,

@@ -312,12 +312,15 @@ def bounds(blocks_per_sm):
 
 
 @kernel_factory
-def forward_kernel(D, dropout):
-    """The forward for heads of D; dropout: built with the dropout hash, else without."""
+def forward_kernel(D, dropout, bf16_copy=False):
+    """The forward for heads of D; dropout: built with the dropout hash, else without.
+    bf16_copy: out is also written rounded to bf16 pairs (out_pairs), as the product after
+    attention (W_O) reads it."""
     f = tile_functions(D)
     copy_start, copy_own, copy_tile = f["copy_start"], f["copy_own"], f["copy_tile"]
     zero, scores, fragments, rows_product = f["zero"], f["scores"], f["fragments"], f["rows_product"]
     future, store_rows, O_ACC = f["future"], f["store_rows"], f["O_ACC"]
+    store_pairs, BF16_COPY = f["store_pairs"], bf16_copy
     factor = dropout_factor if dropout else no_dropout
     fence_s, wait_s = fence_for(), wait_for(S_ACC, O_ACC, FRAG_WORDS)
     fence_o, wait_o = fence_for(O_ACC, FRAG_WORDS), wait_for(O_ACC)
@@ -389,8 +392,9 @@ def forward_kernel(D, dropout):
 
     @cuda.jit(**bounds(4))
     def attention_forward_wgmma_kernel(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, seed,
-                                       site, threshold, keep):
-        # q, k, v: heads_bf16's pairs [B,H,T,D/2]. grid (B*H, T/ROWS), the last rows (the most
+                                       site, threshold, keep, out_pairs):
+        # q, k, v: heads_bf16's pairs [B,H,T,D/2]; out_pairs: out's bf16 pairs [B,H,T,D/2]
+        # (BF16_COPY; else not read). grid (B*H, T/ROWS), the last rows (the most
         # keys) first; block THREADS; dynamic shared memory shared_bytes(1, 2): Q's rows, then
         # two stages of a K tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
         words = dynamic_shared_words()
@@ -438,6 +442,9 @@ def forward_kernel(D, dropout):
         wait_o(o_acc)
         l0, l1 = quad_sum(l0), quad_sum(l1)
         store_rows(out, o_acc, float32(1.0) / l0, float32(1.0) / l1, False, b, h, wrow, T, lane)
+        if BF16_COPY:                           # (the same floats, rounded: round_bf16's bits)
+            store_pairs(out_pairs, o_acc, float32(1.0) / l0, float32(1.0) / l1, False, b, h,
+                        wrow, T, lane)
         if t == 0:
             if wrow + g < T:
                 lse[b, h, wrow + g] = (m0 + math.log2(l0)) * LN2
@@ -701,13 +708,15 @@ def dkdv_kernel(D, dropout, bf16_grads=False):
 
 # --- launchers -----------------------------------------------------------------------------------
 
-def attention_forward_wgmma(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, dropout, drop):
+def attention_forward_wgmma(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, dropout, drop,
+                            out_pairs=None):
     """The forward's launch: q, k, v as their Bf16Heads pairs (the family's dispatch checks the
     arguments and rounds them); dropout: whether dropout_p > 0, drop:
-    reference.dropout_arguments."""
+    reference.dropout_arguments; out_pairs: out's bf16 pairs, written too (or None)."""
     B, H, T, D = out.shape
-    launch(forward_kernel(D, dropout), (B * H, blocks(T, ROWS)), THREADS, out, lse, q_pairs,
-           k_pairs, v_pairs, scale_log2, *drop, shared_bytes=shared_bytes(1, 2))
+    launch(forward_kernel(D, dropout, out_pairs is not None), (B * H, blocks(T, ROWS)), THREADS,
+           out, lse, q_pairs, k_pairs, v_pairs, scale_log2, *drop,
+           q_pairs if out_pairs is None else out_pairs, shared_bytes=shared_bytes(1, 2))
 
 
 def attention_backward_wgmma(dq, dk, dv, delta, dout, out, qkv_pairs, lse, scale_log2, scale,

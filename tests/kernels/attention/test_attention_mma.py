@@ -9,14 +9,16 @@ import pytest
 
 from checks import DeviceHeads, device, device_at, poisoned
 from conftest import GPU, relative_error
-from nanoandrea.kernels import attention, operands
+from nanoandrea.kernels import attention, heads, operands
 from nanoandrea.kernels.attention import mma_sync
 
 TOLERANCE = 1.5e-2
 
 
 def check_attention_bf16(rng, B, H, T, D, dropout_p, in_concat=False, kernel="auto"):
-    """kernel: the tensor-core kernels named ("mma", "wgmma"), or "auto"."""
+    """kernel: the tensor-core kernels named ("mma", "wgmma"), or "auto". in_concat: out and
+    the gradients are views of [B,T,C] concats, as the model's, and the forward writes out's
+    bf16 copy too (out_bf16, as W_O's product reads it): round_bf16's bits of out."""
     seed = np.array([4242], dtype=np.int64)
     drop_numpy = dict(dropout_p=dropout_p, seed=seed, site=3)
     drop = dict(drop_numpy, seed=device(seed, np.int64), kernel=kernel)
@@ -24,10 +26,17 @@ def check_attention_bf16(rng, B, H, T, D, dropout_p, in_concat=False, kernel="au
     out, lse = DeviceHeads(np.full((B, H, T, D), np.nan), in_concat), poisoned((B, H, T))
     dq_q, dk_q, dv_q = (device_at(x.astype(np.float32), 0) for x in (q, k, v))
     d_dout = DeviceHeads(dout.astype(np.float32), in_concat).array
-    attention.attention_forward_bf16(out.array, lse, dq_q, dk_q, dv_q, **drop)
+    copy = operands.Bf16Matrix.allocate((B * T, H * D), lambda shape, dtype: device(
+        np.full(shape, 0xFFFFFFFF), dtype)) if in_concat else None    # (poisoned: NaN pairs)
+    attention.attention_forward_bf16(out.array, lse, dq_q, dk_q, dv_q, **drop, out_bf16=(
+        None if copy is None else heads.bf16_heads_view(copy, B, H)))
     want_out, want_lse = np.empty((B, H, T, D)), np.empty((B, H, T))
     attention.attention_forward_bf16_numpy(want_out, want_lse, q, k, v, **drop_numpy)
     assert relative_error(out.host(), want_out) < TOLERANCE
+    if copy is not None:
+        rounded = operands.Bf16Matrix.allocate((B * T, H * D), np.empty)
+        operands.round_bf16_numpy(rounded, out.base.copy_to_host().reshape(B * T, H * D))
+        np.testing.assert_array_equal(copy.bf16_pairs.copy_to_host(), rounded.bf16_pairs)
     assert relative_error(lse.copy_to_host(), want_lse) < 1e-3     # (float32 all the way)
 
     for accumulate in (False, True):
