@@ -111,7 +111,10 @@ def kernels():
         for dropout in (False, True):
             named = f"D={D}{', dropout' if dropout else ''}"
             yield (f"attention bf16 forward {named}", attention_mma.forward_kernel(D, dropout),
-                   (V4, A3, W4, W4, W4, float32, *DROP))
+                   (V4, A3, W4, W4, W4, float32, *DROP, W4))
+            yield (f"attention bf16 forward {named}, bf16 copy",   # (bf16 training's)
+                   attention_mma.forward_kernel(D, dropout, True),
+                   (V4, A3, W4, W4, W4, float32, *DROP, P4))
             backward = (W4, W4, W4, W4, A3, A3, float32, float32, *DROP, BOOL)
             yield (f"attention bf16 dq {named}", attention_mma.dq_kernel(D, dropout),
                    (V4, *backward))
@@ -125,7 +128,10 @@ def kernels():
         for dropout in (False, True):
             named = f"D={D}{', dropout' if dropout else ''}"
             yield (f"attention wgmma forward {named}", attention_wgmma.forward_kernel(D, dropout),
-                   (V4, A3, W4, W4, W4, float32, *DROP))
+                   (V4, A3, W4, W4, W4, float32, *DROP, W4))
+            yield (f"attention wgmma forward {named}, bf16 copy",  # (bf16 training's)
+                   attention_wgmma.forward_kernel(D, dropout, True),
+                   (V4, A3, W4, W4, W4, float32, *DROP, P4))
             backward = (W4, W4, W4, W4, A3, A3, float32, float32, *DROP, BOOL)
             yield (f"attention wgmma dq {named}", attention_wgmma.dq_kernel(D, dropout),
                    (V4, W4, A3, V4, V4, W4, W4, W4, A3, float32, float32, *DROP, BOOL))
