@@ -114,6 +114,10 @@ class Backend:
         # whether attention_forward of these operands writes out's bf16 copy too (out_bf16:
         # the tensor-core kernels; the NumPy twins do not)
         self.attention_writes_bf16_out = attention.writes_bf16_out if cuda and bf16 else _never
+        # whether it reads q, k, v of heads of D as the bf16 rows the products write (then
+        # nothing rounds or copies the heads: the wgmma kernels)
+        self.attention_reads_heads_in_rows = (attention.reads_heads_in_rows if cuda and bf16
+                                              else _never)
         # whether the float32 product multiplies by a copy of W^T it makes (the step makes it
         # beside; the tensor-core kernels read W^T as it lies)
         self.copies_b_transposed = (matmul.copies_b_transposed if cuda and precision == "fp32"

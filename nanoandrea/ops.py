@@ -179,9 +179,14 @@ def linears(x, *weights_and_biases, heads=None):
     if rows is None and not takes_matvec(x, weights_and_biases[0][0]):
         rows = x.backend.operand(x.data.reshape(-1, x.shape[-1]))
     x_grad = InputGradient(x)
+    # in bf16 training on the wgmma attention, each product writes its heads in bf16, side by
+    # side in its rows, where attention reads them: no pass rounds or splits them
+    in_rows = (heads is not None and grad_enabled()
+               and x.backend.attention_reads_heads_in_rows(weights_and_biases[0][0].shape[1]
+                                                           // heads))
 
     def product(w, b):
-        y = linear(x, w, b, x_operand=rows, x_grad=x_grad)
+        y = linear(x, w, b, x_operand=rows, x_grad=x_grad, out_operand=in_rows)
         return y if heads is None else split_heads(y, heads, sole_reader=True)
 
     (w, b), rest = weights_and_biases[0], weights_and_biases[1:]
@@ -328,10 +333,12 @@ class ConcatWithOperand(Tensor):
 def split_heads(x, n_head, sole_reader=False):
     """[B,T,C] -> [B,H,T,D]: each head's T x D slice contiguous. The copy is made here unless
     the backend's attention rounds these heads straight from x (bf16 on the tensor cores: then
-    only a reader of the float32 heads, the sampling's key/value cache, makes it).
-    sole_reader: nothing else reads x (SplitHeads')."""
+    only a reader of the float32 heads, the sampling's key/value cache, makes it), or reads
+    them in place from x's bf16 rows (x an OperandTensor in bf16: linears' heads on the wgmma
+    attention). sole_reader: nothing else reads x (SplitHeads')."""
     out = SplitHeads(x, n_head, sole_reader)
-    if not x.backend.attention_rounds(x.backend.heads_view(x.data, n_head)):
+    in_rows = getattr(x, "operand", None) is not None   # (bf16 rows attention reads in place)
+    if not in_rows and not x.backend.attention_rounds(x.backend.heads_view(x.data, n_head)):
         out.split()
 
     def backward():
@@ -397,8 +404,12 @@ def _heads_grad_slots(q, k, v):
 
 def _heads_operand(t):
     """q, k or v as the backend's attention reads it (backend.heads_operand): in bf16 the heads
-    of split_heads are rounded straight from its fused tensor, a heads_view of it."""
+    of split_heads are rounded straight from its fused tensor, a heads_view of it, or, where
+    the product wrote that tensor in bf16, are a heads view of its bf16 rows (no pass)."""
     if isinstance(t, SplitHeads) and t._heads is None:     # (not split: attention_rounds)
+        rows = getattr(t.fused, "operand", None)
+        if rows is not None:            # (a product's bf16 rows: the heads read in place)
+            return t.backend.bf16_heads_view(rows, t.shape[0], t.n_head)
         return t.backend.heads_operand(t.backend.heads_view(t.fused.data, t.n_head))
     return t.backend.heads_operand(t.data)
 

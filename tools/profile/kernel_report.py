@@ -79,8 +79,9 @@ def kernels():
             if ta and epilogue or (tb and epilogue == "gelu"):
                 continue
             for bf16_out in (False, True):
-                if bf16_out and (ta or epilogue is None):
-                    continue            # (bf16 out: the MLP's pre-activation and its gradient)
+                if bf16_out and ta:
+                    continue            # (bf16 out: q, k, v, the MLP's pre-activation and its
+                                        # gradient, the logits; never a weight's gradient)
                 # (None: unread, the launcher passes a)
                 hidden = (U2,) if epilogue is None or bf16_out else (A2,)
                 out = (U3,) if bf16_out else (A3,)
@@ -127,22 +128,26 @@ def kernels():
     for D in attention_wgmma.HEAD_SIZES:                                # (sm_90a: wgmma)
         for dropout in (False, True):
             named = f"D={D}{', dropout' if dropout else ''}"
+            LAYOUT = (int32, int32)             # (heads_layout: head_words, row_words)
             yield (f"attention wgmma forward {named}", attention_wgmma.forward_kernel(D, dropout),
-                   (V4, A3, W4, W4, W4, float32, *DROP, W4))
-            yield (f"attention wgmma forward {named}, bf16 copy",  # (bf16 training's)
-                   attention_wgmma.forward_kernel(D, dropout, True),
-                   (V4, A3, W4, W4, W4, float32, *DROP, P4))
-            backward = (W4, W4, W4, W4, A3, A3, float32, float32, *DROP, BOOL)
+                   (V4, A3, W4, W4, W4, float32, *DROP, W4, *LAYOUT))
+            backward = (W4, W4, W4, W4, A3, A3, float32, float32, *DROP, BOOL, *LAYOUT)
             yield (f"attention wgmma dq {named}", attention_wgmma.dq_kernel(D, dropout),
-                   (V4, W4, A3, V4, V4, W4, W4, W4, A3, float32, float32, *DROP, BOOL))
+                   (V4, W4, A3, V4, V4, W4, W4, W4, A3, float32, float32, *DROP, BOOL, *LAYOUT))
             yield (f"attention wgmma dk/dv {named}", attention_wgmma.dkdv_kernel(D, dropout),
                    (V4, V4, *backward))
-            # (bf16 training: the gradients written as bf16 pairs, through heads views)
-            yield (f"attention wgmma dq {named}, bf16 gradients",
+            # (bf16 training: q, k, v and dout's copy read in place from bf16 rows, heads
+            # views; the output's bf16 copy and the gradients written as bf16 pairs through
+            # heads views)
+            yield (f"attention wgmma forward {named}, heads in rows, bf16 copy",
+                   attention_wgmma.forward_kernel(D, dropout, True),
+                   (V4, A3, P4, P4, P4, float32, *DROP, P4, *LAYOUT))
+            in_rows = (P4, P4, P4, P4, A3, A3, float32, float32, *DROP, BOOL, *LAYOUT)
+            yield (f"attention wgmma dq {named}, heads in rows, bf16 gradients",
                    attention_wgmma.dq_kernel(D, dropout, True),
-                   (P4, W4, A3, V4, V4, W4, W4, W4, A3, float32, float32, *DROP, BOOL))
-            yield (f"attention wgmma dk/dv {named}, bf16 gradients",
-                   attention_wgmma.dkdv_kernel(D, dropout, True), (P4, P4, *backward))
+                   (P4, P4, A3, V4, V4, P4, P4, P4, A3, float32, float32, *DROP, BOOL, *LAYOUT))
+            yield (f"attention wgmma dk/dv {named}, heads in rows, bf16 gradients",
+                   attention_wgmma.dkdv_kernel(D, dropout, True), (P4, P4, *in_rows))
     yield "attention dq sum", attention.attention_dq_sum_kernel, \
         (V4, A4, float32, int64, int64, BOOL)
     yield "attention delta", attention.attention_delta4_kernel, (A3, V4, V4)

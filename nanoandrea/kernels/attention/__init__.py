@@ -53,12 +53,17 @@ def choose(D, arrays):
 
 
 def _tensor_core_operands(kernel, D, arrays, lse, **heads):
-    """Checks the arguments of the tensor-core kernels; the Bf16Heads pairs of q, k, v."""
+    """Checks the arguments of the tensor-core kernels; the Bf16Heads pairs of q, k, v (the
+    wgmma kernels take them as contiguous heads or side by side in rows, reads_heads_in_rows;
+    the mma.sync kernels contiguous)."""
     check(rounds_heads_of(D, arrays), f"attention: the {kernel} kernels take D in "
           f"{TENSOR_CORE_HEAD_SIZES} and 16-byte aligned rows, got D={D}")
     check_float32(lse=lse)
     check_float32_rows(**{name: x for name, x in heads.items() if not isinstance(x, Bf16Heads)})
-    return [heads_bf16(heads[name]).bf16_pairs for name in ("q", "k", "v")]
+    pairs = [heads_bf16(heads[name]).bf16_pairs for name in ("q", "k", "v")]
+    check(kernel == "wgmma" or all(x.is_c_contiguous() for x in pairs),
+          f"attention: the {kernel} kernels take q, k, v's bf16 pairs as contiguous heads")
+    return pairs
 
 
 def attention_forward(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0, kernel="auto",
@@ -87,6 +92,14 @@ def attention_forward(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0, kerne
         launch(out, lse, *qkv_pairs, np.float32(LOG2E / math.sqrt(D)), dropout_p > 0,
                dropout_arguments(dropout_p, seed, site),
                None if out_bf16 is None else out_bf16.bf16_pairs)
+
+
+def reads_heads_in_rows(D):
+    """Whether the bf16 attention of heads of D takes q, k, v as the bf16 pairs of [B,T,C] rows,
+    the heads side by side (bf16_heads_view): the wgmma kernels, which read their tiles
+    straight from there, so the products of W_Q, W_K, W_V write them in bf16 and no pass
+    rounds or copies the heads."""
+    return D in TENSOR_CORE_HEAD_SIZES and device.runs_wgmma()
 
 
 def writes_bf16_out(q, k, v):

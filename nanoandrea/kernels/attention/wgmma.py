@@ -66,13 +66,14 @@ from numba import cuda, float32, int32, uint32
 from ..ptx.asynccopy import commit_copies, copy16_async, wait_copies
 from ..ptx.mma import bf16_pair, store4_u32
 from ..ptx.sfu import exp2_fast
-from ..ptx.vector import flat, load2, store2
+from ..ptx.vector import flat_span, load2, store2
 from ..ptx.warp import group_sum, quad_max, quad_sum
 from ..ptx.wgmma import (ATOM_BYTES, K_MAJOR, MN_MAJOR, REGISTERS, atom_start, descriptor_high,
                          dynamic_shared_words, fence_for, fence_proxy_async, shared_descriptor,
                          wait_for, wgmma_by_descriptors, wgmma_commit)
 from ..runtime.device import SIMULATOR
-from ..runtime.launch import blocks, current_stream, inlined, kernel_factory, launch
+from ..heads import heads_view
+from ..runtime.launch import blocks, check, current_stream, inlined, kernel_factory, launch
 from .reference import dropout_factor, no_dropout
 from .tiles import LOG2E, NEG_INF, column_loader, dout_chunk, pairs_storer
 
@@ -141,12 +142,15 @@ def tile_functions(D):
     multiply_rows = wgmma_by_descriptors(D, REGISTERS, MN_LAYOUT)
 
     @inlined
-    def copy_start(bh, T, tid):
+    def copy_start(b, h, H, T, head_words, row_words, tid):
         # this thread's first copy of a matrix's rows: (its word in a staged matrix, its word
-        # of x[bh] at row 0, its row): chunk tid % CHUNKS of row tid / CHUNKS
+        # of head (b, h) at row 0, its row, the words from a row to the next): chunk tid %
+        # CHUNKS of row tid / CHUNKS. Heads [B,H,T,D/2] (head_words T D/2, row_words D/2) or
+        # heads side by side in rows [B,T,H,D/2] (D/2 and H D/2): a batch is H T D/2 either way
         row, chunk = int32(tid >> LOG_CHUNKS), int32(tid & (CHUNKS - 1))
         return (int32(row * ROW_WORDS + 4 * (chunk ^ (row & 7))),
-                int32((bh * T + row) * G_WORDS + 4 * chunk), row)
+                int32(b * H * T * G_WORDS + h * head_words + row * row_words + 4 * chunk), row,
+                int32(row_words))
 
     def copier(count):
         PASSES = -(-count // ROW_STEP)  # a thread's copies of `count` rows
@@ -154,17 +158,18 @@ def tile_functions(D):
 
         @inlined
         def copy_rows(words, at, x, start, row0, T):
-            # start copying x[bh, row0 : row0 + count] (x: the heads' bf16 pairs, flat; start:
-            # copy_start's for bh) into words[at:] as swizzled rows of 128 bytes; zeros past T
-            place, src, row = start
+            # start copying head (b, h)'s rows row0 .. row0 + count - 1 of x (the heads' bf16
+            # pairs, flat_span; start: copy_start's for the head) into words[at:] as swizzled
+            # rows of 128 bytes; zeros past T
+            place, src, row, row_words = start
             rows_left = int32(T - row0)
-            first = int32(src + row0 * G_WORDS)
+            first = int32(src + row0 * row_words)
+            step = int32(ROW_STEP * row_words)
             for r in range(PASSES):
                 if EXACT or row + r * ROW_STEP < count:
                     inside = row + r * ROW_STEP < rows_left
                     copy16_async(words, (at + place + r * ROW_STEP * ROW_WORDS,), x,
-                                 (uint32(first + r * ROW_STEP * G_WORDS) if inside
-                                  else uint32(0),), inside)
+                                 (uint32(first + r * step) if inside else uint32(0),), inside)
         return copy_rows
 
     @inlined
@@ -392,7 +397,7 @@ def forward_kernel(D, dropout, bf16_copy=False):
 
     @cuda.jit(**bounds(4))
     def attention_forward_wgmma_kernel(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, seed,
-                                       site, threshold, keep, out_pairs):
+                                       site, threshold, keep, out_pairs, head_words, row_words):
         # q, k, v: heads_bf16's pairs [B,H,T,D/2]; out_pairs: out's bf16 pairs [B,H,T,D/2]
         # (BF16_COPY; else not read). grid (B*H, T/ROWS), the last rows (the most
         # keys) first; block THREADS; dynamic shared memory shared_bytes(1, 2): Q's rows, then
@@ -402,7 +407,7 @@ def forward_kernel(D, dropout, bf16_copy=False):
         s_acc = cuda.local.array(S_ACC, float32)
         o_acc = cuda.local.array(O_ACC, float32)
         p_frag = cuda.local.array(FRAG_WORDS, uint32)
-        q, k, v = flat(q_pairs), flat(k_pairs), flat(v_pairs)
+        q, k, v = flat_span(q_pairs), flat_span(k_pairs), flat_span(v_pairs)
         H, T = out.shape[1], out.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -411,7 +416,7 @@ def forward_kernel(D, dropout, bf16_copy=False):
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp                 # the warp's rows; the lane's: wrow + g (+ 8)
-        start = copy_start(bh, T, tid)
+        start = copy_start(b, h, H, T, head_words, row_words, tid)
         tiles_at = first + OWN_WORDS            # stage s: a K tile, then a V tile
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
         copy_own(words, first, q, start, row0, T)   # Q and K's tile 0, then K's tile 1 and
@@ -512,7 +517,7 @@ def dq_kernel(D, dropout, bf16_grads=False):
     @cuda.jit(**bounds(3 if dropout else 4))
     def attention_dq_wgmma_kernel(dq, dout_pairs, delta, dout, out, q_pairs, k_pairs, v_pairs,
                                   lse, scale_log2, scale, seed, site, threshold, keep,
-                                  accumulate):
+                                  accumulate, head_words, row_words):
         # dynamic shared memory shared_bytes(2, 2): Q's and dO's rows, then two stages of a K
         # tile and a V tile. dO comes as float32 (dout, out: float32 heads): the block rounds
         # its rows itself and writes them to dout_pairs, and their delta, for dk/dv
@@ -523,7 +528,7 @@ def dq_kernel(D, dropout, bf16_grads=False):
         dp_acc = cuda.local.array(S_ACC, float32)
         dq_acc = cuda.local.array(O_ACC, float32)
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)
-        q, k, v = flat(q_pairs), flat(k_pairs), flat(v_pairs)
+        q, k, v = flat_span(q_pairs), flat_span(k_pairs), flat_span(v_pairs)
         H, T = dq.shape[1], dq.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -532,7 +537,7 @@ def dq_kernel(D, dropout, bf16_grads=False):
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp
-        start = copy_start(bh, T, tid)
+        start = copy_start(b, h, H, T, head_words, row_words, tid)
         tiles_at = first + 2 * OWN_WORDS        # stage s: a K tile, then a V tile
         tiles = (min(row0 + ROWS, T) + COLS - 1) // COLS
         copy_own(words, first, q, start, row0, T)
@@ -648,7 +653,8 @@ def dkdv_kernel(D, dropout, bf16_grads=False):
 
     @cuda.jit(**bounds(2 if dropout else 3))
     def attention_dkdv_wgmma_kernel(dk, dv, dout_pairs, q_pairs, k_pairs, v_pairs, lse, delta,
-                                    scale_log2, scale, seed, site, threshold, keep, accumulate):
+                                    scale_log2, scale, seed, site, threshold, keep, accumulate,
+                                    head_words, row_words):
         # grid (B*H, T/ROWS), the first key rows (the most queries) first; dynamic shared
         # memory shared_bytes(2, 2): K's and V's rows, then two stages of a Q tile and a dO tile
         words = dynamic_shared_words()
@@ -661,7 +667,8 @@ def dkdv_kernel(D, dropout, bf16_grads=False):
         dv_acc = cuda.local.array(O_ACC, float32)
         p_frag = cuda.local.array(FRAG_WORDS, uint32)       # (P G)^T in bf16
         ds_frag = cuda.local.array(FRAG_WORDS, uint32)      # dS^T
-        dout, q, k, v = flat(dout_pairs), flat(q_pairs), flat(k_pairs), flat(v_pairs)
+        dout, q = flat_span(dout_pairs), flat_span(q_pairs)
+        k, v = flat_span(k_pairs), flat_span(v_pairs)
         H, T = dk.shape[1], dk.shape[2]
         bh = cuda.blockIdx.x
         b, h = bh // H, bh % H
@@ -670,7 +677,7 @@ def dkdv_kernel(D, dropout, bf16_grads=False):
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         wrow = row0 + 16 * warp                 # the warp's key rows
-        start = copy_start(bh, T, tid)
+        start = copy_start(b, h, H, T, head_words, row_words, tid)
         tiles_at = first + 2 * OWN_WORDS        # stage s: a Q tile, then a dO tile
         tiles = (T - row0 + COLS - 1) // COLS   # (row0 is a multiple of COLS: the first tile
         copy_own(words, first, k, start, row0, T)               # is the diagonal's)
@@ -708,28 +715,51 @@ def dkdv_kernel(D, dropout, bf16_grads=False):
 
 # --- launchers -----------------------------------------------------------------------------------
 
+def heads_layout(*heads_pairs):
+    """(head_words, row_words), the kernels' strides of the bf16 pairs [B,H,T,D/2] of q, k, v
+    (all three alike): contiguous heads (T D/2, D/2), or the heads side by side in rows, a
+    heads view of [B,T,H D/2] (D/2, H D/2): the products of W_Q, W_K, W_V write them so in bf16
+    training, and attention reads its tiles straight from there, no heads' copy between."""
+    B, H, T, G = heads_pairs[0].shape
+    strides = [stride // 4 for stride in heads_pairs[0].strides]
+    alike = all(tuple(x.shape) == (B, H, T, G) and x.strides == heads_pairs[0].strides
+                for x in heads_pairs)
+    check(alike and strides in ([H * T * G, T * G, G, 1], [T * H * G, G, H * G, 1]),
+          "attention_wgmma: q, k and v's bf16 pairs must be laid out alike, as contiguous heads "
+          f"or as heads side by side in rows, got strides {[x.strides for x in heads_pairs]}")
+    return strides[1], strides[2]
+
+
 def attention_forward_wgmma(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, dropout, drop,
                             out_pairs=None):
     """The forward's launch: q, k, v as their Bf16Heads pairs (the family's dispatch checks the
-    arguments and rounds them); dropout: whether dropout_p > 0, drop:
-    reference.dropout_arguments; out_pairs: out's bf16 pairs, written too (or None)."""
+    arguments and rounds them; heads_layout's either way); dropout: whether dropout_p > 0,
+    drop: reference.dropout_arguments; out_pairs: out's bf16 pairs, written too (or None)."""
     B, H, T, D = out.shape
     launch(forward_kernel(D, dropout, out_pairs is not None), (B * H, blocks(T, ROWS)), THREADS,
            out, lse, q_pairs, k_pairs, v_pairs, scale_log2, *drop,
-           q_pairs if out_pairs is None else out_pairs, shared_bytes=shared_bytes(1, 2))
+           q_pairs if out_pairs is None else out_pairs, *heads_layout(q_pairs, k_pairs, v_pairs),
+           shared_bytes=shared_bytes(1, 2))
 
 
 def attention_backward_wgmma(dq, dk, dv, delta, dout, out, qkv_pairs, lse, scale_log2, scale,
                              dropout, drop, accumulate, bf16_grads=False):
     """The backward's launches (the family's dispatch checks the arguments):
-    dout, out float32 heads; qkv_pairs = the Bf16Heads pairs of q, k, v. The dq kernel makes delta
-    and dout's bf16 copy as it stages its rows (no pass of their own), and dk/dv reads them.
-    bf16_grads: dq, dk, dv are the bf16 pairs [B,H,T,D/2] of the gradients, written so."""
+    dout, out float32 heads; qkv_pairs = the Bf16Heads pairs of q, k, v (heads_layout's). The
+    dq kernel makes delta and dout's bf16 copy as it stages its rows (no pass of their own), laid
+    out as q, k, v are, and dk/dv reads them. bf16_grads: dq, dk, dv are the bf16 pairs
+    [B,H,T,D/2] of the gradients, written so."""
     B, H, T, D = dout.shape
-    dout_pairs = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
+    layout = heads_layout(*qkv_pairs)
+    if layout[0] == D // 2 and H > 1:           # (heads side by side in rows)
+        dout_pairs = heads_view(cuda.device_array((B, T, H * D // 2), np.uint32,
+                                                  stream=current_stream()), H)
+    else:
+        dout_pairs = cuda.device_array((B, H, T, D // 2), np.uint32, stream=current_stream())
     grid = (B * H, blocks(T, ROWS))
     launch(dq_kernel(D, dropout, bf16_grads), grid, THREADS, dq, dout_pairs, delta, dout, out,
-           *qkv_pairs, lse, scale_log2, scale, *drop, accumulate,
+           *qkv_pairs, lse, scale_log2, scale, *drop, accumulate, *layout,
            shared_bytes=shared_bytes(2, 2))
     launch(dkdv_kernel(D, dropout, bf16_grads), grid, THREADS, dk, dv, dout_pairs, *qkv_pairs,
-           lse, delta, scale_log2, scale, *drop, accumulate, shared_bytes=shared_bytes(2, 2))
+           lse, delta, scale_log2, scale, *drop, accumulate, *layout,
+           shared_bytes=shared_bytes(2, 2))

@@ -22,7 +22,12 @@ Python functions that index the array four times, so kernels using them run ther
 
 `flat(x)`, for a C-contiguous x, is x's elements in one row (a view of the same memory): a
 kernel that walks x with one index adds a constant to it where x[row, col] would multiply.
+`flat_span(x)` is the same for a permuted view of a dense array whose first element is the
+array's (a heads view [B,H,T,D] of [B,T,C] rows): the memory's words in their own order, so
+the kernel computes its offsets from the strides it is given.
 """
+import numpy as np
+
 from ..runtime.device import SIMULATOR
 
 
@@ -47,6 +52,11 @@ def aligned16(array):
 if SIMULATOR:
     def flat(x):
         return x.reshape(x.size)
+
+    def flat_span(x):
+        array = getattr(x, "_ary", x)
+        return np.lib.stride_tricks.as_strided(array, shape=(array.size,),
+                                               strides=(array.itemsize,))
 
     def load4(array, index):
         *outer, j = index
@@ -99,11 +109,8 @@ else:
         shared = builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, 3))
         return builder.ptrtoint(shared, ir.IntType(32))
 
-    @intrinsic
-    def flat(typingctx, x):
-        # (Numba's x.reshape(n) calls a helper of its CPU runtime, which kernels lack)
-        if not (isinstance(x, types.Array) and x.layout == "C"):
-            return None
+    def _row_of(x):
+        # (signature, codegen) of a 1-D view of x's nitems from its first element on
         row = types.Array(x.dtype, 1, "C")
 
         def codegen(context, builder, signature, args):
@@ -116,6 +123,17 @@ else:
             return view._getvalue()
 
         return row(x), codegen
+
+    @intrinsic
+    def flat(typingctx, x):
+        # (Numba's x.reshape(n) calls a helper of its CPU runtime, which kernels lack)
+        return _row_of(x) if isinstance(x, types.Array) and x.layout == "C" else None
+
+    @intrinsic
+    def flat_span(typingctx, x):
+        # flat's view of any layout: the caller knows that x's elements fill the memory from
+        # its first on (its launcher checks the strides)
+        return _row_of(x) if isinstance(x, types.Array) else None
 
     def _element_pointer(context, builder, array_type, array, index_type, index, width):
         """LLVM <width x float>* to array[index]."""

@@ -73,3 +73,33 @@ def test_attention_wgmma_equals_mma_sync_to_the_bit(rng, D):
         results.append([x.copy_to_host() for x in (out, lse, *grads)])
     for got, want in zip(*results):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("D", [32] if not GPU else wgmma.HEAD_SIZES)
+def test_attention_wgmma_reads_heads_in_rows_to_the_bit(rng, D):
+    """q, k, v as the bf16 rows [B*T, C] the products of W_Q, W_K, W_V write, the heads side by
+    side (bf16_heads_view: what bf16 training hands the kernels), against the same values as
+    contiguous heads (heads_bf16's): the same tiles, so every output is the same to the bit,
+    dout's bf16 copy (laid out as q, k, v) included through dk and dv."""
+    from nanoandrea.kernels import heads, operands
+    B, H, T = (2, 2, 64) if not GPU else (3, 12, 300)
+    rows = [device(rng.standard_normal((B * T, H * D))) for _ in range(3)]
+    dout = device(rng.standard_normal((B, H, T, D)))
+    in_rows = [heads.bf16_heads_view(operands.rounded_bf16(x), B, H) for x in rows]
+    contiguous = [operands.heads_bf16(heads.heads_view(x.reshape(B, T, H * D), H))
+                  for x in rows]
+    assert not in_rows[0].bf16_pairs.is_c_contiguous()
+    results = []
+    for q, k, v in (in_rows, contiguous):
+        out, lse = poisoned((B, H, T, D)), poisoned((B, H, T))
+        attention.attention_forward(out, lse, q, k, v, dropout_p=0.1, seed=device(
+            np.array([7], np.int64), np.int64), site=1, kernel="wgmma")
+        grads = [poisoned((B, H, T, D)) for _ in range(3)]
+        attention.attention_backward(*grads, poisoned((B, H, T)), dout, q, k, v, out, lse,
+                                     dropout_p=0.1, seed=device(np.array([7], np.int64),
+                                                                np.int64), site=1,
+                                     kernel="wgmma")
+        results.append([x.copy_to_host() for x in (out, lse, *grads)])
+    assert not any(np.isnan(x).any() for x in results[0])
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got, want)
