@@ -76,7 +76,7 @@ from ..gelu import gelu_derivative_sfu, gelu_value_sfu
 from ..ptx.mma import bf16_pair, bf16_unpair
 from ..ptx.sharedmem import dynamic_shared_floats
 from ..ptx.tma import (CONSUMER_REGISTERS, PRODUCER_REGISTERS, ROW_WORDS, arrive_expect_tx,
-                       barrier_sync, box_add, box_load, box_store, bulk_commit, bulk_reads_done,
+                       barrier_arrive, barrier_sync, box_add, box_load, box_store, bulk_commit, bulk_reads_done,
                        bulk_wait_all, mbarrier_arrive, mbarrier_init, registers_down,
                        registers_up, tensor_maps, tensormap_acquire, wait_phase)
 from ..ptx.vector import aligned16, load2
@@ -98,6 +98,8 @@ CONSUMER_ROWS = 64              # a consumer's rows of a tile: 64 x 256 sums, 12
 assert ((PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) * GROUP
         <= 65536 // THREADS // 8 * 8 * THREADS)
 PAIRS = 3                       # products summed in one pass at most (attention's q, k, v dX)
+TURN = 2                        # ping-pong: named barrier TURN + g, consumer g's turn to multiply
+                                # (1 and 2 are each consumer's own, around its epilogue's boxes)
 BLOCK_WORDS = BK * ROW_WORDS    # an MN-major box: 64 rows of k x 64 columns            8 KB
 B_WORDS = BN * ROW_WORDS        # op(b)'s slice: 256 x 64 k                             32 KB
 BOX_ROWS = 64                   # a box of out: a consumer's 64 rows x 128 bytes        8 KB
@@ -242,10 +244,11 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                 sums[e] = float32(0.0)
 
     @inlined
-    def multiply_tile(tiles, sums, first, barriers, group, n, slices):
+    def multiply_tile(tiles, sums, first, barriers, group, n, slices, hand_over):
         # consumer `group`'s sums of one tile (started by start_sums), slices n .. n + slices
         # - 1 of the block's count (returned: the count after them), each stage released once
-        # its wgmma's are done
+        # its wgmma's are done. hand_over (ping-pong): once the last slice's wgmma's are
+        # issued, the other consumer's turn (it waits at its TURN barrier)
         # (ping-pong: the stage's op(a) is the consumer's alone)
         a_rows = 0 if PINGPONG else (group - 1) * (64 * ROW_WORDS if A_ALONG_K else BLOCK_WORDS)
         for s in range(slices):
@@ -262,6 +265,8 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
             if s > 0:
                 mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
             n += 1
+        if PINGPONG and hand_over:
+            barrier_arrive(TURN + 3 - group, 2 * GROUP)
         wait_all(sums)
         if slices > 0:                          # (a split past K's end has none)
             mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
@@ -379,13 +384,16 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
             if GELU or GELU_GRAD:
                 tensormap_acquire(maps, gelu_map)
         n = int32(0)                            # the block's slice count, over its tiles
-        turn = int32(0)                         # ping-pong: the block's tile count, mod 2
+        turn = int32(0)                         # ping-pong: the block's tile count
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
             m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K, ROWS)
             slices = (k_end - k_start + BK - 1) // BK
+            # ping-pong: tile `turn` is consumer (turn % 2) + 1's; the next one, if any, the
+            # other's, which it starts once this one's wgmma's are all issued
+            hand_over = item + cuda.gridDim.x < items
             if PINGPONG:
-                mine = turn == group - 1
-                turn ^= 1
+                mine = (turn & 1) == group - 1
+                turn += 1
                 if not mine:                    # the other consumer's tile: its slices
                     n += slices                 # pass by in the stages
                     continue
@@ -395,7 +403,12 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                 for p in range(min(BUFFERS, BOXES)):
                     load_input(values, buffers, loaded, maps, gelu_map, gelu_array, row0, n0, p)
             start_sums(sums, bias, n0, N, thread)
-            n = multiply_tile(tiles, sums, first, barriers, group, n, slices)
+            if PINGPONG and turn > 1:
+                # its turn once the other consumer has waited for every slice before this
+                # tile's: the stages' phases this one waits for are then at most one ahead of
+                # those it last saw (a wait names its phase by parity alone)
+                barrier_sync(TURN + group, 2 * GROUP)
+            n = multiply_tile(tiles, sums, first, barriers, group, n, slices, hand_over)
             store_tile(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                        accumulate, z, row0, n0, thread, group)
         if thread == 0:
