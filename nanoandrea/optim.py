@@ -34,6 +34,7 @@ class AdamW:
         self.hyper = self.backend.zeros((8,), np.float32)
         self.norm = self.backend.zeros((1,), np.float32)
         self.partials = self.backend.zeros((NORM_BLOCKS,), np.float32)
+        self.no_copies = self.backend.empty((0,), np.uint16)    # (no bf16 copies written)
 
     def zero_grad(self):
         self.store.zero_grads()
@@ -55,7 +56,8 @@ class AdamW:
         """The update itself, kernels only (what a captured CUDA graph replays)."""
         self.backend.grad_norm(self.norm, self.store.grads, self.partials)
         self.backend.adamw_update(self.store.params, self.store.grads, self.store.m,
-                                  self.store.v, self.hyper, self.norm, self.store.n_decay)
+                                  self.store.v, self.hyper, self.norm, self.store.n_decay,
+                                  self.no_copies)
 
     def grad_norm(self):
         """The global gradient norm of the last step (before clipping); waits for the device."""
@@ -95,7 +97,7 @@ class ShardedAdamW(AdamW):
         store, lo, hi = self.store, self.lo, self.hi
         self.backend.grad_norm(self.norm, store.grads, self.partials)
         self.backend.adamw_update(store.params[lo:hi], store.grads[lo:hi], self.m, self.v,
-                                  self.hyper, self.norm, self.n_decay)
+                                  self.hyper, self.norm, self.n_decay, self.no_copies)
         self.communicator.all_gather(store.params, self.bounds)
 
     def moments_to_host(self):
