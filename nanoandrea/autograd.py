@@ -36,7 +36,7 @@ _grad_enabled = True
 
 class Tensor:
     __slots__ = ("data", "backend", "grad", "requires_grad", "name", "grad_ready", "shared",
-                 "grad_operand")
+                 "grad_operand", "data_operand")
 
     def __init__(self, data, backend, requires_grad=False, grad=None, name=None):
         self.data = data
@@ -47,6 +47,8 @@ class Tensor:
         self.grad_ready = None      # a function to call before using grad, while it is written
         self.shared = False         # grad is another tensor's gradient too (share_grad)
         self.grad_operand = None    # grad as the products read it, where its writer made it
+        self.data_operand = None    # data as the products read it, where it is kept so (a
+                                    # weight's bf16 copy in the parameter store: params.py)
 
     @property
     def shape(self):

@@ -17,7 +17,8 @@ The precision is the matmuls' and attention's (every other op is float32 whateve
     bf16   the operands of every matmul and of attention's products rounded to bf16, their
            sums, the softmax and its statistics float32: on the GPU the tensor cores, on the
            CPU the NumPy twins. `operand(x)` rounds a matmul's operand once (a Bf16Matrix),
-           where a product first reads it; the backward's products read the same copy
+           where a product first reads it; the backward's products read the same copy. The
+           weights' copies are kept: AdamW writes them as it updates the weights (params.py)
     tf32   the matmuls' operands rounded to tf32 (10 bits of mantissa to bf16's 7: ~4x closer
            to float32, at about half bf16's speed on the tensor cores; a Tf32Matrix each);
            attention float32

@@ -27,13 +27,14 @@ _fixed_operands = {}    # id(weight Tensor) -> its operand, while fixed_weights 
 @contextmanager
 def fixed_weights(weights):
     """For a block in which the parameter Tensors `weights` do not change (sampling): each
-    weight's operand (backend.operand: in bf16 a rounded copy) is made once, here, and every
-    linear inside reads it instead of rounding the weight again at each forward. Yields the
-    copies: a CUDA graph captured inside reads them, and whoever keeps the graph keeps them.
-    The copies go with the block, so a change to the weights after it (an optimizer step)
-    is seen by the next one."""
+    weight's operand (backend.operand: in tf32 a rounded copy) is made once, here, and every
+    linear inside reads it instead of rounding the weight again at each forward. (A weight
+    whose copy the parameter store keeps, its data_operand, in bf16, needs none made.) Yields
+    the copies made: a CUDA graph captured inside reads them, and whoever keeps the graph keeps
+    them. The copies go with the block, so a change to the weights after it (an optimizer
+    step) is seen by the next one."""
     global _fixed_operands
-    operands = {id(w): w.backend.operand(w.data) for w in weights}
+    operands = {id(w): w.backend.operand(w.data) for w in weights if w.data_operand is None}
     previous, _fixed_operands = _fixed_operands, {**_fixed_operands, **operands}
     try:
         yield operands
@@ -42,7 +43,11 @@ def fixed_weights(weights):
 
 
 def weight_operand(weight):
-    """weight as the backend's products read it: fixed_weights' copy, else made now."""
+    """weight as the backend's products read it: the copy the parameter store keeps of it
+    (data_operand; in bf16 AdamW writes it as it writes the weight, params.py), else
+    fixed_weights' copy, else made now (backend.operand: in bf16 and tf32 a rounding pass)."""
+    if weight.data_operand is not None:
+        return weight.data_operand
     fixed = _fixed_operands.get(id(weight))
     return fixed if fixed is not None else weight.backend.operand(weight.data)
 
@@ -62,9 +67,10 @@ def linear(x, weight, bias=None, transpose_weight=False, activation=None, x_oper
     activation="gelu": gelu of that (the MLP's first layer), computed in the matmul's epilogue
     and recorded as two ops, the linear layer then GELU: returns a GeluOutput.
     The products read their operands as the backend's matmul takes them (`backend.operand`:
-    in bf16 rounded once, here, and the same copies in backward); x_operand: x's rows so made
-    already (linears). x_grad: an InputGradient that makes dX (linears' products of one x);
-    backward hands it its pair (dY, W) instead. A product of few rows without gradients runs
+    in bf16 rounded once, here, and the same copies in backward; the weight's, in bf16, the
+    copy AdamW wrote: weight_operand); x_operand: x's rows so made already (linears).
+    x_grad: an InputGradient that makes dX (linears' products of one x); backward hands it
+    its pair (dY, W) instead. A product of few rows without gradients runs
     as matvec (takes_matvec), which rounds x's values itself as it reads them. out_operand: y
     is written as the op after it reads it (in bf16 a Bf16Matrix, an OperandTensor: the
     logits, which the loss reads in bf16 as autocast's are)."""

@@ -1,14 +1,18 @@
 """AdamW over the model's flat buffers, and the learning-rate schedule.
 
 One optimizer step is three kernels whatever the model size: the global gradient norm (two
-deterministic reductions) and one AdamW kernel over all P parameters. The step's lr and bias
-corrections travel to the device as one 8-float vector, and clipping reads the norm on the
-device, so nothing waits for the host.
+deterministic reductions) and one AdamW kernel over all P parameters, which in bf16 training
+also writes the weight matrices' bf16 copies that the next step's products read (the store's
+bf16_copies, params.py). The step's lr and bias corrections travel to the device as one
+8-float vector, and clipping reads the norm on the device, so nothing waits for the host.
 
 ZeRO-1 (`ShardedAdamW`, train --zero1): on R data-parallel ranks, whose averaged gradients are
 the same everywhere, each rank keeps m and v for one contiguous shard of the P parameters
 (1/R of AdamW's memory), updates only that shard, and the ranks then all-gather the
-parameters. The same kernel on a slice: the same numbers as AdamW over all of P. The
+parameters. The same kernel on a slice: the same numbers as AdamW over all of P. The bf16
+copies are then made from the gathered weights in one rounding pass (the store's
+round_bf16_copies: the same bits), not gathered: that would move half the weights' bytes
+again between the GPUs, where the pass reads and writes each GPU's own memory. The
 gradients are still all-reduced whole (distributed.GradientBuckets: the buckets follow the
 layers, the shards the ranks); a reduce-scatter into each rank's shard would move half the
 bytes, and is not done here.
@@ -55,7 +59,8 @@ class AdamW:
         """The update itself, kernels only (what a captured CUDA graph replays)."""
         self.backend.grad_norm(self.norm, self.store.grads, self.partials)
         self.backend.adamw_update(self.store.params, self.store.grads, self.store.m,
-                                  self.store.v, self.hyper, self.norm, self.store.n_decay)
+                                  self.store.v, self.hyper, self.norm, self.store.n_decay,
+                                  self.store.bf16_copies)
 
     def grad_norm(self):
         """The global gradient norm of the last step (before clipping); waits for the device."""
@@ -80,7 +85,8 @@ def shard_bounds(size, ranks, align=4):
 class ShardedAdamW(AdamW):
     """AdamW under ZeRO-1: this rank's m and v cover its shard [lo, hi) of the parameters; the
     update writes that shard, then `communicator.all_gather` hands every rank every shard.
-    The gradient norm is over all of P (every rank holds the averaged gradients)."""
+    The gradient norm is over all of P (every rank holds the averaged gradients); the bf16
+    copies are made after the gather, from all of P (the module's doc)."""
 
     def __init__(self, store, communicator, **hyperparameters):
         super().__init__(store, **hyperparameters)
@@ -90,13 +96,15 @@ class ShardedAdamW(AdamW):
         self.m = self.backend.zeros((self.hi - self.lo,))
         self.v = self.backend.zeros((self.hi - self.lo,))
         self.n_decay = min(max(store.n_decay - self.lo, 0), self.hi - self.lo)
+        self.no_copies = self.backend.empty((0,), np.uint16)     # (made after the gather)
 
     def update(self):
         store, lo, hi = self.store, self.lo, self.hi
         self.backend.grad_norm(self.norm, store.grads, self.partials)
         self.backend.adamw_update(store.params[lo:hi], store.grads[lo:hi], self.m, self.v,
-                                  self.hyper, self.norm, self.n_decay)
+                                  self.hyper, self.norm, self.n_decay, self.no_copies)
         self.communicator.all_gather(store.params, self.bounds)
+        store.round_bf16_copies()
 
     def moments_to_host(self):
         """The whole m and v, gathered from every rank's shard (every rank calls it)."""

@@ -12,6 +12,23 @@ grad is the same view of grads. So zeroing every gradient is one fill, AdamW is 
 P numbers, and a checkpoint is one array. The 2-D weight matrices come first (the first
 n_decay entries): they are the ones AdamW decays.
 
+In bf16 training the products read each matrix as a Bf16Matrix (kernels/operands.py), and the
+store keeps those copies too, in one more flat buffer beside the weights:
+
+    bf16_copies  uint16 [n_decay]   bf16_copies[i] = params[i] rounded to bf16, for the matrices
+
+Every matrix's rows are whole 16-byte runs of bf16 (its width a multiple of 8, as n_embd is in
+every preset), so its size is a multiple of 8 and, the matrices coming first, each starts a
+multiple of 8 floats into the buffer: a matrix's copy is a view of bf16_copies in the
+Bf16Matrix's own layout (its pairs, no pad, 16-byte aligned), and parameter i's bf16 lies at
+index i (AdamW's thread of parameter i writes it). Who writes them: AdamW, in the pass that
+writes the weights (kernels/adamw.py), and `round_bf16_copies` where anything else writes the
+weights (load_flat; under ZeRO-1 the all-gather of the other ranks' shards, optim.py). Each
+matrix Tensor's `data_operand` is its copy: the products read it (ops.weight_operand), and no
+step rounds a weight. In fp32 and tf32, or where a width is not a multiple of 8, there are
+none (bf16_copies is empty, data_operand None) and the products round the weights themselves
+(backend.operand).
+
 Names follow GPT-2 where GPT-2 has the same tensor (wte, wpe, h.{i}.ln_1, h.{i}.mlp.c_fc, ...).
 Attention keeps four matrices: h.{i}.attn.w_q, w_k, w_v, w_o (each [C, C], all heads
 side by side) with biases b_q, b_k, b_v, b_o; GPT-2's c_attn is [w_q | w_k | w_v].
@@ -22,6 +39,7 @@ import math
 import numpy as np
 
 from .autograd import Tensor
+from .kernels.operands import Bf16Matrix
 
 
 ALIGN = 4            # floats: 16 bytes, what a vector load (ptx/vector.py) needs
@@ -91,6 +109,14 @@ class ParameterStore:
                                           requires_grad=True, grad=self._view(self.grads, spec),
                                           name=spec.name)
                         for spec in self.layout}
+        # the matrices' bf16 copies (the module's doc), zero as the weights are
+        keeps_copies = backend.precision == "bf16" and all(
+            spec.stored_shape[1] % 8 == 0 and self.offsets[spec.name] % 8 == 0
+            for spec in self.layout if spec.decay)
+        self.bf16_copies = backend.zeros((self.n_decay if keeps_copies else 0,), np.uint16)
+        for spec in self.layout:
+            if spec.decay and keeps_copies:
+                self.tensors[spec.name].data_operand = self._bf16_copy(spec)
 
     @property
     def count(self):
@@ -100,6 +126,19 @@ class ParameterStore:
     def _view(self, flat, spec):
         start = self.offsets[spec.name]
         return flat[start:start + math.prod(spec.stored_shape)].reshape(spec.stored_shape)
+
+    def _bf16_copy(self, spec):
+        """The Bf16Matrix of matrix `spec` in bf16_copies: its pairs [R, C/2]."""
+        start, (rows, cols) = self.offsets[spec.name], spec.stored_shape
+        pairs = self.bf16_copies.view(np.uint32)[start // 2:(start + rows * cols) // 2]
+        return Bf16Matrix(pairs.reshape(rows, cols // 2), cols)
+
+    def round_bf16_copies(self):
+        """Make the matrices' bf16 copies from the weights as they are now (where something but
+        AdamW wrote them): one rounding pass over all of them, the bits AdamW would write."""
+        if self.bf16_copies.size:
+            every_matrix = Bf16Matrix(self.bf16_copies.view(np.uint32).reshape(-1, 4), 8)
+            self.backend.round_bf16(every_matrix, self.params[:self.n_decay].reshape(-1, 8))
 
     def __getitem__(self, name):
         return self.tensors[name]
@@ -131,7 +170,9 @@ class ParameterStore:
         self.load_flat(self.initial_values(seed))
 
     def load_flat(self, values):
+        """The weights from a host array [P] (and their bf16 copies made from them)."""
         self.backend.copy_from_host(self.params, values)
+        self.round_bf16_copies()
 
     def zero_grads(self):
         self.backend.fill(self.grads, 0.0)

@@ -143,8 +143,8 @@ def generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, 
     rounding (a cached token's products, matvec.py, sum in another order than the full
     forward's tiles), so a draw that falls at a boundary between two tokens may differ. The
     weights do not change during the call: each is made the products' operand once
-    (ops.fixed_weights: in bf16 rounded once, not at every token), and the decoder's graph
-    reads those copies."""
+    (ops.fixed_weights: in tf32 rounded once, not at every token; in bf16 the parameter
+    store's copies, which AdamW keeps), and the decoder's graph reads those copies."""
     rng = rng or np.random.default_rng()
     ids = np.array(ids, dtype=np.int64)
     block = model.config.block_size

@@ -14,6 +14,7 @@ step runs eagerly and launches; later steps replay what it recorded):
     step.TrainStep._body          zero the gradients; model.forward(batch), backward, AdamW
     model.GPT.forward             embedding, the blocks, ln_f; logits = ops.linear(x, wte^T)
     ops.linear                    backend.matmul(logits, x_operand, wte_operand, ...)
+                                  (wte_operand: wte's bf16 copy, which the last AdamW wrote)
     kernels/matmul matmul_bf16    operands in bf16 (rounded once already), then matmul(...)
     kernels/matmul matmul         choose(): "wgmma" on an H100 -> wgmma.matmul_wgmma(...)
     kernels/matmul/wgmma.py       launch(wgmma_matmul_kernel(...), grid, 384 threads, ...)

@@ -291,6 +291,40 @@ def test_shards_cover_the_buffer_aligned():
         assert max(np.diff(bounds)) - min(np.diff(bounds)) <= 4 + 4
 
 
+class SecondRankOf:
+    """A world of two seen from rank 0: rank 1's update of its shard is `reference`'s (a model
+    that ran AdamW over all of P), which all_gather hands over."""
+    size, rank = 2, 0
+
+    def __init__(self, reference):
+        self.reference = reference
+
+    def all_gather(self, array, bounds):
+        array[bounds[1]:bounds[2]] = self.reference.params.params[bounds[1]:bounds[2]]
+
+
+def test_zero1_in_bf16_makes_the_copies_of_every_rank_shard(rng):
+    """bf16 under ZeRO-1 (NumPy twins): a rank updates its shard only and gathers the rest; its
+    weights are AdamW's over all of P, and so are the bf16 copies the next step's products read,
+    the other rank's shard included, to the bit."""
+    from nanoandrea.optim import ShardedAdamW
+    config = get_preset("tiny", n_embd=32, n_head=1)
+    backend = get_backend("numpy", precision="bf16")
+    reference, model = GPT(config, backend, seed=4), GPT(config, backend, seed=4, moments=False)
+    reference_optimizer = AdamW(reference.params, lr=0.1)
+    optimizer = ShardedAdamW(model.params, SecondRankOf(reference), lr=0.1)
+    assert 0 < optimizer.hi < model.params.n_decay       # (rank 1's shard holds matrices too)
+    for _ in range(2):
+        grads = rng.standard_normal(model.params.size).astype(np.float32)
+        for store, adamw in ((reference.params, reference_optimizer),
+                             (model.params, optimizer)):
+            store.grads[...] = grads
+            adamw.step()
+        assert np.array_equal(model.params.params, reference.params.params)
+        assert np.array_equal(model.params.bf16_copies, reference.params.bf16_copies)
+    assert model.params.bf16_copies.any()
+
+
 def test_start_ranks_passes_the_failure_on(tmp_path):
     """--gpus N's launcher: the ranks' environment, and the status of a failed rank."""
     script = tmp_path / "rank.py"
@@ -312,17 +346,19 @@ def nccl_available():
 
 
 @pytest.mark.skipif(not GPU or not nccl_available(), reason="needs a GPU and CuPy's NCCL")
-@pytest.mark.parametrize("communicate_in_graph,zero1", [(True, False), (False, False),
-                                                         (True, True)])
-def test_nccl_world_of_one_equals_the_plain_step(rng, communicate_in_graph, zero1):
+@pytest.mark.parametrize("communicate_in_graph,zero1,precision", [
+    (True, False, "fp32"), (False, False, "fp32"), (True, True, "fp32"), (True, True, "bf16")])
+def test_nccl_world_of_one_equals_the_plain_step(rng, communicate_in_graph, zero1, precision):
     """andrea-mini, 5 steps (the graph captured at the second), 2 micro-batches: the losses
     and parameters of the NCCL step with a world of one are the plain step's, bit for bit,
-    with the all-reduces inside the graph, after it, and under ZeRO-1."""
+    with the all-reduces inside the graph, after it, and under ZeRO-1; in bf16 ZeRO-1's
+    products read the weights' copies its rounding pass made after the gather, the plain
+    step's those AdamW wrote."""
     from nanoandrea.distributed import Address, World, _free_port, data_parallel
     from nanoandrea.step import TrainStep
     config = get_preset("andrea-mini", vocab_size=65, dropout=0.1)
     B, T, grad_accum = 8, 64, 2
-    backend = get_backend("cuda")
+    backend = get_backend("cuda", precision=precision)
     data = [[(rng.integers(0, 65, (B, T)), rng.integers(0, 65, (B, T)))
              for _ in range(grad_accum)] for _ in range(5)]
 

@@ -249,7 +249,7 @@ def test_adamw_matches_the_formula(rng):
     step_size = (want_m / (1 - b1 ** step)) / (np.sqrt(want_v / (1 - b2 ** step)) + eps)
     want_p -= lr * step_size
     want_p[:n_decay] -= lr * wd * params[:n_decay]
-    adamw_update_numpy(params, grads, m, v, hyper, norm, n_decay)
+    adamw_update_numpy(params, grads, m, v, hyper, norm, n_decay, np.zeros(0, np.uint16))
     np.testing.assert_allclose(params, want_p, rtol=1e-6)
     np.testing.assert_allclose(m, want_m, rtol=1e-6)
     np.testing.assert_allclose(v, want_v, rtol=1e-6)

@@ -124,6 +124,101 @@ def test_a_bf16_step_on_mma_sync_as_on_an_8x_gpu(rng, monkeypatch):
     assert np.linalg.norm(grads - want_grads) < 1e-2 * np.linalg.norm(want_grads)
 
 
+def address_range(array):
+    """[its first byte, past its last) of an array of any backend (a view's own bytes)."""
+    array = getattr(array, "_ary", array)           # (the simulator's arrays wrap an ndarray)
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return interface["data"][0], interface["data"][0] + array.nbytes
+
+
+@pytest.mark.parametrize("precision,grad_accum", [("bf16", 1), ("bf16", 2), ("tf32", 2),
+                                                  ("fp32", 2)])
+def test_in_bf16_no_step_rounds_a_weight(rng, monkeypatch, precision, grad_accum):
+    """bf16: the products read the weights' copies that AdamW writes (the parameter store's,
+    params.py), so no rounding pass reads a weight, in the first step (the copies were made
+    where the weights were loaded) or in the next, with gradient accumulation too. tf32 keeps
+    the rounding passes: each micro-batch's forward rounds every matrix (6 a layer, wte for
+    the LM head); fp32 rounds nothing. The launches are recorded, not run."""
+    from nanoandrea.kernels import operands
+    config = get_preset("tiny", n_layer=2, n_head=1, n_embd=32)
+    B, T = 2, 8
+    with launch.recording():
+        model = GPT(config, get_backend("cuda", precision=precision), seed=4)
+        weights = address_range(model.params.params)
+        rounded = []
+        real_launch = operands.launch
+
+        def spy(kernel, grid, block, *arguments, **options):
+            if kernel in (operands.round_bf16_kernel, operands.round_tf32_kernel):
+                first, end = address_range(arguments[1])            # (copy, x, whole_rows)
+                rounded.append(weights[0] <= first and end <= weights[1])
+            real_launch(kernel, grid, block, *arguments, **options)
+        monkeypatch.setattr(operands, "launch", spy)
+        step = TrainStep(model, AdamW(model.params), B, T, grad_accum, cuda_graph=False)
+        weights_rounded = []
+        for n, micro_batches in enumerate(batches(rng, config, B, T, 2, grad_accum)):
+            rounded.clear()
+            step(micro_batches, [n] * grad_accum, 1e-3)
+            weights_rounded.append(sum(rounded))
+    matrices = 6 * config.n_layer + 1
+    assert weights_rounded == ([grad_accum * matrices] * 2 if precision == "tf32" else [0, 0])
+    assert (model.params.bf16_copies.size > 0) == (precision == "bf16")
+
+
+ON_GPU_ONLY = pytest.mark.skipif(not GPU, reason="3 steps of 2 micro-batches, twice: too "
+                                 "slow in the simulator (the twins' run checks the same)")
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", pytest.param("cuda", marks=ON_GPU_ONLY)])
+def test_bf16_steps_read_adamws_copies_the_bits_of_the_rounding_pass(rng, backend_name):
+    """3 bf16 steps of 2 micro-batches, with dropout: after each, every matrix's bf16 copy is
+    round_bf16's of its weights; the losses and weights are those of the same steps whose
+    products round the weights themselves (the copies dropped), to the bit. Weights loaded
+    into a new model (a checkpoint's) come with their copies."""
+    from nanoandrea.kernels.operands import Bf16Matrix, round_bf16_numpy
+    config = (get_preset("tiny", n_layer=2, n_head=1, n_embd=32, dropout=0.1) if not GPU else
+              get_preset("andrea-mini", vocab_size=65, dropout=0.1))
+    B, T, grad_accum = (2, 8, 2) if not GPU else (8, 64, 2)
+    backend = get_backend(backend_name, precision="bf16")
+    data = batches(rng, config, B, T, 3, grad_accum)
+
+    def assert_copies_are_rounded(store):
+        for spec in store.layout:
+            if spec.decay:
+                weight = store[spec.name]
+                want = Bf16Matrix(np.empty(weight.data_operand.bf16_pairs.shape, np.uint32),
+                                  weight.shape[1])
+                round_bf16_numpy(want, backend.to_host(weight.data))
+                got = backend.to_host(weight.data_operand.bf16_pairs)
+                assert np.array_equal(got, want.bf16_pairs), spec.name
+
+    def run(keep_copies):
+        model = GPT(config, backend, seed=4)
+        if not keep_copies:                         # (ops.weight_operand then rounds them)
+            for weight in model.params.matrices():
+                weight.data_operand = None
+        step = TrainStep(model, AdamW(model.params, lr=3e-2), B, T, grad_accum,
+                         cuda_graph=False)
+        losses = []
+        for n, micro_batches in enumerate(data):
+            losses.append(float(backend.to_host(step(micro_batches, [2 * n, 2 * n + 1],
+                                                     3e-2))[0]))
+            if keep_copies:
+                assert_copies_are_rounded(model.params)
+        return losses, backend.to_host(model.params.params), model
+
+    losses, weights, model = run(keep_copies=True)
+    assert model.params.bf16_copies.size == model.params.n_decay
+    want_losses, want_weights, _ = run(keep_copies=False)
+    assert losses == want_losses
+    assert np.array_equal(weights.view(np.uint32), want_weights.view(np.uint32))
+    loaded = GPT(config, backend, seed=None)
+    loaded.params.load_state_dict(model.params.state_dict())
+    assert_copies_are_rounded(loaded.params)
+    assert np.array_equal(backend.to_host(loaded.params.bf16_copies),
+                          backend.to_host(model.params.bf16_copies))
+
+
 def evaluation_means(step, data, rounds=2):
     """EvalStep's mean over `data`'s batches, `rounds` times (the weights unchanged)."""
     means = []

@@ -8,6 +8,11 @@
     partials            : [NORM_BLOCKS] scratch of grad_norm
     hyper               : float32 [8] = lr, beta1, beta2, eps, weight_decay, grad_clip,
                                 bias_correction1, bias_correction2  (see adamw_hyperparameters)
+    bf16_copies         : uint16 [n] (n <= P; n = 0: none) the weights as the products read
+                                them in bf16 training, written in the same pass: bf16_copies[i]
+                                = the new params[i] rounded to bf16 (to nearest, ties to even:
+                                operands.round_bf16's bits). The parameter store lays them out
+                                so that these are its matrices' Bf16Matrix copies (params.py)
 Everything a step changes (lr, the bias corrections) lives in `hyper` on the device and the clip
 factor is computed on the device from `norm`, so a step needs no host sync and can be replayed
 as a CUDA graph.
@@ -16,12 +21,16 @@ as a CUDA graph.
     m     = beta1 m + (1 - beta1) g
     v     = beta2 v + (1 - beta2) g^2
     param -= lr * ( (m / bc1) / (sqrt(v / bc2) + eps) + weight_decay * param )   (decay if i < n_decay)
+    bf16_copies[i] = bf16(param)                                                   (if i < n)
+The kernel reads and writes every weight anyway: the copy costs 2 bytes a weight more, where a
+rounding pass of its own would read the 4 bytes of each again, in a launch a matrix.
 """
 import math
 
 import numpy as np
 from numba import cuda, float32
 
+from .ptx.mma import bf16_bits, bf16_pair
 from .runtime.device import SIMULATOR
 from .runtime.launch import check, check_float32, launch
 from .reduce import MAX_THREADS, block_sum
@@ -55,8 +64,8 @@ def norm_from_partials_kernel(norm, partials):
 
 
 @cuda.jit
-def adamw_kernel(params, grads, m, v, hyper, norm, n_decay):
-    # one thread per parameter, grid-stride
+def adamw_kernel(params, grads, m, v, hyper, norm, n_decay, bf16_copies):
+    # one thread per parameter, grid-stride; the weight's bf16 copy beside it (i < n)
     lr = hyper[0]
     beta1 = hyper[1]
     beta2 = hyper[2]
@@ -77,7 +86,10 @@ def adamw_kernel(params, grads, m, v, hyper, norm, n_decay):
         update = (m_i / bias_correction1) / (math.sqrt(v_i / bias_correction2) + eps)
         if i < n_decay:
             update += weight_decay * params[i]
-        params[i] -= lr * update
+        param = float32(params[i] - lr * update)
+        params[i] = param
+        if i < bf16_copies.size:        # (the pair of param and 0: param's bf16 in the low half)
+            bf16_copies[i] = bf16_pair(param, float32(0.0))
 
 
 def adamw_hyperparameters(lr, beta1, beta2, eps, weight_decay, grad_clip, step):
@@ -86,9 +98,13 @@ def adamw_hyperparameters(lr, beta1, beta2, eps, weight_decay, grad_clip, step):
                      1.0 - beta1 ** step, 1.0 - beta2 ** step], dtype=np.float32)
 
 
-def _check(*flat_buffers):
+def _check(bf16_copies, *flat_buffers):
     check(all(len(b.shape) == 1 and b.shape == flat_buffers[0].shape for b in flat_buffers),
           "adamw: params, grads, m, v must be flat buffers of one size")
+    check(bf16_copies.dtype == np.uint16 and len(bf16_copies.shape) == 1
+          and bf16_copies.size <= flat_buffers[0].size,
+          f"adamw: bf16_copies must be uint16 [n <= {flat_buffers[0].size}], got "
+          f"{bf16_copies.dtype} {tuple(bf16_copies.shape)}")
 
 
 def grad_norm(norm, grads, partials):
@@ -99,19 +115,21 @@ def grad_norm(norm, grads, partials):
     launch(norm_from_partials_kernel, 1, THREADS, norm, partials)
 
 
-def adamw_update(params, grads, m, v, hyper, norm, n_decay):
+def adamw_update(params, grads, m, v, hyper, norm, n_decay, bf16_copies):
+    """One AdamW step over params [P] (the module's doc), and the first bf16_copies.size
+    weights' bf16 copies."""
     check_float32(params=params, grads=grads, m=m, v=v, hyper=hyper, norm=norm)
-    _check(params, grads, m, v)
+    _check(bf16_copies, params, grads, m, v)
     launch(adamw_kernel, min(4096, max(1, (params.size + THREADS - 1) // THREADS)), THREADS,
-           params, grads, m, v, hyper, norm, np.int64(n_decay))
+           params, grads, m, v, hyper, norm, np.int64(n_decay), bf16_copies)
 
 
 def grad_norm_numpy(norm, grads, partials=None):
     norm[0] = np.sqrt(np.sum(grads.astype(np.float64) ** 2))
 
 
-def adamw_update_numpy(params, grads, m, v, hyper, norm, n_decay):
-    _check(params, grads, m, v)
+def adamw_update_numpy(params, grads, m, v, hyper, norm, n_decay, bf16_copies):
+    _check(bf16_copies, params, grads, m, v)
     lr, beta1, beta2, eps, weight_decay, grad_clip, bc1, bc2 = [float(h) for h in hyper]
     clip = min(1.0, grad_clip / (float(norm[0]) + 1e-6)) if grad_clip > 0 else 1.0
     g = grads * clip
@@ -120,3 +138,4 @@ def adamw_update_numpy(params, grads, m, v, hyper, norm, n_decay):
     update = (m / bc1) / (np.sqrt(v / bc2) + eps)
     update[:n_decay] += weight_decay * params[:n_decay]
     params -= lr * update
+    bf16_copies[...] = bf16_bits(params[:bf16_copies.size])

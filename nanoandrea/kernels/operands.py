@@ -18,7 +18,9 @@ differs from the float32 one by the operands' rounding alone (about 2^-9 relativ
 in bf16, 2^-11 in tf32), and neither needs loss scaling.
 
 The backend's `operand(x)` makes one (round_bf16, round_tf32) where a product first reads x,
-and the backward's products read the same copy. A product written in bf16 (the MLP's
+and the backward's products read the same copy. The weight matrices' bf16 copies are the
+parameter store's, written by AdamW's kernel as it writes the weights (the bits round_bf16
+makes of them: params.py, adamw.py). A product written in bf16 (the MLP's
 pre-activation, GELU's output, their gradients) is a Bf16Matrix from the product's epilogue;
 bf16_values makes its float32 values where something reads them after all.
 """

@@ -127,9 +127,11 @@ def bench_small(args):
             reduce.takes_sum_rows8 = fast
 
     # one AdamW step (global-norm clipping included) over all P parameters in one flat buffer,
-    # against clip_grad_norm_ + torch's fused AdamW
+    # against clip_grad_norm_ + torch's fused AdamW; ours also writes every weight's bf16 copy
+    # (as in bf16 training, where all but P's few vectors are matrices): 2 bytes more each
     (params, tparams), (grads, tgrads) = pair(P, scale=0.02), pair(P)
     m, v = cuda.to_device(np.zeros(P, np.float32)), cuda.to_device(np.zeros(P, np.float32))
+    bf16_copies = cuda.device_array(P, np.uint16)
     hyper = cuda.to_device(adamw.adamw_hyperparameters(1e-3, 0.9, 0.99, 1e-8, 0.1, 1.0, 1))
     norm, partials = cuda.device_array(1, np.float32), cuda.device_array(adamw.NORM_BLOCKS,
                                                                          np.float32)
@@ -140,7 +142,7 @@ def bench_small(args):
 
     def ours_adamw():
         adamw.grad_norm(norm, grads, partials)
-        adamw.adamw_update(params, grads, m, v, hyper, norm, P)
+        adamw.adamw_update(params, grads, m, v, hyper, norm, P, bf16_copies)
 
     def theirs_adamw():
         torch.nn.utils.clip_grad_norm_([tparam], 1.0)
@@ -150,4 +152,4 @@ def bench_small(args):
     theirs_adamw()
     same("adamw: params", params, tparam)
     tparam.grad = grad_before               # (clipping scaled the gradient in place)
-    compare(f"adamw + clipping, {P:,} parameters", ours_adamw, theirs_adamw, 4 * 8 * P)
+    compare(f"adamw + clipping, {P:,} parameters", ours_adamw, theirs_adamw, 4 * 8 * P + 2 * P)

@@ -128,9 +128,10 @@ def test_the_moving_windows_forward_is_the_models_forward(rng, backend_name):
 
 
 def test_sampling_reads_the_weights_as_an_optimizer_step_left_them(rng):
-    """generate rounds each weight to bf16 once a call (ops.fixed_weights), not at every
-    token: after an AdamW step the next call must sample from the new weights, as a model
-    loaded with them does (a copy kept across calls would sample the old ones)."""
+    """generate reads each weight's bf16 copy, which AdamW writes with the weight (the
+    parameter store's; in tf32 ops.fixed_weights rounds each once a call), not rounded at
+    every token: after an AdamW step the next call must sample from the new weights, as a
+    model loaded with them does (a copy that AdamW did not renew would sample the old ones)."""
     from nanoandrea.optim import AdamW
     config = get_preset("tiny")
     backend = get_backend("numpy", precision="bf16")
