@@ -290,25 +290,20 @@ else:
                                  "mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
                                  "selp.u32 $0, 1, 0, done; }", values=1, result=True)
 
-    @intrinsic
-    def barrier_sync(typingctx, b, count):
-        if not all(isinstance(x, types.Integer) for x in (b, count)):
-            return None
+    def named_barrier(instruction):
+        """The intrinsic (b, count) of a named-barrier instruction: bar.sync or bar.arrive."""
+        def typer(typingctx, b, count):
+            if not all(isinstance(x, types.Integer) for x in (b, count)):
+                return None
 
-        def codegen(context, builder, signature, args):
-            _asm(builder, "bar.sync $0, $1;", "r,r,~{memory}",
-                 _ints(context, builder, args, signature.args))
-        return types.void(b, count), codegen
+            def codegen(context, builder, signature, args):
+                _asm(builder, f"{instruction} $0, $1;", "r,r,~{memory}",
+                     _ints(context, builder, args, signature.args))
+            return types.void(b, count), codegen
+        return intrinsic(typer)
 
-    @intrinsic
-    def barrier_arrive(typingctx, b, count):
-        if not all(isinstance(x, types.Integer) for x in (b, count)):
-            return None
-
-        def codegen(context, builder, signature, args):
-            _asm(builder, "bar.arrive $0, $1;", "r,r,~{memory}",
-                 _ints(context, builder, args, signature.args))
-        return types.void(b, count), codegen
+    barrier_sync = named_barrier("bar.sync")
+    barrier_arrive = named_barrier("bar.arrive")
 
     @intrinsic
     def tensormap_acquire(typingctx, maps, index):
