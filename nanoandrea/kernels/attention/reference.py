@@ -67,10 +67,14 @@ def _dropout_factors(shape, dropout_p, seed, site):
 
 
 def attention_forward_numpy(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0, kernel="auto",
-                            rows_per_block=None):
+                            rows_per_block=None, out_bf16=None):
+    """out_bf16: a Bf16Heads also written, out rounded to bf16 (as the tensor-core kernels
+    write it)."""
     check_attention(q, k, v, out=out, lse=lse)
     p, lse[...] = causal_probabilities(q, k)
     out[...] = (p * _dropout_factors(p.shape, dropout_p, seed, site)) @ v
+    if out_bf16 is not None:
+        out_bf16.bf16_pairs[...] = pack_bf16(np.asarray(out, np.float32))
 
 
 def attention_backward_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,
@@ -91,11 +95,12 @@ def attention_backward_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumul
 
 
 def attention_forward_bf16_numpy(out, lse, q, k, v, dropout_p=0.0, seed=None, site=0,
-                                 kernel="auto", rows_per_block=None):
+                                 kernel="auto", rows_per_block=None, out_bf16=None):
     """attention_forward_numpy of q, k, v rounded to bf16 (the definition the tensor-core
     kernels meet within bf16's rounding of P)."""
     attention_forward_numpy(out, lse, *(_rounded(x) for x in (q, k, v)),
-                                      dropout_p=dropout_p, seed=seed, site=site)
+                                      dropout_p=dropout_p, seed=seed, site=site,
+                                      out_bf16=out_bf16)
 
 
 def attention_backward_bf16_numpy(dq, dk, dv, delta, dout, q, k, v, out, lse, accumulate=False,

@@ -31,9 +31,15 @@ def check_attention_bf16(rng, B, H, T, D, dropout_p, in_concat=False, kernel="au
     attention.attention_forward_bf16(out.array, lse, dq_q, dk_q, dv_q, **drop, out_bf16=(
         None if copy is None else heads.bf16_heads_view(copy, B, H)))
     want_out, want_lse = np.empty((B, H, T, D)), np.empty((B, H, T))
-    attention.attention_forward_bf16_numpy(want_out, want_lse, q, k, v, **drop_numpy)
+    want_copy = operands.Bf16Matrix.allocate((B * T, H * D), np.empty) if in_concat else None
+    attention.attention_forward_bf16_numpy(want_out, want_lse, q, k, v, **drop_numpy, out_bf16=(
+        None if want_copy is None else heads.bf16_heads_view_numpy(want_copy, B, H)))
     assert relative_error(out.host(), want_out) < TOLERANCE
-    if copy is not None:
+    if copy is not None:                # (the twin's copy: its out rounded; the kernels' below)
+        np.testing.assert_array_equal(operands.bf16_matrix_values(want_copy),
+                                      operands.bf16_matrix_values(want_out.astype(np.float32)
+                                                                  .transpose(0, 2, 1, 3)
+                                                                  .reshape(B * T, H * D)))
         rounded = operands.Bf16Matrix.allocate((B * T, H * D), np.empty)
         operands.round_bf16_numpy(rounded, out.base.copy_to_host().reshape(B * T, H * D))
         np.testing.assert_array_equal(copy.bf16_pairs.copy_to_host(), rounded.bf16_pairs)
