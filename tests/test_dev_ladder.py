@@ -74,7 +74,7 @@ def test_producer_versions_run_their_stages_round(rng, stem):
 
 # The versions that call the package's launchers: those that are the package's kernel today,
 # and the backward versions whose forward is the package's (v3's)
-PACKAGE_LAUNCHERS = {"matmul": {"v6_product", "v21_wgmma_every_product", "v22_wgmma_pingpong"},
+PACKAGE_LAUNCHERS = {"matmul": {"v6_product", "v21_wgmma_every_product"},
                      "attention": {"v3_register_tiles", "v4_dq_kernel", "v5_dq_shares",
                                    "v6_dq_atomic", "v9_bf16_package", "v11_wgmma_package"}}
 STANDARD = ("math", "typing", "numpy", "numba", "llvmlite")

@@ -25,7 +25,6 @@ then the types of its EXTRA_ARGUMENTS if it has more (v18's tensor maps). Launch
 kernel's own.
 """
 import argparse
-import itertools
 import os
 import re
 import shutil
@@ -87,14 +86,11 @@ def kernels():
                 out = (U3,) if bf16_out else (A3,)
                 # (a bias: the forward's products, X W + b, GELU's among them)
                 forward = not ta and not tb and epilogue != "gelu_grad"
-                for biased, pingpong in itertools.product(
-                        (False, True) if forward else (False,), (False, True)):
+                for biased in (False, True) if forward else (False,):
                     yield (f"wgmma {'T' if ta else 'N'}{'T' if tb else 'N'}"
                            f"{f', {epilogue} epilogue' if epilogue else ''}"
-                           f"{', bf16 out' if bf16_out else ''}{', bias' if biased else ''}"
-                           f"{', ping-pong' if pingpong else ''}",
-                           matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue, bf16_out, biased,
-                                                            pingpong),
+                           f"{', bf16 out' if bf16_out else ''}{', bias' if biased else ''}",
+                           matmul_wgmma.wgmma_matmul_kernel(ta, tb, epilogue, bf16_out, biased),
                            out + WGMMA_ARGS[1:-1] + hidden + WGMMA_MAPS)
     yield "transpose (the copy of W^T)", matmul.transpose_kernel, (A2, A2)
     yield "sum_splits (16-byte)", split_k.sum_splits_kernel, (A1, A2, A1, BOOL, BOOL, int64)

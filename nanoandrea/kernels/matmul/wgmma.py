@@ -34,13 +34,6 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, bf16_out, bi
                thread. A slice: wait for its stage's `full` phase, 4 wgmma's (m64n256k16),
                commit, wait for all groups but this one, release the LAST slice's stage: the
                next slice's wgmma's queue behind this one's, the tensor cores never run dry
-  ping-pong    (pingpong, the launcher's default) the tiles are 64 x 256 and the consumers
-               take them in turns: tiles 0, 2, 4, ... of the block the first, 1, 3, 5, ... the
-               second, as CUTLASS's "ping-pong" kernels do. Otherwise both write their sums
-               out at once and the tensor cores wait meanwhile: at K = 768 (12 slices) about
-               two slices' time, four with GELU. The producer fills the stages in the tiles'
-               order, so the ring of stages staggers the consumers by itself: one's epilogue
-               runs while the other multiplies. A stage then holds 64 rows of op(a) (40 KB)
   epilogue     a consumer hands its 64 x 256 to the copy engine a box at a time (64 rows of
                128 bytes: 32 float32 or 64 bf16 columns) through two 8 KB buffers of its own:
                it waits until the buffer's last box has been read (a bulk group), writes its
@@ -76,7 +69,7 @@ from ..gelu import gelu_derivative_sfu, gelu_value_sfu
 from ..ptx.mma import bf16_pair, bf16_unpair
 from ..ptx.sharedmem import dynamic_shared_floats
 from ..ptx.tma import (CONSUMER_REGISTERS, PRODUCER_REGISTERS, ROW_WORDS, arrive_expect_tx,
-                       barrier_arrive, barrier_sync, box_add, box_load, box_store, bulk_commit, bulk_reads_done,
+                       barrier_sync, box_add, box_load, box_store, bulk_commit, bulk_reads_done,
                        bulk_wait_all, mbarrier_arrive, mbarrier_init, registers_down,
                        registers_up, tensor_maps, tensormap_acquire, wait_phase)
 from ..ptx.vector import aligned16, load2
@@ -91,17 +84,16 @@ from .reference import EPILOGUES, bias_argument, check_matmul, epilogue_of
 BM, BN, BK = 128, 256, 64       # the block tile of out; k a slice (one 128-byte row of bf16)
 GROUP = 128                     # threads a warpgroup
 THREADS = 3 * GROUP             # the producer, then two consumers of 64 rows each
-CONSUMER_ROWS = 64              # a consumer's rows of a tile: 64 x 256 sums, 128 a thread
 # setmaxnreg moves registers between a block's warpgroups, no more: the block is launched with
 # 168 a thread (65,536 / 384, down to a multiple of 8), so (40 + 2 x 232) x 128 = 168 x 384. A
 # warpgroup asking for more would wait in setmaxnreg.inc forever
 assert ((PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) * GROUP
         <= 65536 // THREADS // 8 * 8 * THREADS)
 PAIRS = 3                       # products summed in one pass at most (attention's q, k, v dX)
-TURN = 2                        # ping-pong: named barrier TURN + g, consumer g's turn to multiply
-                                # (1 and 2 are each consumer's own, around its epilogue's boxes)
+A_WORDS = BM * ROW_WORDS        # op(a)'s slice: 128 rows x 64 k, or 64 k x 2 x 64 m   16 KB
 BLOCK_WORDS = BK * ROW_WORDS    # an MN-major box: 64 rows of k x 64 columns            8 KB
-B_WORDS = BN * ROW_WORDS        # op(b)'s slice: 256 x 64 k                             32 KB
+STAGE_WORDS = A_WORDS + BN * ROW_WORDS          # then op(b)'s: 256 x 64 k              48 KB
+STAGE_BYTES = 4 * STAGE_WORDS
 BOX_ROWS = 64                   # a box of out: a consumer's 64 rows x 128 bytes        8 KB
 BOX_WORDS = BOX_ROWS * ROW_WORDS
 SUMS = BN // 2                  # a consumer thread's float32s of its 64 x 256
@@ -109,71 +101,48 @@ BOUNDS = {} if SIMULATOR else dict(launch_bounds=(THREADS, 1))
 fence_sums, wait_all, wait_but_one = fence_for(SUMS), wait_for(SUMS), wait_for(SUMS, pending=1)
 
 
-def tile_rows(pingpong):
-    """A block tile's rows: 128 (both consumers on one tile, 64 rows each) or, ping-pong, 64
-    (each consumer a tile of its own)."""
-    return CONSUMER_ROWS if pingpong else 2 * CONSUMER_ROWS
-
-
-def stage_words(pingpong):
-    """A stage: op(a)'s slice (the tile's rows x 64 k: 128 rows, or 64 k x 2 x 64 m; ping-pong
-    half that) then op(b)'s (256 x 64 k): 48 KB, ping-pong 40 KB."""
-    return tile_rows(pingpong) * ROW_WORDS + B_WORDS
-
-
-def shared_layout(epilogue, pingpong=False):
+def shared_layout(epilogue):
     """(stages, buffers, bytes): the K slices in shared memory, each consumer's buffers of out
     (a box each), and the block's dynamic shared memory. GELU's epilogue writes two boxes a
     pass: with 2 buffers each pass would wait for the last one's stores to have read them, so
     it takes 4 (two passes in flight) and gives up a stage for them (of the 227 KB an SM gives
-    a block, 4 x 48 KB + 2 x 4 x 8 KB do not fit, 3 x 48 + 2 x 4 x 8 KB do; ping-pong's 4 x 40
-    KB + 2 x 4 x 8 KB do). GELU's backward measures slower so and keeps 4 stages and 2 buffers
-    (docs/perf.md)."""
-    stages, buffers = (3 if not pingpong else 4, 4) if epilogue == "gelu" else (4, 2)
+    a block, 4 x 48 KB + 2 x 4 x 8 KB do not fit, 3 x 48 + 2 x 4 x 8 KB do). GELU's backward
+    measures slower so and keeps 4 stages and 2 buffers (docs/perf.md)."""
+    stages, buffers = (3, 4) if epilogue == "gelu" else (4, 2)
     barriers = 2 * stages + 2 * buffers     # full[s], empty[s]; each consumer's loaded[b]
-    return stages, buffers, (4 * (stages * stage_words(pingpong) + 2 * buffers * BOX_WORDS)
-                             + ATOM_BYTES + 8 * barriers)
+    return stages, buffers, (4 * (stages * STAGE_WORDS + 2 * buffers * BOX_WORDS) + ATOM_BYTES
+                             + 8 * barriers)
 
 
 @inlined
-def tile_of(item, tiles_m, tiles_n, k_per_split, K, rows):
-    """Work item `item`'s tile of `rows` rows: (first row m0, first column n0, split z, its k
-    range)."""
+def tile_of(item, tiles_m, tiles_n, k_per_split, K):
+    """Work item `item`'s tile: (first row m0, first column n0, split z, its k range)."""
     tm = item % tiles_m
     rest = item // tiles_m
     z = rest // tiles_n
     k_start = z * k_per_split
-    return (int32(tm * rows), int32((rest % tiles_n) * BN), int32(z), int32(k_start),
+    return (int32(tm * BM), int32((rest % tiles_n) * BN), int32(z), int32(k_start),
             int32(min(K, k_start + k_per_split)))
 
 
 @kernel_factory
-def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False, biased=False,
-                        pingpong=False):
+def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False, biased=False):
     """The kernel (see the module's doc) for one (transpose_a, transpose_b) and epilogue: None,
     "gelu" (gelu(out) also written to `gelu_array`) or "gelu_grad" (the product, plus bias, times
     gelu'(gelu_array)). bf16_out: out and gelu_array are the bf16 pairs of Bf16Matrix's,
     [1, M, N/2] and [M, N/2]: out rounded to bf16, GELU of out as rounded, rounded too; nothing
     accumulated. biased: the bias is added (the sums start at it), whatever the launch's
     has_bias says: a kernel of its own, since a sum chosen at run time between the bias and 0
-    costs ptxas's wgmma pipeline (start_sums). pingpong: each consumer takes tiles of its own,
-    64 x 256, every other one of the block's, so that one's epilogue runs while the other
-    multiplies (the module's doc)."""
+    costs ptxas's wgmma pipeline (start_sums)."""
     check(epilogue in EPILOGUES, f"matmul_wgmma: unknown epilogue {epilogue!r}")
     A_ALONG_K = not transpose_a         # a[M,K]: its rows run along k
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
     BF16_OUT, BIASED = bf16_out, biased
-    PINGPONG = pingpong
-    STAGES, BUFFERS, _ = shared_layout(epilogue, PINGPONG)
-    ROWS = tile_rows(PINGPONG)          # a tile's rows: op(a)'s rows in a stage
-    A_WORDS = ROWS * ROW_WORDS          # op(a)'s slice in a stage, then op(b)'s
-    STAGE_WORDS = stage_words(PINGPONG)
-    STAGE_BYTES = 4 * STAGE_WORDS
-    CONSUMERS_A_STAGE = 1 if PINGPONG else 2    # the consumers that read a stage
+    STAGES, BUFFERS, _ = shared_layout(epilogue)
     multiply = wgmma_m64nNk16(BN, K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
                               K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
-    load_a = box_load(ROWS if A_ALONG_K else BK, True)
+    load_a = box_load(BM if A_ALONG_K else BK, True)
     load_b = box_load(BN if B_ALONG_K else BK, True)
     load_box, store_box = box_load(BOX_ROWS, BF16_OUT), box_store(BF16_OUT)
     shared_values = dynamic_shared_words if BF16_OUT else dynamic_shared_floats
@@ -199,7 +168,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
             tensormap_acquire(maps, b_maps[j])
         n = int32(0)                            # the block's slice count, over its tiles
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
-            m0, n0, _, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K, ROWS)
+            m0, n0, _, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
             for pair_k in range(k_start, k_end, BK):
                 j = pair_k // k_pair
                 k = pair_k - j * k_pair
@@ -213,9 +182,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                     load_a(tiles, at, maps, a_map, a, k >> 1, m0, 0, full)
                 else:
                     load_a(tiles, at, maps, a_map, a, m0 >> 1, k, 0, full)
-                    if not PINGPONG:
-                        load_a(tiles, at + BLOCK_WORDS, maps, a_map, a, (m0 + 64) >> 1, k, 0,
-                               full)
+                    load_a(tiles, at + BLOCK_WORDS, maps, a_map, a, (m0 + 64) >> 1, k, 0, full)
                 if B_ALONG_K:
                     load_b(tiles, at + A_WORDS, maps, b_map, b, k >> 1, n0, 0, full)
                 else:
@@ -244,13 +211,11 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                 sums[e] = float32(0.0)
 
     @inlined
-    def multiply_tile(tiles, sums, first, barriers, group, n, slices, hand_over):
+    def multiply_tile(tiles, sums, first, barriers, group, n, slices):
         # consumer `group`'s sums of one tile (started by start_sums), slices n .. n + slices
         # - 1 of the block's count (returned: the count after them), each stage released once
-        # its wgmma's are done. hand_over (ping-pong): once the last slice's wgmma's are
-        # issued, the other consumer's turn (it waits at its TURN barrier)
-        # (ping-pong: the stage's op(a) is the consumer's alone)
-        a_rows = 0 if PINGPONG else (group - 1) * (64 * ROW_WORDS if A_ALONG_K else BLOCK_WORDS)
+        # its wgmma's are done
+        a_rows = (group - 1) * (64 * ROW_WORDS if A_ALONG_K else BLOCK_WORDS)
         for s in range(slices):
             stage = n % STAGES
             wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
@@ -265,8 +230,6 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
             if s > 0:
                 mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
             n += 1
-        if PINGPONG and hand_over:
-            barrier_arrive(TURN + 3 - group, 2 * GROUP)
         wait_all(sums)
         if slices > 0:                          # (a split past K's end has none)
             mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
@@ -384,31 +347,16 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
             if GELU or GELU_GRAD:
                 tensormap_acquire(maps, gelu_map)
         n = int32(0)                            # the block's slice count, over its tiles
-        turn = int32(0)                         # ping-pong: the block's tile count
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
-            m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K, ROWS)
-            slices = (k_end - k_start + BK - 1) // BK
-            # ping-pong: tile `turn` is consumer (turn % 2) + 1's; the next one, if any, the
-            # other's, which it starts once this one's wgmma's are all issued
-            hand_over = item + cuda.gridDim.x < items
-            if PINGPONG:
-                mine = (turn & 1) == group - 1
-                turn += 1
-                if not mine:                    # the other consumer's tile: its slices
-                    n += slices                 # pass by in the stages
-                    continue
-            row0 = m0 + (0 if PINGPONG else 64 * (group - 1))
+            m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
+            row0 = m0 + 64 * (group - 1)
             if GELU_GRAD and thread == 0:       # (the last tile's boxes read: the buffers
                 all_read()                      # are free)
                 for p in range(min(BUFFERS, BOXES)):
                     load_input(values, buffers, loaded, maps, gelu_map, gelu_array, row0, n0, p)
             start_sums(sums, bias, n0, N, thread)
-            if PINGPONG and turn > 1:
-                # its turn once the other consumer has waited for every slice before this
-                # tile's: the stages' phases this one waits for are then at most one ahead of
-                # those it last saw (a wait names its phase by parity alone)
-                barrier_sync(TURN + group, 2 * GROUP)
-            n = multiply_tile(tiles, sums, first, barriers, group, n, slices, hand_over)
+            n = multiply_tile(tiles, sums, first, barriers, group, n,
+                              (k_end - k_start + BK - 1) // BK)
             store_tile(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                        accumulate, z, row0, n0, thread, group)
         if thread == 0:
@@ -438,14 +386,13 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
         K = int32(a.shape[0] if transpose_a else b.shape[0] if not transpose_b else 2 * a.shape[1])
         k_pair = K if pairs == 1 else (K + BK - 1) // BK * BK
         K = int32(pairs * k_pair)
-        tiles_m, tiles_n = int32((M + ROWS - 1) // ROWS), int32((N + BN - 1) // BN)
+        tiles_m, tiles_n = int32((M + BM - 1) // BM), int32((N + BN - 1) // BN)
         items = int32(tiles_m * tiles_n * S)
         tid = int32(cuda.threadIdx.x)
         if tid == 0:
             for s in range(STAGES):
                 mbarrier_init(tiles, barriers + 2 * s, 1)           # the producer's arrival
-                mbarrier_init(tiles, barriers + 2 * (STAGES + s),               # consumers'
-                              CONSUMERS_A_STAGE * GROUP)
+                mbarrier_init(tiles, barriers + 2 * (STAGES + s), 2 * GROUP)    # consumers'
             for q in range(2 * BUFFERS):
                 mbarrier_init(tiles, barriers + 2 * (2 * STAGES + q), 1)
         cuda.syncthreads()
@@ -466,9 +413,6 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
 
 # --- the launcher ----------------------------------------------------------------------------
 
-PINGPONG = True     # the consumers on tiles of their own (the kernel's pingpong)
-
-
 def resident_blocks():
     """The persistent grid: one block a multiprocessor (one in the simulator, which then takes
     every tile in turn)."""
@@ -486,15 +430,12 @@ def takes(out, bias=None, gelu_array=None, a=None, b=None):
 
 
 def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, accumulate=False,
-                 gelu_out=None, gelu_input=None, more_pairs=(), pingpong=None):
+                 gelu_out=None, gelu_input=None, more_pairs=()):
     """out[M,N] (+)= op(a) . op(b) (+ bias); a, b Bf16Matrix operands (already rounded). out,
     gelu_out and gelu_input all float32 arrays, or all Bf16Matrix's (the bf16 epilogue: nothing
     accumulated). more_pairs: up to PAIRS - 1 more (a, b) of a's and b's shapes and
     orientation, their products added in the same pass (`takes_pairs`): the sums stay in the
-    registers, out is written once. pingpong: the consumers on tiles of their own (None:
-    PINGPONG, the module's choice)."""
-    pingpong = PINGPONG if pingpong is None else bool(pingpong)
-    rows = tile_rows(pingpong)
+    registers, out is written once."""
     gelu_array = gelu_out if gelu_out is not None else gelu_input
     bf16_out = hasattr(out, "bf16_pairs")               # (a Bf16Matrix)
     check(gelu_array is None or hasattr(gelu_array, "bf16_pairs") == bf16_out,
@@ -512,26 +453,23 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
           "matmul_wgmma: an operand of 2^31 words or more")
     # the pairs' K one after another, each padded to whole slices
     K_all = K if len(pairs) == 1 else len(pairs) * blocks(K, BK) * BK
-    # (a product in bf16 comes from the epilogue only: not split.) The count is that of the
-    # 128-row tiles either way, so that ping-pong's sums are the same bits as without it
+    # (a product in bf16 comes from the epilogue only: not split)
     splits = 1 if bf16_out else split_k.split_count(M, N, K_all, resident_blocks(), BK, 2,
                                                  (BM, BN))
     k_per_split = split_k.k_per_slice(K_all, splits, BK)
-    grid = (blocks(N, BN), blocks(M, rows), blocks(K_all, k_per_split))
+    grid = (blocks(N, BN), blocks(M, BM), blocks(K_all, k_per_split))
     filled = pairs + [pairs[0]] * (PAIRS - len(pairs))     # (the kernel's tuples: PAIRS each)
 
     def tensor_map_arguments(out, gelu_array):
         # the table, each pair's rows in it, out's and gelu_array's (out: [S, M, N] as the
         # kernel writes it; gelu_array: None where there is none), then the pairs themselves
-        table, map_rows = tensor_maps(*[(a.bf16_pairs, True, BK if transpose_a else rows)
-                                        for a, _ in filled],
-                                      *[(b.bf16_pairs, True, BN if transpose_b else BK)
-                                        for _, b in filled],
-                                      (out, bf16_out, BOX_ROWS),
-                                      (out if gelu_array is None else gelu_array, bf16_out,
-                                       BOX_ROWS))
-        return (table, map_rows[:PAIRS], map_rows[PAIRS:2 * PAIRS], *map_rows[2 * PAIRS:],
-                len(pairs),
+        table, rows = tensor_maps(*[(a.bf16_pairs, True, BK if transpose_a else BM)
+                                    for a, _ in filled],
+                                  *[(b.bf16_pairs, True, BN if transpose_b else BK)
+                                    for _, b in filled],
+                                  (out, bf16_out, BOX_ROWS),
+                                  (out if gelu_array is None else gelu_array, bf16_out, BOX_ROWS))
+        return (table, rows[:PAIRS], rows[PAIRS:2 * PAIRS], *rows[2 * PAIRS:], len(pairs),
                 tuple(a.bf16_pairs for a, _ in filled), tuple(b.bf16_pairs for _, b in filled))
 
     # out and GELU's array as the kernel takes them: a Bf16Matrix's bf16 pairs [M, N/2]
@@ -546,19 +484,17 @@ def matmul_wgmma(out, a, b, bias=None, transpose_a=False, transpose_b=False, acc
         epilogue = epilogue_of(gelu_out, gelu_input)
         out_array = out_array.reshape(1, *out_array.shape)
         biased = has_bias and splits == 1
-        launch(wgmma_matmul_kernel(ta, tb, epilogue, bf16_out, biased, pingpong), launched,
-               THREADS,
+        launch(wgmma_matmul_kernel(ta, tb, epilogue, bf16_out, biased), launched, THREADS,
                out_array, a.bf16_pairs, b.bf16_pairs, bias, has_bias, accumulate, k_per_split,
                a.bf16_pairs if gelu_argument is None else gelu_argument,
                *tensor_map_arguments(out_array, gelu_argument),
-               shared_bytes=shared_layout(epilogue, pingpong)[2])
+               shared_bytes=shared_layout(epilogue)[2])
         return
     # split-K: the partial products have no bias (their sum adds it)
     partials = split_k.partials(grid[2], M, N)
-    launch(wgmma_matmul_kernel(ta, tb, pingpong=pingpong), launched, THREADS, partials,
-           a.bf16_pairs, b.bf16_pairs,
+    launch(wgmma_matmul_kernel(ta, tb), launched, THREADS, partials, a.bf16_pairs, b.bf16_pairs,
            bias, False, False, k_per_split, a.bf16_pairs, *tensor_map_arguments(partials, None),
-           shared_bytes=shared_layout(None, pingpong)[2])
+           shared_bytes=shared_layout(None)[2])
     split_k.finish(out, partials, bias, has_bias, accumulate, gelu_out, gelu_input)
 
 

@@ -20,9 +20,6 @@ a simulator twin.
     wait_phase(words, bar, parity)               until the phase of that parity has completed
     barrier_sync(b, count)                       named barrier b (1 .. 15): until `count`
                                                  threads of the block have reached it
-    barrier_arrive(b, count)                     reach it and go on (bar.arrive): the
-                                                 signal, where other threads' barrier_sync
-                                                 is the wait for it
     registers_down(); registers_up()             setmaxnreg: this warpgroup's registers to
                                                  PRODUCER_REGISTERS / CONSUMER_REGISTERS
 
@@ -127,8 +124,9 @@ if SIMULATOR:
                                    f"after {STUCK_S} s")
         return True
 
-    def _reach(key, b, count, wait):
-        # named barrier `key` (the block, b) reached; waiting for its `count` threads or not
+    @cuda.jit(device=True)
+    def barrier_sync(b, count):
+        key = (tuple(cuda.blockIdx), int(b))
         with _lock:
             state = _named.setdefault(key, [0, 0, threading.Condition(_lock)])
             generation = state[1]
@@ -136,16 +134,8 @@ if SIMULATOR:
             if state[0] == count:
                 state[0], state[1] = 0, generation + 1
                 state[2].notify_all()
-            elif wait and not state[2].wait_for(lambda: state[1] != generation, STUCK_S):
+            elif not state[2].wait_for(lambda: state[1] != generation, STUCK_S):
                 raise RuntimeError(f"barrier {b}: {state[0]} of {count} threads in {STUCK_S} s")
-
-    @cuda.jit(device=True)
-    def barrier_sync(b, count):
-        _reach((tuple(cuda.blockIdx), int(b)), b, count, True)
-
-    @cuda.jit(device=True)
-    def barrier_arrive(b, count):
-        _reach((tuple(cuda.blockIdx), int(b)), b, count, False)
 
     def tensormap_acquire(maps, index):
         pass
@@ -290,20 +280,15 @@ else:
                                  "mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
                                  "selp.u32 $0, 1, 0, done; }", values=1, result=True)
 
-    def named_barrier(instruction):
-        """The intrinsic (b, count) of a named-barrier instruction: bar.sync or bar.arrive."""
-        def typer(typingctx, b, count):
-            if not all(isinstance(x, types.Integer) for x in (b, count)):
-                return None
+    @intrinsic
+    def barrier_sync(typingctx, b, count):
+        if not all(isinstance(x, types.Integer) for x in (b, count)):
+            return None
 
-            def codegen(context, builder, signature, args):
-                _asm(builder, f"{instruction} $0, $1;", "r,r,~{memory}",
-                     _ints(context, builder, args, signature.args))
-            return types.void(b, count), codegen
-        return intrinsic(typer)
-
-    barrier_sync = named_barrier("bar.sync")
-    barrier_arrive = named_barrier("bar.arrive")
+        def codegen(context, builder, signature, args):
+            _asm(builder, "bar.sync $0, $1;", "r,r,~{memory}",
+                 _ints(context, builder, args, signature.args))
+        return types.void(b, count), codegen
 
     @intrinsic
     def tensormap_acquire(typingctx, maps, index):

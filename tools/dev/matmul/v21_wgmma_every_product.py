@@ -15,8 +15,7 @@ and adds:
   - the epilogues: bias added from memory, out += by the engine's reduce-add store, GELU and
     its output (a box of each a pass), GELU's backward (its input's box loaded into the buffer
     first), bf16 out (a box of 64 bf16 columns).
-Here it runs as the ladder calls it: the plain product of each orientation, both consumers on
-one tile (pingpong=False; v22 is the kernel's other way).
+Here it runs as the ladder calls it: the plain product of each orientation.
 """
 from nanoandrea.kernels.matmul.wgmma import matmul_wgmma
 from nanoandrea.kernels.operands import Bf16Matrix
@@ -28,4 +27,4 @@ TRANSPOSES = ((False, False), (False, True), (True, False))    # x W, dY W^T, x^
 
 def matmul(out, a, b, transpose_a=False, transpose_b=False):
     matmul_wgmma(out, Bf16Matrix(a, 2 * a.shape[1]), Bf16Matrix(b, 2 * b.shape[1]),
-                 transpose_a=transpose_a, transpose_b=transpose_b, pingpong=False)
+                 transpose_a=transpose_a, transpose_b=transpose_b)
