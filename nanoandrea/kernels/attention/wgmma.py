@@ -20,7 +20,10 @@ the wait (docs/perf.md measures it). Every tile is 64 rows of 128 bytes whose 16
 chunks are swizzled (chunk c of row r at c ^ r % 8, the layout wgmma reads without bank
 conflicts); a row of D = 32 fills half of its 128 bytes, so both head sizes read the same
 layout. Shared memory (`words`, the kernel's dynamic shared array), rows and offsets are counted
-in words (a word: 32 bits, here a bf16 pair).
+in words (a word: 32 bits, here a bf16 pair). q, k and v come as contiguous heads [B,H,T,D/2]
+or, in bf16 training, as heads views of the rows [B,T,H*D/2] that the products of W_Q, W_K,
+W_V wrote (heads_layout): a copy reads from the head's first word plus its row times the words
+between rows, so both are the same kernel, and no pass splits the heads.
 
     forward   S [64, COLS] = Q K^T                 A = Q's rows, B = K's rows (both along D:
                                                    K-major)
@@ -398,7 +401,8 @@ def forward_kernel(D, dropout, bf16_copy=False):
     @cuda.jit(**bounds(4))
     def attention_forward_wgmma_kernel(out, lse, q_pairs, k_pairs, v_pairs, scale_log2, seed,
                                        site, threshold, keep, out_pairs, head_words, row_words):
-        # q, k, v: heads_bf16's pairs [B,H,T,D/2]; out_pairs: out's bf16 pairs [B,H,T,D/2]
+        # q, k, v: bf16 pairs [B,H,T,D/2], contiguous heads or heads views of rows (read at
+        # head_words and row_words: heads_layout); out_pairs: out's bf16 pairs [B,H,T,D/2]
         # (BF16_COPY; else not read). grid (B*H, T/ROWS), the last rows (the most
         # keys) first; block THREADS; dynamic shared memory shared_bytes(1, 2): Q's rows, then
         # two stages of a K tile and a V tile. Scores in log2 units (S / sqrt(D) / ln 2)
