@@ -326,9 +326,10 @@ class HeadsInConcat(Tensor):
         super().__init__(backend.heads_view(self.concat, H), backend)
 
 
-class ConcatWithOperand(Tensor):
-    """merge_heads' output where attention wrote the concat's bf16 copy too: its float32
-    `data` and `operand`, the copy the next product reads (linear's x_operand)."""
+class MergedHeads(Tensor):
+    """merge_heads' output of attention's concat: its float32 `data`, and `operand`, the bf16
+    copy attention wrote too, which the next product reads (linear's x_operand; None where
+    attention wrote none)."""
     __slots__ = ("operand",)
 
     def __init__(self, heads):
@@ -360,7 +361,7 @@ def merge_heads(x):
     a view of this one's."""
     B, H, T, D = x.shape
     if isinstance(x, HeadsInConcat):
-        out = (Tensor(x.concat, x.backend) if x.operand is None else ConcatWithOperand(x))
+        out = MergedHeads(x)
     else:
         out = _new(x, (B, T, H * D))
         x.backend.merge_heads(out.data, x.data)

@@ -755,7 +755,7 @@ def attention_backward_wgmma(dq, dk, dv, delta, dout, out, qkv_pairs, lse, scale
     [B,H,T,D/2] of the gradients, written so."""
     B, H, T, D = dout.shape
     layout = heads_layout(*qkv_pairs)
-    if layout[0] == D // 2 and H > 1:           # (heads side by side in rows)
+    if not qkv_pairs[0].is_c_contiguous():      # (heads side by side in rows)
         dout_pairs = heads_view(cuda.device_array((B, T, H * D // 2), np.uint32,
                                                   stream=current_stream()), H)
     else:
