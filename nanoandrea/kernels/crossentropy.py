@@ -21,24 +21,39 @@ Bf16Matrix: each gradient rounded as round_bf16 would round the float32 one, so 
 but 2 bytes a logit written where float32 wrote 4 and a rounding pass then read them.
 
 Logits in bf16 (a Bf16Matrix, as the LM head's product writes them in bf16 training and
-evaluation, as autocast's are bf16) take bf16_logits_kernel: a block reads its row ONCE, 16
-bytes a copy, into shared memory (a row of 50304 bf16 is 98 KB, which a multiprocessor holds
-twice), folds it into the online softmax as it goes, and writes the gradient from shared memory.
-At andrea-120m's [16384, 50304] that is 1.6 GB read and 1.6 GB written, where float32 logits
-cost 3.3 GB read twice and 1.6 GB written (and the LM head's product wrote 3.3 GB, now 1.6).
-Its exponentials are ex2.approx (ptx/sfu.py: relative error ~2^-22, far below bf16's rounding of
-the logits): with half the bytes, the exact exp would bound the kernel instead of the memory.
+evaluation, as autocast's are bf16) take bf16_logits_kernel, which reads each row ONCE into
+shared memory (a row of 50304 bf16 is 98 KB) and writes the gradient from there. At
+andrea-120m's [16384, 50304] that is 1.6 GB read and 1.6 GB written, where float32 logits cost
+3.3 GB read twice and 1.6 GB written (and the LM head's product wrote 3.3 GB, now 1.6).
+That traffic bounds the kernel only if the memory never waits for the threads, so its blocks
+are PERSISTENT and double-buffered: one a multiprocessor (two 98 KB rows fill its shared
+memory), block b taking rows b, b + blocks, b + 2 blocks, ...; while it reduces one row and
+writes its gradient, its next row streams into the other buffer by cp.async (16-byte copies
+straight to shared memory, holding no registers). Each thread owns the same 16-byte chunks of
+every row: it copies them, folds them into its running max and sum, and reads them back for
+the gradient, so a buffer is refilled without a barrier. The block meets only to combine the
+threads' sums, by warp shuffles and then a word a warp through shared memory: two barriers a
+row, in a fixed order, so the same bits every run. Rows too long for two buffers take one (the
+next row copied in once this one is done); rows too long for one go through float32 values
+and the float32 kernels. The exponentials are ex2.approx of one FFMA, e^(x - c) =
+2^(x log2 e - c log2 e) (ptx/sfu.py: relative error ~2^-22, far below bf16's rounding of the
+logits): with half the bytes, the exact exp would bound the kernel instead of the memory, and
+for the same reason a chunk of eight classes without the target (all but one or two a row)
+skips the tests of each column.
 """
 import math
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32
 
 from .operands import (Bf16Matrix, bf16_matrix_values, bf16_values, device_empty, round_bf16,
                        round_bf16_numpy)
+from .ptx.asynccopy import commit_copies, copy16_async, wait_copies
 from .ptx.mma import bf16_pair, bf16_unpair, load4_u32, store4_u32
 from .ptx.sfu import exp2_fast
 from .ptx.vector import aligned16, load4, store4
+from .ptx.warp import WARP, warp_max, warp_sum
+from .ptx.wgmma import dynamic_shared_words
 from .reduce import MAX_THREADS, block_max, block_sum
 from .runtime import device
 from .runtime.device import SIMULATOR
@@ -210,98 +225,200 @@ def crossentropy_fused_bf16_kernel(losses, lse, dlogit_pairs, logits, targets, d
                              gradient4(x7, v + 7, V, row_lse, target, scale)))
 
 
-# --- logits in bf16: a row read once, into shared memory --------------------------------------
+# --- logits in bf16: persistent blocks, each row read once into shared memory ----------------
 
-BF16_THREADS = 32 if SIMULATOR else 512     # bf16_logits_kernel's block: two a multiprocessor
-LOG2E = float32(1.0 / math.log(2.0))        # (at 98 KB of shared memory each)
-
-
-@inlined
-def class_log2(x, v, V):
-    # a logit in base-2 units (x log2 e), or -inf for a padding column, outside the softmax
-    return x * LOG2E if v < V else NEG_INF
+# bf16_logits_kernel's block, a constant: the stride of its loops over a row's chunks, which the
+# compiler then counts without dividing (512: 12 or 13 chunks a thread at 50304 columns)
+BF16_THREADS = 32 if SIMULATOR else 512
+MAX_WARPS = MAX_THREADS // WARP
+STATS_BYTES = 2 * 4 * MAX_WARPS             # its static shared memory: the warps' maxima, sums
+LOG2E = float32(1.0 / math.log(2.0))
 
 
 @inlined
-def add_to_running_sum2(m, s, x0, x1, x2, x3, x4, x5, x6, x7):
-    # add_to_running_sum in base 2: (max m, sum s of 2^(x - m)) after eight more values
-    new_m = max(max(max(m, x0), max(x1, x2)), max(max(x3, x4), max(max(x5, x6), x7)))
-    if new_m == NEG_INF:
-        return m, s
-    s = s * exp2_fast(m - new_m) + (
-        (exp2_fast(x0 - new_m) + exp2_fast(x1 - new_m))
-        + (exp2_fast(x2 - new_m) + exp2_fast(x3 - new_m))
-        + (exp2_fast(x4 - new_m) + exp2_fast(x5 - new_m))
-        + (exp2_fast(x6 - new_m) + exp2_fast(x7 - new_m)))
-    return new_m, s
-
-
-@inlined
-def eight_classes(w0, w1, w2, w3, v, V):
-    # the eight logits of four bf16 pairs (columns v .. v + 7), in base 2, -inf past the classes
+def logits8(w0, w1, w2, w3):
+    # the eight logits of a 16-byte chunk, four bf16 pairs, as float32s
     x0, x1 = bf16_unpair(w0)
     x2, x3 = bf16_unpair(w1)
     x4, x5 = bf16_unpair(w2)
     x6, x7 = bf16_unpair(w3)
-    return (class_log2(x0, v, V), class_log2(x1, v + 1, V), class_log2(x2, v + 2, V),
-            class_log2(x3, v + 3, V), class_log2(x4, v + 4, V), class_log2(x5, v + 5, V),
-            class_log2(x6, v + 6, V), class_log2(x7, v + 7, V))
+    return x0, x1, x2, x3, x4, x5, x6, x7
 
 
 @inlined
-def gradient2(x0, x1, v, V, lse2, target, scale):
-    # the bf16 pair of the gradients of base-2 logits x0, x1 at columns v, v + 1: (softmax -
-    # onehot) * scale, 0 in the padding (whose x is -inf: 2^-inf is 0)
-    g0 = exp2_fast(x0 - lse2) - (float32(1.0) if v == target else float32(0.0))
-    g1 = exp2_fast(x1 - lse2) - (float32(1.0) if v + 1 == target else float32(0.0))
-    return bf16_pair(g0 * scale if v < V else float32(0.0),
-                     g1 * scale if v + 1 < V else float32(0.0))
+def classes8(x0, x1, x2, x3, x4, x5, x6, x7, v, V):
+    # the logits of columns v .. v + 7, -inf where a column is padding (outside the softmax)
+    return (class_or_padding(x0, v, V), class_or_padding(x1, v + 1, V),
+            class_or_padding(x2, v + 2, V), class_or_padding(x3, v + 3, V),
+            class_or_padding(x4, v + 4, V), class_or_padding(x5, v + 5, V),
+            class_or_padding(x6, v + 6, V), class_or_padding(x7, v + 7, V))
+
+
+@inlined
+def exp_shifted(x, shift):
+    # e^(x - c) as 2^(x log2 e - c log2 e), shift = -c log2 e: one FFMA and one ex2
+    return exp2_fast(cuda.fma(x, LOG2E, shift))
+
+
+@inlined
+def add_to_running_sum8(m, s, x0, x1, x2, x3, x4, x5, x6, x7):
+    # the online softmax's (max m, sum s of e^(x - m)) after eight more logits (-inf: none); the
+    # old sum is rescaled to the new max by one more exponential (0 while m is still -inf)
+    new_m = max(max(max(m, x0), max(x1, x2)), max(max(x3, x4), max(max(x5, x6), x7)))
+    if new_m == NEG_INF:
+        return m, s
+    shift = -new_m * LOG2E
+    s = s * exp_shifted(m, shift) + (
+        (exp_shifted(x0, shift) + exp_shifted(x1, shift))
+        + (exp_shifted(x2, shift) + exp_shifted(x3, shift))
+        + (exp_shifted(x4, shift) + exp_shifted(x5, shift))
+        + (exp_shifted(x6, shift) + exp_shifted(x7, shift)))
+    return new_m, s
+
+
+@inlined
+def block_logsumexp(m, s, warp_maxes, warp_sums):
+    # log sum e^x over the row from each thread's running (m, s): the row's max M by warp
+    # shuffles, then the warps' maxima through shared memory; each s rescaled to M and summed
+    # likewise. Two barriers. Every thread adds the warps' sums in the same order, so every
+    # thread holds the same bits, in every run. (A later row writes warp_maxes only after the
+    # second barrier, which every thread passes after reading them, and warp_sums only after
+    # the next row's first barrier: one copy of each suffices.)
+    lane, warp = cuda.threadIdx.x % WARP, cuda.threadIdx.x // WARP
+    warps = BF16_THREADS // WARP
+    m_warp = warp_max(m)
+    if lane == 0:
+        warp_maxes[warp] = m_warp
+    cuda.syncthreads()
+    row_max = warp_maxes[0]
+    for w in range(1, warps):
+        row_max = max(row_max, warp_maxes[w])
+    s_warp = warp_sum(s * exp_shifted(m, -row_max * LOG2E))     # (m = -inf: s is 0, e^-inf 0)
+    if lane == 0:
+        warp_sums[warp] = s_warp
+    cuda.syncthreads()
+    total = warp_sums[0]
+    for w in range(1, warps):
+        total += warp_sums[w]
+    return row_max + math.log(total)
+
+
+@inlined
+def edge_gradient(x, v, V, shift, target, scale):
+    # the gradient of logit x at column v where the row's chunk holds the target or the end of
+    # the classes: (softmax - onehot) * scale, 0 in the padding
+    if v >= V:
+        return float32(0.0)
+    p = exp_shifted(x, shift)
+    return (p - float32(1.0) if v == target else p) * scale
+
+
+@inlined
+def store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V, shift, target,
+                     scale):
+    # dlogits[n, 8c : 8c + 8] from the chunk's logits, rounded to bf16 pairs, one 16-byte store.
+    # All but a row's one or two chunks hold eight classes and no target: softmax * scale
+    v = 8 * c
+    if v + 8 <= V and not (v <= target < v + 8):
+        g0, g1 = exp_shifted(x0, shift) * scale, exp_shifted(x1, shift) * scale
+        g2, g3 = exp_shifted(x2, shift) * scale, exp_shifted(x3, shift) * scale
+        g4, g5 = exp_shifted(x4, shift) * scale, exp_shifted(x5, shift) * scale
+        g6, g7 = exp_shifted(x6, shift) * scale, exp_shifted(x7, shift) * scale
+    else:
+        g0 = edge_gradient(x0, v, V, shift, target, scale)
+        g1 = edge_gradient(x1, v + 1, V, shift, target, scale)
+        g2 = edge_gradient(x2, v + 2, V, shift, target, scale)
+        g3 = edge_gradient(x3, v + 3, V, shift, target, scale)
+        g4 = edge_gradient(x4, v + 4, V, shift, target, scale)
+        g5 = edge_gradient(x5, v + 5, V, shift, target, scale)
+        g6 = edge_gradient(x6, v + 6, V, shift, target, scale)
+        g7 = edge_gradient(x7, v + 7, V, shift, target, scale)
+    store4_u32(dlogit_pairs, (n, 4 * c), bf16_pair(g0, g1), bf16_pair(g2, g3),
+               bf16_pair(g4, g5), bf16_pair(g6, g7))
+
+
+@inlined
+def start_row_copy(words, at, logit_pairs, n):
+    # this thread's 16-byte chunks of row n (c = threadIdx.x, + BF16_THREADS, ...) copied into
+    # words[at + 4c] by cp.async, one commit group: empty past the last row, so that the
+    # groups in flight count rows either way
+    if n < logit_pairs.shape[0]:
+        for c in range(cuda.threadIdx.x, logit_pairs.shape[1] // 4, BF16_THREADS):
+            copy16_async(words, (at + 4 * c,), logit_pairs, (n, 4 * c), True)
+    commit_copies()
 
 
 @kernel_factory
-def bf16_logits_kernel(gradient):
+def bf16_logits_kernel(gradient, buffers=2):
     """The loss of logits given as a Bf16Matrix's bf16 pairs, and with `gradient` dlogits too,
-    as a Bf16Matrix's bf16 pairs."""
+    as a Bf16Matrix's bf16 pairs. buffers: the rows a block holds in shared memory, 2 (the
+    next row streams in while this one is worked on) or 1 (a row too long for two)."""
+    wait_for_this_row = wait_copies(buffers - 1)
 
-    @cuda.jit
+    @cuda.jit(**({} if SIMULATOR else dict(launch_bounds=(BF16_THREADS, 1))))
     def crossentropy_bf16_logits_kernel(losses, lse, dlogit_pairs, logit_pairs, targets, dloss,
                                         V):
-        # losses[N], lse[N] (and dlogits) of logits [N, P/2] in bf16 pairs; one block per row. Each
-        # thread copies 16-byte chunks c, c + blockDim, ... of the row into shared memory and
-        # folds their 8 logits into its running max and sum (base 2); the block combines them
-        # (block_max, block_sum: a fixed order); then each thread reads back the chunks it
-        # copied itself (no barrier needed for those) and writes their gradients
-        scratch = cuda.shared.array(MAX_THREADS, float32)
-        row = cuda.shared.array(0, uint32)
-        n = cuda.blockIdx.x
-        chunks = logit_pairs.shape[1] // 4
-        m, s = NEG_INF, float32(0.0)
-        for c in range(cuda.threadIdx.x, chunks, cuda.blockDim.x):
-            w0, w1, w2, w3 = load4_u32(logit_pairs, (n, 4 * c))
-            row[4 * c], row[4 * c + 1], row[4 * c + 2], row[4 * c + 3] = w0, w1, w2, w3
-            x0, x1, x2, x3, x4, x5, x6, x7 = eight_classes(w0, w1, w2, w3, 8 * c, V)
-            m, s = add_to_running_sum2(m, s, x0, x1, x2, x3, x4, x5, x6, x7)
-        row_max = block_max(m, scratch)
-        s = s * exp2_fast(m - row_max) if m > NEG_INF else float32(0.0)
-        lse2 = row_max + math.log2(block_sum(s, scratch))          # in base 2
-        target = targets[n]
-        if cuda.threadIdx.x == 0:
-            low, high = bf16_unpair(logit_pairs[n, target >> 1])
-            lse[n] = lse2 / LOG2E
-            losses[n] = lse2 / LOG2E - (high if target & 1 else low)
-        if gradient:
-            scale = dloss[0] / logit_pairs.shape[0]
-            for c in range(cuda.threadIdx.x, chunks, cuda.blockDim.x):
-                v = 8 * c
-                x0, x1, x2, x3, x4, x5, x6, x7 = eight_classes(
-                    row[4 * c], row[4 * c + 1], row[4 * c + 2], row[4 * c + 3], v, V)
-                store4_u32(dlogit_pairs, (n, 4 * c),
-                           gradient2(x0, x1, v, V, lse2, target, scale),
-                           gradient2(x2, x3, v + 2, V, lse2, target, scale),
-                           gradient2(x4, x5, v + 4, V, lse2, target, scale),
-                           gradient2(x6, x7, v + 6, V, lse2, target, scale))
+        # losses[N], lse[N] (and dlogits) of logits [N, P/2] in bf16 pairs. Block b takes rows
+        # b, b + gridDim.x, ...; each of its threads owns the 16-byte chunks c = threadIdx.x,
+        # + BF16_THREADS, ... of every row: it copies them into shared memory (cp.async), folds
+        # them into its running max and sum, and reads them back for the gradient. No thread
+        # reads another's chunks, so a buffer is refilled without a barrier: the block meets
+        # only in block_logsumexp.
+        words = dynamic_shared_words()          # `buffers` rows of P/2 words, 16-byte aligned
+        warp_maxes = cuda.shared.array(MAX_WARPS, float32)
+        warp_sums = cuda.shared.array(MAX_WARPS, float32)
+        N, row_words = logit_pairs.shape
+        scale = float32(dloss[0] / N) if gradient else float32(0.0)
+        n, at = cuda.blockIdx.x, 0          # the row, and the word where its buffer starts
+        start_row_copy(words, at, logit_pairs, n)
+        while n < N:
+            next_n, next_at = n + cuda.gridDim.x, (row_words - at if buffers == 2 else 0)
+            if buffers == 2:                # the next row streams in during all of this one
+                start_row_copy(words, next_at, logit_pairs, next_n)
+            target = targets[n]
+            wait_for_this_row()             # this row's group: this thread's chunks have landed
+            m, s = NEG_INF, float32(0.0)
+            for c in range(cuda.threadIdx.x, row_words // 4, BF16_THREADS):
+                w0, w1, w2, w3 = load4_u32(words, (at + 4 * c,))
+                x0, x1, x2, x3, x4, x5, x6, x7 = logits8(w0, w1, w2, w3)
+                if 8 * c + 8 > V:           # (where the classes end: padding is -inf)
+                    x0, x1, x2, x3, x4, x5, x6, x7 = classes8(x0, x1, x2, x3, x4, x5, x6, x7,
+                                                              8 * c, V)
+                m, s = add_to_running_sum8(m, s, x0, x1, x2, x3, x4, x5, x6, x7)
+            row_lse = block_logsumexp(m, s, warp_maxes, warp_sums)
+            if (target >> 3) % BF16_THREADS == cuda.threadIdx.x:
+                # the target's chunk is this thread's: its logit is read there, no other's
+                low, high = bf16_unpair(words[at + (target >> 1)])
+                lse[n] = row_lse
+                losses[n] = row_lse - (high if target & 1 else low)
+            if gradient:
+                shift = -row_lse * LOG2E
+                for c in range(cuda.threadIdx.x, row_words // 4, BF16_THREADS):
+                    w0, w1, w2, w3 = load4_u32(words, (at + 4 * c,))
+                    x0, x1, x2, x3, x4, x5, x6, x7 = logits8(w0, w1, w2, w3)
+                    store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V,
+                                     shift, target, scale)
+            if buffers == 1:                # the one buffer is free once this row is done
+                start_row_copy(words, next_at, logit_pairs, next_n)
+            n, at = next_n, next_at
 
     return crossentropy_bf16_logits_kernel
+
+
+def bf16_logits_grid(rows, row_bytes):
+    """(buffers, blocks) of bf16_logits_kernel for `rows` rows of row_bytes: two buffers where
+    a block's shared memory holds two rows, one where it holds one, None where not even that
+    (the caller goes through float32). Blocks: as many as the multiprocessors hold by their
+    shared memory (one each at andrea-120m's 98 KB rows), never more than the rows. Where
+    threads run out before shared memory (short rows), the extra blocks wait their turn: only
+    less even, still right."""
+    gpu = device.current()
+    for buffers in (2, 1):
+        block_bytes = buffers * row_bytes + STATS_BYTES
+        if block_bytes <= gpu.shared_bytes_optin:
+            per_multiprocessor = gpu.shared_bytes_optin // block_bytes
+            return buffers, min(rows, gpu.multiprocessors * per_multiprocessor)
+    return None
 
 
 def launch_bf16_logits(losses, lse, dlogits, logits, targets, dloss, V):
@@ -309,16 +426,19 @@ def launch_bf16_logits(losses, lse, dlogits, logits, targets, dloss, V):
     (the loss alone, evaluation's)."""
     gradient = dlogits is not None
     logit_pairs = logits.bf16_pairs
-    if 4 * logit_pairs.shape[1] > device.current().shared_bytes_optin:  # (a row past ~110k tokens:
-        values = device_empty(logits.shape, np.float32)           # float32 values, two reads)
+    row_bytes = 4 * logit_pairs.shape[1]
+    grid = bf16_logits_grid(logit_pairs.shape[0], row_bytes)
+    if grid is None:                                    # (a row past ~110k tokens: float32
+        values = device_empty(logits.shape, np.float32)           # values, two reads)
         bf16_values(values, logits)
         launch(crossentropy_fused_bf16_kernel if gradient else crossentropy_forward_kernel,
                logits.shape[0], THREADS, losses, lse, *((dlogits.bf16_pairs,) if gradient else ()),
                values, targets, *((dloss,) if gradient else ()), V)
         return
-    launch(bf16_logits_kernel(gradient), logits.shape[0], BF16_THREADS, losses, lse,
+    buffers, blocks = grid
+    launch(bf16_logits_kernel(gradient, buffers), blocks, BF16_THREADS, losses, lse,
            dlogits.bf16_pairs if gradient else logit_pairs, logit_pairs, targets,
-           dloss if gradient else lse, V, shared_bytes=4 * logit_pairs.shape[1])
+           dloss if gradient else lse, V, shared_bytes=buffers * row_bytes)
 
 
 @cuda.jit

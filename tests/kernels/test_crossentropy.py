@@ -86,21 +86,30 @@ def bf16_logits(rng, N, Vp, scale):
 
 
 @pytest.mark.parametrize("scale", [1.0, 30.0])
-@pytest.mark.parametrize("shared_bytes", [None, 64])
-def test_crossentropy_of_bf16_logits(rng, monkeypatch, scale, shared_bytes):
-    """Logits in bf16 (bf16_logits_kernel: each row read once into shared memory, ex2.approx):
-    the loss, lse and the bf16 gradient against the twin on the same bf16 values, the forward
-    alone too (evaluation's); the padding columns outside the softmax with gradient 0.
-    shared_bytes 64: a device whose blocks cannot hold a row, where the logits go through
-    float32 values and the float32 kernels instead."""
-    if shared_bytes is not None:
+@pytest.mark.parametrize("rows_in_shared", [None, 2, 1.5, 0.5])
+def test_crossentropy_of_bf16_logits(rng, monkeypatch, scale, rows_in_shared):
+    """Logits in bf16 (bf16_logits_kernel: persistent blocks, each row read once into shared
+    memory, ex2.approx): the loss, lse and the bf16 gradient against the twin on the same bf16
+    values, the forward alone too (evaluation's); the padding columns outside the softmax with
+    gradient 0, a target in the chunk where the classes end. rows_in_shared: None, the device
+    as it is; else a device of 2 multiprocessors whose blocks hold that many rows: 2, two
+    blocks take turns at the N rows (N odd: one takes a row more) with the next row streaming
+    into the second buffer; 1.5, the same with one buffer; 0.5, no row fits and the logits go
+    through float32 values and the float32 kernels instead."""
+    N, Vp, V = (5, 328, 321) if not GPU else (2048, 50304, 50257)
+    if rows_in_shared is not None:
         from nanoandrea.kernels.runtime import device as runtime_device
-        small = runtime_device.Device("a card of little shared memory", (9, 0), 132,
-                                      50 * 2**20, shared_bytes)
+        row_bytes = 2 * Vp
+        small = runtime_device.Device(
+            "a card of little shared memory", (9, 0), 2, 50 * 2**20,
+            int(rows_in_shared * row_bytes) + (crossentropy.STATS_BYTES if rows_in_shared >= 1
+                                               else 0))
         monkeypatch.setattr(runtime_device, "current", lambda: small)
-    N, Vp, V = (5, 64, 61) if not GPU else (2048, 50304, 50257)
+        grid = {2: (2, 2), 1.5: (1, 2), 0.5: None}[rows_in_shared]
+        assert crossentropy.bf16_logits_grid(N, row_bytes) == grid
     logits, host = bf16_logits(rng, N, Vp, scale)
     targets = rng.integers(0, V, size=N).astype(np.int32)
+    targets[0] = V - 1
     dloss = np.array([0.7], np.float32)
     want = [np.empty(1, np.float32), np.empty(N, np.float32), np.empty(N, np.float32)]
     want_grad = Bf16Matrix.allocate((N, Vp), np.empty)
@@ -121,3 +130,17 @@ def test_crossentropy_of_bf16_logits(rng, monkeypatch, scale, shared_bytes):
     crossentropy.crossentropy_forward(*forward, logits, device(targets, np.int32), vocab=V)
     for g, w in zip(forward, want):
         assert relative_error(g.copy_to_host(), w) < 1e-5
+
+
+def test_bf16_logits_grid(monkeypatch):
+    """At andrea-120m's [16384, 50304] on an H100's figures (the simulator's device): a row is
+    98 KB, two fit in a block's shared memory, so one block a multiprocessor, each with two
+    buffers; past half the shared memory one buffer; past all of it none (float32 instead)."""
+    from nanoandrea.kernels.runtime import device as runtime_device
+    h100 = runtime_device.SIMULATED
+    assert h100.multiprocessors == 132 and h100.shared_bytes_optin == 227 * 1024
+    monkeypatch.setattr(runtime_device, "current", lambda: h100)
+    assert crossentropy.bf16_logits_grid(16384, 2 * 50304) == (2, 132)
+    assert crossentropy.bf16_logits_grid(100, 2 * 50304) == (2, 100)
+    assert crossentropy.bf16_logits_grid(16384, 2 * 100_000) == (1, 132)
+    assert crossentropy.bf16_logits_grid(16384, 2 * 120_000) is None
