@@ -88,3 +88,26 @@ def test_adamw_without_copies_writes_none(rng):
     with pytest.raises(ValueError, match="bf16_copies must be uint16"):
         adamw.adamw_update(*[device(a) for a in arguments], P // 2,
                            device(np.zeros(8), np.uint32))
+
+
+def test_adamw_four_a_thread_equals_the_reference(rng):
+    """The fast kernel (four parameters a thread, 16-byte loads; the last P % 4 one a thread)
+    and the reference (a thread a parameter) write the same bits: weights, moments, copies,
+    with the decay's end and the copies' end inside a group of four; and a buffer that is not
+    16-byte aligned (a ZeRO-1 shard's view) takes the reference."""
+    P = 1003 if not GPU else 10_770_819
+    n_decay, n = P // 2 + 1, P // 3 + 2
+    arguments = step_arguments(rng, 0.02 * rng.standard_normal(P), 3e-3)
+    results = []
+    for kernel in ("auto", "reference"):
+        on_gpu = [device(a) for a in arguments]
+        copies = device(np.full(n + 8, UNWRITTEN, np.uint16), np.uint16)
+        adamw.adamw_update(*on_gpu, n_decay, copies[:n], kernel=kernel)
+        results.append([x.copy_to_host() for x in on_gpu[:4]] + [copies.copy_to_host()])
+    for fast, reference in zip(*results):
+        assert np.array_equal(fast.view(np.uint8), reference.view(np.uint8))
+    shard = [device(np.concatenate([[0], a]).astype(np.float32))[1:] for a in arguments[:4]]
+    adamw.adamw_update(*shard, *[device(a) for a in arguments[4:]], n_decay,
+                       device(np.zeros(n), np.uint16))
+    assert np.array_equal(shard[0].copy_to_host().view(np.uint32),
+                          results[1][0].view(np.uint32))
