@@ -52,15 +52,6 @@ The kernel, wgmma_matmul_kernel(transpose_a, transpose_b, epilogue, bf16_out, bi
                bf16 epilogue: out is written as the next products read it (a Bf16Matrix's
                bf16 pairs: half float32's bytes, no rounding pass after), GELU's output too
                (of out as rounded), and GELU's backward reads its input so
-  overlap      the epilogue runs under the next tile's main loop: the tile's sums are held
-               in 64 registers (bf16: the whole tile as bf16 pairs; float32: its last four
-               boxes, the first four written at once; GELU: out's four boxes written into
-               four buffers and stored, GELU's boxes made from them later, over them) and
-               the next tile starts at once: held box s is written between slice s's
-               wgmma's and their wait, so the tensor cores multiply through it (written
-               after the tile, both consumers' epilogues at once leave them idle, a
-               quarter of a K = 768 tile's time with GELU's). GELU's backward in bf16 then multiplies the product as rounded to bf16 by
-               gelu', as autocast's bf16 product and GELU backward do
   registers    setmaxnreg: the producer warpgroup drops to 40 registers a thread, the
                consumers rise to 232 (the block's 65,536 / 384 = 168 each would spill the
                epilogue's addresses)
