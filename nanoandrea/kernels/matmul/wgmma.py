@@ -139,17 +139,12 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
     BF16_OUT, BIASED = bf16_out, biased
-    # a tile's epilogue under the next tile's main loop: the sums are held (64 registers) and
-    # HELD_BOXES boxes written while the next tile multiplies. Where out is bf16, the tile
-    # whole, as bf16 pairs (with GELU, in out's boxes in shared memory), and GELU's backward
-    # then multiplies the product as rounded to bf16 by gelu', as autocast's bf16 product and
-    # GELU backward do; where out is float32, the tile's second half (its first four boxes
-    # are written at once). (Not GELU's epilogues in float32, which training never runs.)
-    OVERLAP = BF16_OUT or not (GELU or GELU_GRAD)
-    HELD = 1 if GELU or not OVERLAP else SUMS // 2      # (the held registers)
-    HELD_TYPE = uint32 if BF16_OUT else float32
-    HELD_FIRST = 0 if BF16_OUT else SUMS // 2           # float32: sums[64:] held
-    HELD_BOXES = 4
+    # a tile's epilogue under the next tile's main loop, where out is bf16: the sums are held
+    # as bf16 pairs (64 registers; with GELU, in out's boxes in shared memory) and the boxes
+    # written while the next tile multiplies. GELU's backward then multiplies the product as
+    # rounded to bf16 by gelu', as autocast's bf16 product and GELU backward do
+    OVERLAP = BF16_OUT
+    HELD = SUMS // 2 if OVERLAP and not GELU else 1    # (the held pairs' registers)
     STAGES, BUFFERS, _ = shared_layout(epilogue)
     multiply = wgmma_m64nNk16(BN, K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
                               K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
@@ -224,16 +219,15 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
 
     @inlined
     def multiply_tile(tiles, sums, first, barriers, group, n, slices, values, buffers, loaded,
-                      maps, out_map, gelu_map, out, gelu_array, held, pending, accumulate, z,
-                      row0, col0, thread):
+                      maps, out_map, gelu_map, out, gelu_array, held, pending, row0, col0,
+                      thread):
         # consumer `group`'s sums of one tile (started by start_sums), slices n .. n + slices
         # - 1 of the block's count (returned: the count after them), each stage released once
-        # its wgmma's are done. OVERLAP and pending: the tile before's held boxes (`held`, its
-        # tile at (row0, col0), split z) are stored meanwhile, held box s while slice s's
-        # wgmma's run (the tensor cores work on while the threads write), any left after the
-        # last slice
+        # its wgmma's are done. OVERLAP and pending: the tile before's boxes, `held` in bf16
+        # pairs at (row0, col0), are stored meanwhile, box s while slice s's wgmma's run (the
+        # tensor cores work on while the threads write), any left after the last slice
         a_rows = (group - 1) * (64 * ROW_WORDS if A_ALONG_K else BLOCK_WORDS)
-        boxes_held = HELD_BOXES if OVERLAP and pending else 0
+        boxes_held = BOXES if OVERLAP and pending else 0
         for s in range(max(slices, boxes_held)):
             if s < slices:
                 stage = n % STAGES
@@ -248,8 +242,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
             if OVERLAP:                         # (a branch Numba prunes where not)
                 if s < boxes_held:
                     store_held_box(values, buffers, loaded, maps, out_map, gelu_map, out,
-                                   gelu_array, held, accumulate, z, row0, col0, thread, group,
-                                   s)
+                                   gelu_array, held, row0, col0, thread, group, s)
             if s < slices:
                 wait_but_one(sums)              # (slice n - 1's wgmma's are done)
                 if s > 0:
@@ -263,13 +256,9 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
     @inlined
     def hold(sums, held):
         # OVERLAP: the tile's sums as the bf16 pairs out is written in (start_sums' layout, a
-        # pair of columns a word), or float32's second half, so that the sums are free for the
-        # next tile
+        # pair of columns a word), so that the sums are free for the next tile
         for e in range(SUMS // 2):
-            if BF16_OUT:
-                held[e] = bf16_pair(sums[2 * e], sums[2 * e + 1])
-            else:
-                held[e] = sums[HELD_FIRST + e]
+            held[e] = bf16_pair(sums[2 * e], sums[2 * e + 1])
 
     @inlined
     def box_column(col0, p):
@@ -286,12 +275,11 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
 
     @inlined
     def store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
-                     accumulate, z, row0, col0, thread, group, p, first=0):
+                     accumulate, z, row0, col0, thread, group, p):
         # box p (a constant: the sums are registers while every index into them is one) of
         # the consumer's 64 x 256 at (row0, col0), the bias already in the sums: its epilogue
-        # written into a buffer, then stored (start_sums says which sums are whose). OVERLAP,
-        # held boxes: `sums` are the tile's held bf16 pairs (hold), a word for two sums, or
-        # its float32 sums from sums[first] on
+        # written into a buffer, then stored (start_sums says which sums are whose). OVERLAP
+        # (without GELU): `sums` are the tile's held bf16 pairs (hold), a word for two sums
         warp, lane = thread >> 5, thread & 31
         row, t = 16 * warp + (lane >> 2), lane & 3
         # GELU: out's box in buffer 2 (p % 2), GELU's in the next; else buffer p % BUFFERS
@@ -321,10 +309,10 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                     values[at] = bf16_pair(x0 * gelu_derivative_sfu(g0),
                                            x1 * gelu_derivative_sfu(g1))
                     continue
-                if OVERLAP and BF16_OUT:        # (the pair as hold rounded it)
+                if OVERLAP:                     # (the pair as hold rounded it)
                     values[at] = sums[2 * j + h]
                     continue
-                x0, x1 = sums[4 * j + 2 * h - first], sums[4 * j + 2 * h + 1 - first]
+                x0, x1 = sums[4 * j + 2 * h], sums[4 * j + 2 * h + 1]
                 if GELU_GRAD:
                     if BF16_OUT:
                         g0, g1 = bf16_unpair(values[at])
@@ -360,9 +348,9 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                            p + BUFFERS)
 
     @inlined
-    def store_first_boxes(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array,
-                          sums, accumulate, z, row0, col0, thread, group):
-        # the consumer's boxes 0 .. 3 of the tile
+    def store_tile(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
+                   accumulate, z, row0, col0, thread, group):
+        # the consumer's boxes of the tile, one call each (a loop this long is not unrolled)
         store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                      accumulate, z, row0, col0, thread, group, 0)
         store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
@@ -371,13 +359,6 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                      accumulate, z, row0, col0, thread, group, 2)
         store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
                      accumulate, z, row0, col0, thread, group, 3)
-
-    @inlined
-    def store_tile(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
-                   accumulate, z, row0, col0, thread, group):
-        # the consumer's boxes of the tile, one call each (a loop this long is not unrolled)
-        store_first_boxes(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array,
-                          sums, accumulate, z, row0, col0, thread, group)
         if BOXES > 4:
             store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array,
                          sums, accumulate, z, row0, col0, thread, group, 4)
@@ -390,25 +371,24 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
 
     @inlined
     def store_held_box(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                       accumulate, z, row0, col0, thread, group, p):
-        # OVERLAP: held box p (known at run time) of the held tile: GELU's, of out's box in
-        # buffer p; or out's, of the held registers, by the call of its constant box (bf16: box
-        # p of 4; float32: box 4 + p of 8, its sums from sums[HELD_FIRST] on)
+                       row0, col0, thread, group, p):
+        # OVERLAP: box p (known at run time) of the held tile: GELU's, of out's box in buffer
+        # p; or out's, of the held pairs, by the call of its constant p (registers)
         if GELU:
             gelu_of_held_box(values, buffers, maps, gelu_map, gelu_array, row0, col0, thread,
                              group, p)
         elif p == 0:
             store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                         accumulate, z, row0, col0, thread, group, BOXES - 4, HELD_FIRST)
+                         False, 0, row0, col0, thread, group, 0)
         elif p == 1:
             store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                         accumulate, z, row0, col0, thread, group, BOXES - 3, HELD_FIRST)
+                         False, 0, row0, col0, thread, group, 1)
         elif p == 2:
             store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                         accumulate, z, row0, col0, thread, group, BOXES - 2, HELD_FIRST)
+                         False, 0, row0, col0, thread, group, 2)
         else:
             store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                         accumulate, z, row0, col0, thread, group, BOXES - 1, HELD_FIRST)
+                         False, 0, row0, col0, thread, group, 3)
 
     @inlined
     def write_pairs(values, buffer, sums, thread, p):
@@ -481,8 +461,8 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                 tensormap_acquire(maps, gelu_map)
         n = int32(0)                            # the block's slice count, over its tiles
         # OVERLAP: the tile before's bf16 pairs, stored while this tile multiplies
-        held = cuda.local.array(HELD, HELD_TYPE)
-        pending, held_z, held_row0, held_col0 = False, int32(0), int32(0), int32(0)
+        held = cuda.local.array(HELD, uint32)
+        pending, held_row0, held_col0 = False, int32(0), int32(0)
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
             m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
             row0 = m0 + 64 * (group - 1)
@@ -493,24 +473,20 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
             start_sums(sums, bias, n0, N, thread)
             n = multiply_tile(tiles, sums, first, barriers, group, n,
                               (k_end - k_start + BK - 1) // BK, values, buffers, loaded, maps,
-                              out_map, gelu_map, out, gelu_array, held, pending, accumulate,
-                              held_z, held_row0, held_col0, thread)
+                              out_map, gelu_map, out, gelu_array, held, pending, held_row0,
+                              held_col0, thread)
             if OVERLAP:
                 if GELU:
                     hold_in_boxes(values, buffers, maps, out_map, out, sums, row0, n0, thread,
                                   group)
                 else:
-                    if not BF16_OUT:            # (float32: the first four boxes now)
-                        store_first_boxes(values, buffers, loaded, maps, out_map, gelu_map, out,
-                                          gelu_array, sums, accumulate, z, row0, n0, thread,
-                                          group)
                     hold(sums, held)
                 if GELU_GRAD and thread == 0:   # (its input's first boxes, for the next tile's
                     all_read()                  # slices; the last tile's boxes read)
                     for p in range(min(BUFFERS, BOXES)):
                         load_input(values, buffers, loaded, maps, gelu_map, gelu_array, row0,
                                    n0, p)
-                pending, held_z, held_row0, held_col0 = True, z, row0, n0
+                pending, held_row0, held_col0 = True, row0, n0
             else:
                 store_tile(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array,
                            sums, accumulate, z, row0, n0, thread, group)
@@ -518,8 +494,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
             if pending:                         # (the block's last tile)
                 for p in range(BOXES):
                     store_held_box(values, buffers, loaded, maps, out_map, gelu_map, out,
-                                   gelu_array, held, accumulate, held_z, held_row0, held_col0,
-                                   thread, group, p)
+                                   gelu_array, held, held_row0, held_col0, thread, group, p)
         if thread == 0:
             bulk_wait_all()                     # (out's last boxes written)
 
