@@ -31,7 +31,7 @@ The backend's functions (nanoandrea/backend.py), each with its NumPy twin in ref
 """
 from ..operands import Bf16Matrix, Tf32Matrix, bf16_values, device_empty, round_bf16
 from ..operands import rounded_bf16, rounded_tf32
-from ..gelu import gelu_backward, gelu_forward
+from ..gelu import gelu_forward
 from ..ptx.vector import aligned16
 from ..runtime.device import SIMULATOR
 from ..runtime.launch import check
@@ -105,8 +105,7 @@ def through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_
                     gelu_input):
     """A product written in bf16 (out or GELU's array a Bf16Matrix) that no kernel's epilogue
     takes: the product in float32 by mma.sync (the kernel chosen or named: kernel="mma" on an
-    H100 stays on it), then rounded (extra passes, on GPUs without wgmma); GELU's backward, of
-    the product as rounded, as wgmma's epilogue and the twin take it."""
+    H100 stays on it), then rounded (extra passes, on GPUs without wgmma)."""
     if isinstance(gelu_input, Bf16Matrix):
         values = device_empty(gelu_input.shape, "float32")
         bf16_values(values, gelu_input)
@@ -120,12 +119,9 @@ def through_float32(out, a, b, bias, transpose_a, transpose_b, accumulate, gelu_
         return
     check_bf16_out(accumulate, gelu_out)
     values = device_empty(out.shape, "float32")
-    matmul(values, a, b, bias, transpose_a, transpose_b, False, None, None, kernel="mma")
+    matmul(values, a, b, bias, transpose_a, transpose_b, False, None, gelu_input,
+           kernel="mma")
     round_bf16(out, values)
-    if gelu_input is not None:          # GELU's backward of the product as rounded, rounded
-        bf16_values(values, out)
-        gelu_backward(values, values, gelu_input)
-        round_bf16(out, values)
     if gelu_out is not None:                            # GELU of out as rounded
         bf16_values(values, out)
         gelu_forward(values, values)

@@ -59,21 +59,16 @@ def matmul_bf16_numpy(out, a, b, bias=None, transpose_a=False, transpose_b=False
     """matmul_numpy of a and b rounded to bf16 (Bf16Matrix operands, or float32 ones rounded
     here), the sums in out's precision. out may be a Bf16Matrix: the product (the sums in
     float32) rounded to bf16, as the next products read it; then not accumulated, and gelu_out,
-    if given, is one too; with gelu_input, GELU's backward takes the product as rounded (as
-    autocast's bf16 product and GELU backward do), and its result is rounded. gelu_out may be
-    a Bf16Matrix: GELU of out as written, rounded to bf16. gelu_input may be a Bf16Matrix: its
-    values are GELU's input."""
+    if given, is one too. gelu_out may be a Bf16Matrix: GELU of out as written, rounded to
+    bf16. gelu_input may be a Bf16Matrix: its values are GELU's input."""
     if isinstance(gelu_input, Bf16Matrix):
         gelu_input = bf16_matrix_values(gelu_input)
     if isinstance(out, Bf16Matrix):
         check_bf16_out(accumulate, gelu_out)
         values = np.empty(out.shape, np.float32)
         product_of_values(bf16_matrix_values, values, a, b, bias, transpose_a, transpose_b,
-                          False, None, None)
+                          False, None, gelu_input)
         round_bf16_numpy(out, values)
-        if gelu_input is not None:      # (GELU's backward of the product as rounded)
-            gelu_backward_numpy(values, bf16_matrix_values(out), gelu_input)
-            round_bf16_numpy(out, values)
         if gelu_out is not None:
             gelu_forward_numpy(values, bf16_matrix_values(out))
             round_bf16_numpy(gelu_out, values)

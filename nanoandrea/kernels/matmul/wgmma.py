@@ -63,7 +63,7 @@ here a bf16 pair or a float32). Offsets are 32-bit: the launcher checks that an 
 fewer than 2^31 words.
 """
 import numba
-from numba import cuda, float32, int32, uint32, uint64
+from numba import cuda, float32, int32, uint64
 
 from ..gelu import gelu_derivative_sfu, gelu_value_sfu
 from ..ptx.mma import bf16_pair, bf16_unpair
@@ -139,12 +139,6 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
     B_ALONG_K = transpose_b             # b[N,K]: likewise
     GELU, GELU_GRAD = epilogue == "gelu", epilogue == "gelu_grad"
     BF16_OUT, BIASED = bf16_out, biased
-    # a tile's epilogue under the next tile's main loop, where out is bf16: the sums are held
-    # as bf16 pairs (64 registers; with GELU, in out's boxes in shared memory) and the boxes
-    # written while the next tile multiplies. GELU's backward then multiplies the product as
-    # rounded to bf16 by gelu', as autocast's bf16 product and GELU backward do
-    OVERLAP = BF16_OUT
-    HELD = SUMS // 2 if OVERLAP and not GELU else 1    # (the held pairs' registers)
     STAGES, BUFFERS, _ = shared_layout(epilogue)
     multiply = wgmma_m64nNk16(BN, K_MAJOR if A_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS),
                               K_MAJOR if B_ALONG_K else MN_MAJOR(4 * BLOCK_WORDS))
@@ -162,7 +156,6 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
     # before a box is written: at most one group still reading (the other buffer's box, or
     # GELU's other pair of buffers)
     buffer_free = bulk_reads_done[1]
-    out_box_read = bulk_reads_done[3]   # (OVERLAP with GELU: gelu_of_held_box)
     all_read = bulk_reads_done[0]
 
     @inlined
@@ -218,47 +211,29 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                 sums[e] = float32(0.0)
 
     @inlined
-    def multiply_tile(tiles, sums, first, barriers, group, n, slices, values, buffers, loaded,
-                      maps, out_map, gelu_map, out, gelu_array, held, pending, row0, col0,
-                      thread):
+    def multiply_tile(tiles, sums, first, barriers, group, n, slices):
         # consumer `group`'s sums of one tile (started by start_sums), slices n .. n + slices
         # - 1 of the block's count (returned: the count after them), each stage released once
-        # its wgmma's are done. OVERLAP and pending: the tile before's boxes, `held` in bf16
-        # pairs at (row0, col0), are stored meanwhile, box s while slice s's wgmma's run (the
-        # tensor cores work on while the threads write), any left after the last slice
+        # its wgmma's are done
         a_rows = (group - 1) * (64 * ROW_WORDS if A_ALONG_K else BLOCK_WORDS)
-        boxes_held = BOXES if OVERLAP and pending else 0
-        for s in range(max(slices, boxes_held)):
-            if s < slices:
-                stage = n % STAGES
-                wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
-                at = first + stage * STAGE_WORDS
-                fence_sums(sums)
-                for kk in range(BK // 16):      # K-major: 32 bytes on along the rows;
-                    multiply(sums, tiles,       # MN-major: 16 rows of k on
-                             at + a_rows + (8 * kk if A_ALONG_K else 16 * kk * ROW_WORDS),
-                             tiles, at + A_WORDS + (8 * kk if B_ALONG_K else 16 * kk * ROW_WORDS))
-                wgmma_commit()
-            if OVERLAP:                         # (a branch Numba prunes where not)
-                if s < boxes_held:
-                    store_held_box(values, buffers, loaded, maps, out_map, gelu_map, out,
-                                   gelu_array, held, row0, col0, thread, group, s)
-            if s < slices:
-                wait_but_one(sums)              # (slice n - 1's wgmma's are done)
-                if s > 0:
-                    mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
-                n += 1
+        for s in range(slices):
+            stage = n % STAGES
+            wait_phase(tiles, barriers + 2 * stage, (n // STAGES) & 1)
+            at = first + stage * STAGE_WORDS
+            fence_sums(sums)
+            for kk in range(BK // 16):          # K-major: 32 bytes on along the rows;
+                multiply(sums, tiles,           # MN-major: 16 rows of k on
+                         at + a_rows + (8 * kk if A_ALONG_K else 16 * kk * ROW_WORDS), tiles,
+                         at + A_WORDS + (8 * kk if B_ALONG_K else 16 * kk * ROW_WORDS))
+            wgmma_commit()
+            wait_but_one(sums)                  # (slice n - 1's wgmma's are done)
+            if s > 0:
+                mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
+            n += 1
         wait_all(sums)
         if slices > 0:                          # (a split past K's end has none)
             mbarrier_arrive(tiles, barriers + 2 * (STAGES + (n - 1) % STAGES))
         return n
-
-    @inlined
-    def hold(sums, held):
-        # OVERLAP: the tile's sums as the bf16 pairs out is written in (start_sums' layout, a
-        # pair of columns a word), so that the sums are free for the next tile
-        for e in range(SUMS // 2):
-            held[e] = bf16_pair(sums[2 * e], sums[2 * e + 1])
 
     @inlined
     def box_column(col0, p):
@@ -278,8 +253,7 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                      accumulate, z, row0, col0, thread, group, p):
         # box p (a constant: the sums are registers while every index into them is one) of
         # the consumer's 64 x 256 at (row0, col0), the bias already in the sums: its epilogue
-        # written into a buffer, then stored (start_sums says which sums are whose). OVERLAP
-        # (without GELU): `sums` are the tile's held bf16 pairs (hold), a word for two sums
+        # written into a buffer, then stored (start_sums says which sums are whose)
         warp, lane = thread >> 5, thread & 31
         row, t = 16 * warp + (lane >> 2), lane & 3
         # GELU: out's box in buffer 2 (p % 2), GELU's in the next; else buffer p % BUFFERS
@@ -303,15 +277,6 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                     at = uint64(buffer + r * ROW_WORDS + 4 * ((2 * jj + (t >> 1)) ^ (r & 7))
                                 + 2 * (t & 1))
                 at_next, at_gelu = at + uint64(1), at + uint64(BOX_WORDS)
-                if OVERLAP and GELU_GRAD:       # (the product as hold rounded it)
-                    x0, x1 = bf16_unpair(sums[2 * j + h])
-                    g0, g1 = bf16_unpair(values[at])
-                    values[at] = bf16_pair(x0 * gelu_derivative_sfu(g0),
-                                           x1 * gelu_derivative_sfu(g1))
-                    continue
-                if OVERLAP:                     # (the pair as hold rounded it)
-                    values[at] = sums[2 * j + h]
-                    continue
                 x0, x1 = sums[4 * j + 2 * h], sums[4 * j + 2 * h + 1]
                 if GELU_GRAD:
                     if BF16_OUT:
@@ -370,84 +335,6 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
                          sums, accumulate, z, row0, col0, thread, group, 7)
 
     @inlined
-    def store_held_box(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                       row0, col0, thread, group, p):
-        # OVERLAP: box p (known at run time) of the held tile: GELU's, of out's box in buffer
-        # p; or out's, of the held pairs, by the call of its constant p (registers)
-        if GELU:
-            gelu_of_held_box(values, buffers, maps, gelu_map, gelu_array, row0, col0, thread,
-                             group, p)
-        elif p == 0:
-            store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                         False, 0, row0, col0, thread, group, 0)
-        elif p == 1:
-            store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                         False, 0, row0, col0, thread, group, 1)
-        elif p == 2:
-            store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                         False, 0, row0, col0, thread, group, 2)
-        else:
-            store_box_of(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, held,
-                         False, 0, row0, col0, thread, group, 3)
-
-    @inlined
-    def write_pairs(values, buffer, sums, thread, p):
-        # out's box p of the consumer's sums, rounded to bf16 pairs, into `buffer` (swizzled;
-        # p a constant: the sums are registers)
-        warp, lane = thread >> 5, thread & 31
-        row, t = 16 * warp + (lane >> 2), lane & 3
-        for jj in range(GROUPS):
-            j = GROUPS * p + jj
-            for h in range(2):
-                r = row + 8 * h
-                values[uint64(buffer + r * ROW_WORDS + 4 * (jj ^ (r & 7)) + t)] = bf16_pair(
-                    sums[4 * j + 2 * h], sums[4 * j + 2 * h + 1])
-
-    @inlined
-    def hold_in_boxes(values, buffers, maps, out_map, out, sums, row0, col0, thread, group):
-        # OVERLAP with GELU: the tile's four boxes of out, one a buffer, written and stored
-        # (a bulk group each): the sums are free for the next tile, and GELU's boxes are made
-        # from these later, over them (gelu_of_held_box), as 128 more registers do not fit
-        if thread == 0:                         # (the tile before's boxes all read)
-            all_read()
-        barrier_sync(group, GROUP)
-        write_pairs(values, buffers, sums, thread, 0)
-        write_pairs(values, buffers + BOX_WORDS, sums, thread, 1)
-        write_pairs(values, buffers + 2 * BOX_WORDS, sums, thread, 2)
-        write_pairs(values, buffers + 3 * BOX_WORDS, sums, thread, 3)
-        fence_proxy_async()
-        barrier_sync(group, GROUP)
-        if thread == 0:
-            for p in range(BOXES):
-                store_box(values, buffers + p * BOX_WORDS, maps, out_map, out,
-                          box_column(col0, p), row0, 0)
-                bulk_commit()
-
-    @inlined
-    def gelu_of_held_box(values, buffers, maps, gelu_map, gelu_array, row0, col0, thread, group,
-                         p):
-        # OVERLAP with GELU: GELU's box p of the held tile, made of out's box p in buffer p
-        # (its values as rounded: what backward reads) and written over it, once its store has
-        # read it: the groups after it are out's later boxes and GELU's earlier ones, 3 in all
-        if thread == 0:
-            out_box_read()
-        barrier_sync(group, GROUP)
-        warp, lane = thread >> 5, thread & 31
-        row, t = 16 * warp + (lane >> 2), lane & 3
-        buffer = buffers + p * BOX_WORDS
-        for jj in range(GROUPS):
-            for h in range(2):
-                r = row + 8 * h
-                at = uint64(buffer + r * ROW_WORDS + 4 * (jj ^ (r & 7)) + t)
-                r0, r1 = bf16_unpair(values[at])
-                values[at] = bf16_pair(gelu_value_sfu(r0), gelu_value_sfu(r1))
-        fence_proxy_async()
-        barrier_sync(group, GROUP)
-        if thread == 0:
-            store_box(values, buffer, maps, gelu_map, gelu_array, box_column(col0, p), row0, 0)
-            bulk_commit()
-
-    @inlined
     def consume(tiles, first, barriers, out, gelu_array, bias, accumulate, maps, out_map,
                 gelu_map, tiles_m, tiles_n, items, k_per_split, K, N, group, thread):
         # consumer `group` (1 or 2): its 64 rows of each of the block's tiles
@@ -460,41 +347,18 @@ def wgmma_matmul_kernel(transpose_a, transpose_b, epilogue=None, bf16_out=False,
             if GELU or GELU_GRAD:
                 tensormap_acquire(maps, gelu_map)
         n = int32(0)                            # the block's slice count, over its tiles
-        # OVERLAP: the tile before's bf16 pairs, stored while this tile multiplies
-        held = cuda.local.array(HELD, uint32)
-        pending, held_row0, held_col0 = False, int32(0), int32(0)
         for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
             m0, n0, z, k_start, k_end = tile_of(item, tiles_m, tiles_n, k_per_split, K)
             row0 = m0 + 64 * (group - 1)
-            if GELU_GRAD and not OVERLAP and thread == 0:    # (the last tile's boxes read:
-                all_read()                                  # the buffers are free)
+            if GELU_GRAD and thread == 0:       # (the last tile's boxes read: the buffers
+                all_read()                      # are free)
                 for p in range(min(BUFFERS, BOXES)):
                     load_input(values, buffers, loaded, maps, gelu_map, gelu_array, row0, n0, p)
             start_sums(sums, bias, n0, N, thread)
             n = multiply_tile(tiles, sums, first, barriers, group, n,
-                              (k_end - k_start + BK - 1) // BK, values, buffers, loaded, maps,
-                              out_map, gelu_map, out, gelu_array, held, pending, held_row0,
-                              held_col0, thread)
-            if OVERLAP:
-                if GELU:
-                    hold_in_boxes(values, buffers, maps, out_map, out, sums, row0, n0, thread,
-                                  group)
-                else:
-                    hold(sums, held)
-                if GELU_GRAD and thread == 0:   # (its input's first boxes, for the next tile's
-                    all_read()                  # slices; the last tile's boxes read)
-                    for p in range(min(BUFFERS, BOXES)):
-                        load_input(values, buffers, loaded, maps, gelu_map, gelu_array, row0,
-                                   n0, p)
-                pending, held_row0, held_col0 = True, row0, n0
-            else:
-                store_tile(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array,
-                           sums, accumulate, z, row0, n0, thread, group)
-        if OVERLAP:
-            if pending:                         # (the block's last tile)
-                for p in range(BOXES):
-                    store_held_box(values, buffers, loaded, maps, out_map, gelu_map, out,
-                                   gelu_array, held, held_row0, held_col0, thread, group, p)
+                              (k_end - k_start + BK - 1) // BK)
+            store_tile(values, buffers, loaded, maps, out_map, gelu_map, out, gelu_array, sums,
+                       accumulate, z, row0, n0, thread, group)
         if thread == 0:
             bulk_wait_all()                     # (out's last boxes written)
 

@@ -146,7 +146,7 @@ if SIMULATOR:
     def bulk_wait_all():
         pass
 
-    bulk_reads_done = {0: bulk_wait_all, 1: bulk_wait_all, 3: bulk_wait_all}
+    bulk_reads_done = {0: bulk_wait_all, 1: bulk_wait_all}
 
     def registers_down():
         pass
@@ -246,7 +246,7 @@ else:
     registers_down = _statement(f"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};")
     registers_up = _statement(f"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};")
     # bulk_reads_done[n](): until at most n of this thread's groups still read shared memory
-    bulk_reads_done = {n: _statement(f"cp.async.bulk.wait_group.read {n};") for n in (0, 1, 3)}
+    bulk_reads_done = {n: _statement(f"cp.async.bulk.wait_group.read {n};") for n in (0, 1)}
 
     def barrier_instruction(text, values=0, result=False):
         """An intrinsic f(words, word, *values) running `text` with $0 (or $1 after a result)

@@ -164,9 +164,8 @@ def check_products_in_bf16(rng, product, M, N, K, epilogues=EPILOGUES_IN_BF16):
     pre-activation, GELU's output and the pre-activation's gradient written as the next
     products read them), and the NumPy twin likewise: out is the float32 product rounded, to
     the bit; GELU's output is GELU of out as rounded (to bf16's rounding: numpy's exp is not
-    the GPU's); GELU's backward reads a Bf16Matrix input as its values and takes the product as
-    rounded (autocast's order), so its result is within two roundings of the float32 one. The
-    kernel and the twin agree to float32 sums' order.
+    the GPU's); GELU's backward reads a Bf16Matrix input as its values, and its result is the
+    float32 one rounded, to the bit. The kernel and the twin agree to float32 sums' order.
     epilogues: those of "plain", "gelu" (with the plain product, which its pre-activation
     equals) and "gelu_grad" to check (the simulator runs them as tests of their own)."""
     a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (N, K), (N,)))
@@ -204,11 +203,7 @@ def check_products_in_bf16(rng, product, M, N, K, epilogues=EPILOGUES_IN_BF16):
             run(dpre, x, w, None, transpose_b=True, gelu_input=gelu_input)
             run(dpre_float, x, w, None, transpose_b=True, gelu_input=put(pre_values))
             pairs.append(host(dpre.bf16_pairs))
-            # (the product rounded to bf16, then times gelu', rounded: within two roundings
-            # of the float32 epilogue's product times gelu')
-            want = host(dpre_float)
-            np.testing.assert_allclose(unpack_bf16(pairs[-1])[:, :N], want, rtol=2 ** -7,
-                                       atol=1e-30)
+            assert_rounded_from(pairs[-1], host(dpre_float))
         got[side] = pairs
     for kernel, twin in zip(got["kernel"], got["twin"]):
         assert relative_error(unpack_bf16(kernel), unpack_bf16(twin)) < BF16_TOLERANCE / 10
