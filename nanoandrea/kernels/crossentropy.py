@@ -32,14 +32,15 @@ writes its gradient, its next row streams into the other buffer by cp.async (16-
 straight to shared memory, holding no registers). Each thread owns the same 16-byte chunks of
 every row: it copies them, folds them into its running max and sum, and reads them back for
 the gradient, so a buffer is refilled without a barrier. The block meets only to combine the
-threads' sums, by warp shuffles and then a word a warp through shared memory: two barriers a
-row, in a fixed order, so the same bits every run. Rows too long for two buffers take one (the
-next row copied in once this one is done); rows too long for one go through float32 values
-and the float32 kernels. The exponentials are ex2.approx of one FFMA, e^(x - c) =
-2^(x log2 e - c log2 e) (ptx/sfu.py: relative error ~2^-22, far below bf16's rounding of the
-logits): with half the bytes, the exact exp would bound the kernel instead of the memory, and
-for the same reason a chunk of eight classes without the target (all but one or two a row)
-skips the tests of each column.
+threads' sums (reduce.py's fixed tree; while it does, the next row is still streaming in), so
+the same bits every run. Rows too long for two buffers take one (the next row copied in once
+this one is done); rows too long for one go through float32 values and the float32 kernels.
+The logits are taken in base 2 (x log2 e) and the exponentials are ex2.approx (ptx/sfu.py:
+relative error ~2^-22, far below bf16's rounding of the logits): with half the bytes, the
+exact exp would bound the kernel instead of the memory, and for the same reason a chunk of
+eight classes without the target (all but one or two a row) skips the tests of each column.
+Its arithmetic is, step for step, that of the kernel before it (a block a row): the same bits,
+so the default recipe's losses stay those it was measured with.
 """
 import math
 
@@ -52,7 +53,6 @@ from .ptx.asynccopy import commit_copies, copy16_async, wait_copies
 from .ptx.mma import bf16_pair, bf16_unpair, load4_u32, store4_u32
 from .ptx.sfu import exp2_fast
 from .ptx.vector import aligned16, load4, store4
-from .ptx.warp import WARP, warp_max, warp_sum
 from .ptx.wgmma import dynamic_shared_words
 from .reduce import MAX_THREADS, block_max, block_sum
 from .runtime import device
@@ -230,109 +230,78 @@ def crossentropy_fused_bf16_kernel(losses, lse, dlogit_pairs, logits, targets, d
 # bf16_logits_kernel's block, a constant: the stride of its loops over a row's chunks, which the
 # compiler then counts without dividing (512: 12 or 13 chunks a thread at 50304 columns)
 BF16_THREADS = 32 if SIMULATOR else 512
-MAX_WARPS = MAX_THREADS // WARP
-STATS_BYTES = 2 * 4 * MAX_WARPS             # its static shared memory: the warps' maxima, sums
+STATS_BYTES = 4 * MAX_THREADS               # its static shared memory: the reductions' scratch
 LOG2E = float32(1.0 / math.log(2.0))
 
 
 @inlined
-def logits8(w0, w1, w2, w3):
-    # the eight logits of a 16-byte chunk, four bf16 pairs, as float32s
+def class_log2(x, v, V):
+    # a logit in base-2 units (x log2 e), or -inf for a padding column, outside the softmax
+    return x * LOG2E if v < V else NEG_INF
+
+
+@inlined
+def logits8_log2(w0, w1, w2, w3, v, V):
+    # the eight logits of a 16-byte chunk (four bf16 pairs, columns v .. v + 7) in base 2, -inf
+    # past the classes. All but a row's last chunk or two hold classes only: no test a column
     x0, x1 = bf16_unpair(w0)
     x2, x3 = bf16_unpair(w1)
     x4, x5 = bf16_unpair(w2)
     x6, x7 = bf16_unpair(w3)
-    return x0, x1, x2, x3, x4, x5, x6, x7
+    if v + 8 <= V:
+        return (x0 * LOG2E, x1 * LOG2E, x2 * LOG2E, x3 * LOG2E, x4 * LOG2E, x5 * LOG2E,
+                x6 * LOG2E, x7 * LOG2E)
+    return (class_log2(x0, v, V), class_log2(x1, v + 1, V), class_log2(x2, v + 2, V),
+            class_log2(x3, v + 3, V), class_log2(x4, v + 4, V), class_log2(x5, v + 5, V),
+            class_log2(x6, v + 6, V), class_log2(x7, v + 7, V))
 
 
 @inlined
-def classes8(x0, x1, x2, x3, x4, x5, x6, x7, v, V):
-    # the logits of columns v .. v + 7, -inf where a column is padding (outside the softmax)
-    return (class_or_padding(x0, v, V), class_or_padding(x1, v + 1, V),
-            class_or_padding(x2, v + 2, V), class_or_padding(x3, v + 3, V),
-            class_or_padding(x4, v + 4, V), class_or_padding(x5, v + 5, V),
-            class_or_padding(x6, v + 6, V), class_or_padding(x7, v + 7, V))
-
-
-@inlined
-def exp_shifted(x, shift):
-    # e^(x - c) as 2^(x log2 e - c log2 e), shift = -c log2 e: one FFMA and one ex2
-    return exp2_fast(cuda.fma(x, LOG2E, shift))
-
-
-@inlined
-def add_to_running_sum8(m, s, x0, x1, x2, x3, x4, x5, x6, x7):
-    # the online softmax's (max m, sum s of e^(x - m)) after eight more logits (-inf: none); the
-    # old sum is rescaled to the new max by one more exponential (0 while m is still -inf)
+def add_to_running_sum2(m, s, x0, x1, x2, x3, x4, x5, x6, x7):
+    # the online softmax in base 2: (max m, sum s of 2^(x - m)) after eight more values (-inf:
+    # none); the old sum is rescaled to the new max by one more exponential
     new_m = max(max(max(m, x0), max(x1, x2)), max(max(x3, x4), max(max(x5, x6), x7)))
     if new_m == NEG_INF:
         return m, s
-    shift = -new_m * LOG2E
-    s = s * exp_shifted(m, shift) + (
-        (exp_shifted(x0, shift) + exp_shifted(x1, shift))
-        + (exp_shifted(x2, shift) + exp_shifted(x3, shift))
-        + (exp_shifted(x4, shift) + exp_shifted(x5, shift))
-        + (exp_shifted(x6, shift) + exp_shifted(x7, shift)))
+    s = s * exp2_fast(m - new_m) + (
+        (exp2_fast(x0 - new_m) + exp2_fast(x1 - new_m))
+        + (exp2_fast(x2 - new_m) + exp2_fast(x3 - new_m))
+        + (exp2_fast(x4 - new_m) + exp2_fast(x5 - new_m))
+        + (exp2_fast(x6 - new_m) + exp2_fast(x7 - new_m)))
     return new_m, s
 
 
 @inlined
-def block_logsumexp(m, s, warp_maxes, warp_sums):
-    # log sum e^x over the row from each thread's running (m, s): the row's max M by warp
-    # shuffles, then the warps' maxima through shared memory; each s rescaled to M and summed
-    # likewise. Two barriers. Every thread adds the warps' sums in the same order, so every
-    # thread holds the same bits, in every run. (A later row writes warp_maxes only after the
-    # second barrier, which every thread passes after reading them, and warp_sums only after
-    # the next row's first barrier: one copy of each suffices.)
-    lane, warp = cuda.threadIdx.x % WARP, cuda.threadIdx.x // WARP
-    warps = BF16_THREADS // WARP
-    m_warp = warp_max(m)
-    if lane == 0:
-        warp_maxes[warp] = m_warp
-    cuda.syncthreads()
-    row_max = warp_maxes[0]
-    for w in range(1, warps):
-        row_max = max(row_max, warp_maxes[w])
-    s_warp = warp_sum(s * exp_shifted(m, -row_max * LOG2E))     # (m = -inf: s is 0, e^-inf 0)
-    if lane == 0:
-        warp_sums[warp] = s_warp
-    cuda.syncthreads()
-    total = warp_sums[0]
-    for w in range(1, warps):
-        total += warp_sums[w]
-    return row_max + math.log(total)
-
-
-@inlined
-def edge_gradient(x, v, V, shift, target, scale):
-    # the gradient of logit x at column v where the row's chunk holds the target or the end of
-    # the classes: (softmax - onehot) * scale, 0 in the padding
+def edge_gradient(x, v, V, lse2, target, scale):
+    # the gradient of base-2 logit x at column v in a chunk that holds the target or the end
+    # of the classes: (softmax - onehot) * scale, 0 in the padding
     if v >= V:
         return float32(0.0)
-    p = exp_shifted(x, shift)
-    return (p - float32(1.0) if v == target else p) * scale
+    return (exp2_fast(x - lse2) - (float32(1.0) if v == target else float32(0.0))) * scale
 
 
 @inlined
-def store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V, shift, target,
+def store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V, lse2, target,
                      scale):
-    # dlogits[n, 8c : 8c + 8] from the chunk's logits, rounded to bf16 pairs, one 16-byte store.
-    # All but a row's one or two chunks hold eight classes and no target: softmax * scale
+    # dlogits[n, 8c : 8c + 8] from the chunk's base-2 logits, rounded to bf16 pairs, one
+    # 16-byte store. All but a row's one or two chunks hold eight classes and no target:
+    # softmax * scale. (scale is float64, dloss / N, as the products are rounded to float32
+    # then bf16: the bits of the kernel before, whose recipe's losses are the reference)
     v = 8 * c
     if v + 8 <= V and not (v <= target < v + 8):
-        g0, g1 = exp_shifted(x0, shift) * scale, exp_shifted(x1, shift) * scale
-        g2, g3 = exp_shifted(x2, shift) * scale, exp_shifted(x3, shift) * scale
-        g4, g5 = exp_shifted(x4, shift) * scale, exp_shifted(x5, shift) * scale
-        g6, g7 = exp_shifted(x6, shift) * scale, exp_shifted(x7, shift) * scale
+        g0, g1 = exp2_fast(x0 - lse2) * scale, exp2_fast(x1 - lse2) * scale
+        g2, g3 = exp2_fast(x2 - lse2) * scale, exp2_fast(x3 - lse2) * scale
+        g4, g5 = exp2_fast(x4 - lse2) * scale, exp2_fast(x5 - lse2) * scale
+        g6, g7 = exp2_fast(x6 - lse2) * scale, exp2_fast(x7 - lse2) * scale
     else:
-        g0 = edge_gradient(x0, v, V, shift, target, scale)
-        g1 = edge_gradient(x1, v + 1, V, shift, target, scale)
-        g2 = edge_gradient(x2, v + 2, V, shift, target, scale)
-        g3 = edge_gradient(x3, v + 3, V, shift, target, scale)
-        g4 = edge_gradient(x4, v + 4, V, shift, target, scale)
-        g5 = edge_gradient(x5, v + 5, V, shift, target, scale)
-        g6 = edge_gradient(x6, v + 6, V, shift, target, scale)
-        g7 = edge_gradient(x7, v + 7, V, shift, target, scale)
+        g0 = edge_gradient(x0, v, V, lse2, target, scale)
+        g1 = edge_gradient(x1, v + 1, V, lse2, target, scale)
+        g2 = edge_gradient(x2, v + 2, V, lse2, target, scale)
+        g3 = edge_gradient(x3, v + 3, V, lse2, target, scale)
+        g4 = edge_gradient(x4, v + 4, V, lse2, target, scale)
+        g5 = edge_gradient(x5, v + 5, V, lse2, target, scale)
+        g6 = edge_gradient(x6, v + 6, V, lse2, target, scale)
+        g7 = edge_gradient(x7, v + 7, V, lse2, target, scale)
     store4_u32(dlogit_pairs, (n, 4 * c), bf16_pair(g0, g1), bf16_pair(g2, g3),
                bf16_pair(g4, g5), bf16_pair(g6, g7))
 
@@ -363,12 +332,13 @@ def bf16_logits_kernel(gradient, buffers=2):
         # + BF16_THREADS, ... of every row: it copies them into shared memory (cp.async), folds
         # them into its running max and sum, and reads them back for the gradient. No thread
         # reads another's chunks, so a buffer is refilled without a barrier: the block meets
-        # only in block_logsumexp.
+        # only to combine the threads' sums (block_max, block_sum: reduce.py's fixed tree).
+        # The arithmetic, in base 2, is the row-per-block kernel's before it, step for step,
+        # and so are the bits (what the default recipe's losses were measured with)
         words = dynamic_shared_words()          # `buffers` rows of P/2 words, 16-byte aligned
-        warp_maxes = cuda.shared.array(MAX_WARPS, float32)
-        warp_sums = cuda.shared.array(MAX_WARPS, float32)
+        scratch = cuda.shared.array(MAX_THREADS, float32)
         N, row_words = logit_pairs.shape
-        scale = float32(dloss[0] / N) if gradient else float32(0.0)
+        scale = dloss[0] / N                    # (float64, as before; unread without gradient)
         n, at = cuda.blockIdx.x, 0          # the row, and the word where its buffer starts
         start_row_copy(words, at, logit_pairs, n)
         while n < N:
@@ -380,24 +350,22 @@ def bf16_logits_kernel(gradient, buffers=2):
             m, s = NEG_INF, float32(0.0)
             for c in range(cuda.threadIdx.x, row_words // 4, BF16_THREADS):
                 w0, w1, w2, w3 = load4_u32(words, (at + 4 * c,))
-                x0, x1, x2, x3, x4, x5, x6, x7 = logits8(w0, w1, w2, w3)
-                if 8 * c + 8 > V:           # (where the classes end: padding is -inf)
-                    x0, x1, x2, x3, x4, x5, x6, x7 = classes8(x0, x1, x2, x3, x4, x5, x6, x7,
-                                                              8 * c, V)
-                m, s = add_to_running_sum8(m, s, x0, x1, x2, x3, x4, x5, x6, x7)
-            row_lse = block_logsumexp(m, s, warp_maxes, warp_sums)
+                x0, x1, x2, x3, x4, x5, x6, x7 = logits8_log2(w0, w1, w2, w3, 8 * c, V)
+                m, s = add_to_running_sum2(m, s, x0, x1, x2, x3, x4, x5, x6, x7)
+            row_max = block_max(m, scratch)
+            s = s * exp2_fast(m - row_max) if m > NEG_INF else float32(0.0)
+            lse2 = row_max + math.log2(block_sum(s, scratch))          # in base 2
             if (target >> 3) % BF16_THREADS == cuda.threadIdx.x:
                 # the target's chunk is this thread's: its logit is read there, no other's
                 low, high = bf16_unpair(words[at + (target >> 1)])
-                lse[n] = row_lse
-                losses[n] = row_lse - (high if target & 1 else low)
+                lse[n] = lse2 / LOG2E
+                losses[n] = lse2 / LOG2E - (high if target & 1 else low)
             if gradient:
-                shift = -row_lse * LOG2E
                 for c in range(cuda.threadIdx.x, row_words // 4, BF16_THREADS):
                     w0, w1, w2, w3 = load4_u32(words, (at + 4 * c,))
-                    x0, x1, x2, x3, x4, x5, x6, x7 = logits8(w0, w1, w2, w3)
+                    x0, x1, x2, x3, x4, x5, x6, x7 = logits8_log2(w0, w1, w2, w3, 8 * c, V)
                     store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V,
-                                     shift, target, scale)
+                                     lse2, target, scale)
             if buffers == 1:                # the one buffer is free once this row is done
                 start_row_copy(words, next_at, logit_pairs, next_n)
             n, at = next_n, next_at

@@ -1,7 +1,6 @@
 """Warp shuffles (shfl.sync, bar.warp.sync): the lanes of a warp exchanging values in registers.
 
     warp_sum(value)          the sum over the warp's 32 lanes, to every lane (a butterfly)
-    warp_max(value)          likewise the max
     group_sum(value, lanes)  the sum over each aligned group of `lanes` lanes
     quad_max, quad_sum       over the 4 lanes 4g .. 4g+3 that hold one row of an mma.sync
                              accumulator (mma.py's layout)
@@ -56,11 +55,6 @@ if SIMULATOR:
     def warp_sum(value):
         values, lane = warp_values(value)
         return _butterfly(values, lane, WARP // 2, lambda x, y: x + y)
-
-    @cuda.jit(device=True)
-    def warp_max(value):
-        values, lane = warp_values(value)
-        return _butterfly(values, lane, WARP // 2, max)
 
     def _quad(value, combine):
         # lanes 4g .. 4g+3 meet: xor 1, then xor 2, as the shuffles below
@@ -125,15 +119,6 @@ else:
     def warp_sum(value):
         # the sum of `value` over the 32 lanes of this warp, to every lane
         return group_sum(value, WARP)
-
-    @inlined
-    def warp_max(value):
-        # the max of `value` over the 32 lanes of this warp, to every lane (a butterfly)
-        offset = WARP // 2
-        while offset > 0:
-            value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, offset))
-            offset //= 2
-        return value
 
     @inlined
     def pair_exchange(value):
