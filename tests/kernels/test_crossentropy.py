@@ -144,3 +144,36 @@ def test_bf16_logits_grid(monkeypatch):
     assert crossentropy.bf16_logits_grid(100, 2 * 50304) == (2, 100)
     assert crossentropy.bf16_logits_grid(16384, 2 * 100_000) == (1, 132)
     assert crossentropy.bf16_logits_grid(16384, 2 * 120_000) is None
+
+
+def test_bf16_logits_kernel_keeps_the_bits_of_the_kernel_before(rng, monkeypatch):
+    """The persistent kernel does the arithmetic of the row-per-block kernel it replaced
+    (kept in tools/dev/loss_bench.py), step for step: losses, lse and every gradient word the
+    same bits, on a device of 2 multiprocessors whose blocks take turns at the rows (the
+    default recipe's losses were measured with those bits)."""
+    import importlib.util
+    from pathlib import Path
+    from nanoandrea.kernels.runtime import device as runtime_device
+    path = Path(__file__).resolve().parents[2] / "tools" / "dev" / "loss_bench.py"
+    spec = importlib.util.spec_from_file_location("loss_bench", path)
+    before = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(before)
+    N, Vp, V = (7, 328, 321) if not GPU else (1031, 50304, 50257)
+    two = runtime_device.Device("two multiprocessors", (9, 0), 2, 50 * 2**20,
+                                2 * 2 * Vp + crossentropy.STATS_BYTES)
+    monkeypatch.setattr(runtime_device, "current", lambda: two)
+    assert crossentropy.bf16_logits_grid(N, 2 * Vp) == (2, 2)
+    logits, _ = bf16_logits(rng, N, Vp, 4.0)
+    targets = rng.integers(0, V, size=N).astype(np.int32)
+    targets[0], targets[1] = V - 1, 0
+    outputs = []
+    for run in (before.launch_row_per_block, crossentropy.launch_bf16_logits):
+        losses, lse = poisoned(N), poisoned(N)
+        grad = Bf16Matrix.allocate((N, Vp), lambda shape, dtype: device(
+            np.full(shape, 0xFFFFFFFF), dtype))
+        run(losses, lse, grad, logits, device(targets, np.int32),
+            device(np.array([0.7], np.float32)), V)
+        outputs.append([x.copy_to_host().view(np.uint32)
+                        for x in (losses, lse, grad.bf16_pairs)])
+    for a, b in zip(*outputs):
+        assert np.array_equal(a, b)
