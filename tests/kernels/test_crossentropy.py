@@ -148,9 +148,11 @@ def test_bf16_logits_grid(monkeypatch):
 
 def test_bf16_logits_kernel_keeps_the_bits_of_the_kernel_before(rng, monkeypatch):
     """The persistent kernel does the arithmetic of the row-per-block kernel it replaced
-    (kept in tools/dev/loss_bench.py), step for step: losses, lse and every gradient word the
-    same bits, on a device of 2 multiprocessors whose blocks take turns at the rows (the
-    default recipe's losses were measured with those bits)."""
+    (kept in tools/dev/loss_bench.py; its base-2 logits and per-thread online sums are the
+    package's helpers, so this holds the rest: the reductions, lse, the loss, the gradient's
+    scale and rounding, the rows each block walks), step for step: losses, lse and every
+    gradient word the same bits, on a device of 2 multiprocessors whose blocks take turns at
+    the rows (the default recipe's losses were measured with those bits)."""
     import importlib.util
     from pathlib import Path
     from nanoandrea.kernels.runtime import device as runtime_device

@@ -36,37 +36,10 @@ from nanoandrea.kernels.runtime.launch import inlined, kernel_factory, launch  #
 # --- before: crossentropy.py's bf16 kernel at aac3811 -----------------------------------------
 
 BF16_THREADS = 32 if SIMULATOR else 512
-NEG_INF = float32(-np.inf)
-LOG2E = float32(1.0 / math.log(2.0))
-
-
-@inlined
-def class_log2(x, v, V):
-    return x * LOG2E if v < V else NEG_INF
-
-
-@inlined
-def add_to_running_sum2(m, s, x0, x1, x2, x3, x4, x5, x6, x7):
-    new_m = max(max(max(m, x0), max(x1, x2)), max(max(x3, x4), max(max(x5, x6), x7)))
-    if new_m == NEG_INF:
-        return m, s
-    s = s * exp2_fast(m - new_m) + (
-        (exp2_fast(x0 - new_m) + exp2_fast(x1 - new_m))
-        + (exp2_fast(x2 - new_m) + exp2_fast(x3 - new_m))
-        + (exp2_fast(x4 - new_m) + exp2_fast(x5 - new_m))
-        + (exp2_fast(x6 - new_m) + exp2_fast(x7 - new_m)))
-    return new_m, s
-
-
-@inlined
-def eight_classes(w0, w1, w2, w3, v, V):
-    x0, x1 = bf16_unpair(w0)
-    x2, x3 = bf16_unpair(w1)
-    x4, x5 = bf16_unpair(w2)
-    x6, x7 = bf16_unpair(w3)
-    return (class_log2(x0, v, V), class_log2(x1, v + 1, V), class_log2(x2, v + 2, V),
-            class_log2(x3, v + 3, V), class_log2(x4, v + 4, V), class_log2(x5, v + 5, V),
-            class_log2(x6, v + 6, V), class_log2(x7, v + 7, V))
+# (its logits in base 2, eight_classes, and add_to_running_sum2, the online softmax in base 2,
+# are the package's today: the persistent kernel does the same arithmetic)
+eight_classes, add_to_running_sum2 = crossentropy.logits8_log2, crossentropy.add_to_running_sum2
+NEG_INF, LOG2E = crossentropy.NEG_INF, crossentropy.LOG2E
 
 
 @inlined
