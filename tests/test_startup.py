@@ -27,7 +27,7 @@ def test_a_runs_kernels_are_listed_without_running_them():
     before = model.backend.to_host(model.params.buffer)
     needed = for_training(model, batch_size=2, block_size=8)
     names = {kernel.py_func.__name__ for kernel, _ in needed}
-    assert {"adamw_kernel", "embedding_forward_kernel", "embedding_token_grad_kernel"} <= names
+    assert {"adamw4_kernel", "embedding_forward_kernel", "embedding_token_grad_kernel"} <= names
     assert any("matmul" in name for name in names)
     assert any("attention_forward" in name for name in names)
     assert any("attention_backward" in name or "dkdv" in name for name in names)
