@@ -39,8 +39,9 @@ The logits are taken in base 2 (x log2 e) and the exponentials are ex2.approx (p
 relative error ~2^-22, far below bf16's rounding of the logits): with half the bytes, the
 exact exp would bound the kernel instead of the memory, and for the same reason a chunk of
 eight classes without the target (all but one or two a row) skips the tests of each column.
-Its arithmetic is, step for step, that of the kernel before it (a block a row): the same bits,
-so the default recipe's losses stay those it was measured with.
+Its arithmetic is, step for step, that of the simpler kernel of a block a row kept in
+tools/dev/loss_bench.py (a test holds every output to the same bits), so the default recipe's
+losses do not depend on which of the two computes them.
 """
 import math
 
@@ -285,8 +286,8 @@ def store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V, lse2
                      scale):
     # dlogits[n, 8c : 8c + 8] from the chunk's base-2 logits, rounded to bf16 pairs, one
     # 16-byte store. All but a row's one or two chunks hold eight classes and no target:
-    # softmax * scale. (scale is float64, dloss / N, as the products are rounded to float32
-    # then bf16: the bits of the kernel before, whose recipe's losses are the reference)
+    # softmax * scale. (scale is float64, dloss / N: each product is rounded to float32, then
+    # to bf16, as the row-per-block kernel's are)
     v = 8 * c
     if v + 8 <= V and not (v <= target < v + 8):
         g0, g1 = exp2_fast(x0 - lse2) * scale, exp2_fast(x1 - lse2) * scale
@@ -333,8 +334,8 @@ def bf16_logits_kernel(gradient, buffers=2):
         # them into its running max and sum, and reads them back for the gradient. No thread
         # reads another's chunks, so a buffer is refilled without a barrier: the block meets
         # only to combine the threads' sums (block_max, block_sum: reduce.py's fixed tree).
-        # The arithmetic, in base 2, is the row-per-block kernel's before it, step for step,
-        # and so are the bits (what the default recipe's losses were measured with)
+        # The arithmetic, in base 2, is the row-per-block kernel's (tools/dev/loss_bench.py),
+        # step for step, and so are the bits
         words = dynamic_shared_words()          # `buffers` rows of P/2 words, 16-byte aligned
         scratch = cuda.shared.array(MAX_THREADS, float32)
         N, row_words = logit_pairs.shape
