@@ -160,24 +160,25 @@ def sum_rows8_kernel(bf16_in=False):
     bf16 pairs [M, P/2], else float32 [M, N]."""
 
     @inlined
-    def load_row(x, row, col):
-        # x[row, col : col + 8]: one 16-byte load of 4 bf16 pairs, or two of floats
+    def add_row(acc, x, row, col):
+        # acc[0:8] += x[row, col : col + 8]: one 16-byte load of 4 bf16 pairs, or two of floats
         if bf16_in:
             w0, w1, w2, w3 = load4_u32(x, (row, col >> 1))
             a0, a1 = bf16_unpair(w0)
             a2, a3 = bf16_unpair(w1)
             a4, a5 = bf16_unpair(w2)
             a6, a7 = bf16_unpair(w3)
-            return a0, a1, a2, a3, a4, a5, a6, a7
-        a0, a1, a2, a3 = load4(x, (row, col))
-        a4, a5, a6, a7 = load4(x, (row, col + 4))
-        return a0, a1, a2, a3, a4, a5, a6, a7
-
-    @inlined
-    def add_row(acc, a):
-        # acc[0:8] += a row's 8 values
-        for e in range(8):
-            acc[e] += a[e]
+        else:
+            a0, a1, a2, a3 = load4(x, (row, col))
+            a4, a5, a6, a7 = load4(x, (row, col + 4))
+        acc[0] += a0
+        acc[1] += a1
+        acc[2] += a2
+        acc[3] += a3
+        acc[4] += a4
+        acc[5] += a5
+        acc[6] += a6
+        acc[7] += a7
 
     @cuda.jit
     def sum_rows8_kernel(partials, x, accumulate):
@@ -195,23 +196,8 @@ def sum_rows8_kernel(bf16_in=False):
         for e in range(8):
             acc[e] = float32(0.0)
         if col < N:
-            # four rows at a time, their loads issued before the first add (four 16-byte loads
-            # in flight a thread, not one), added in row order as one at a time would: the
-            # same bits
-            row = first + ty
-            while row + 3 * SUM_THREADS_Y < end:
-                a = load_row(x, row, col)
-                b = load_row(x, row + SUM_THREADS_Y, col)
-                c = load_row(x, row + 2 * SUM_THREADS_Y, col)
-                d = load_row(x, row + 3 * SUM_THREADS_Y, col)
-                add_row(acc, a)
-                add_row(acc, b)
-                add_row(acc, c)
-                add_row(acc, d)
-                row += 4 * SUM_THREADS_Y
-            while row < end:
-                add_row(acc, load_row(x, row, col))
-                row += SUM_THREADS_Y
+            for row in range(first + ty, end, SUM_THREADS_Y):
+                add_row(acc, x, row, col)
         for e in range(8):              # (column 8 tx + e at e * SUM_THREADS_X + tx: the
             sums[ty, e * SUM_THREADS_X + tx] = acc[e]       # threads of a warp, apart)
         cuda.syncthreads()

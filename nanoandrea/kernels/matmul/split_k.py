@@ -58,17 +58,7 @@ def sum_splits_kernel(out, partials, bias, has_bias, accumulate, N):
         t0 = t1 = t2 = t3 = float32(0.0)
         if has_bias:
             t0, t1, t2, t3 = load4(bias, (i % N,))
-        # the slices two at a time, both loads issued before the adds (two 16-byte loads in
-        # flight a thread), added in order z = 0, 1, ... as one at a time would: the same bits
-        S = partials.shape[0]
-        z = 0
-        while z + 1 < S:
-            x = load4(partials, (z, i))
-            y = load4(partials, (z + 1, i))
-            t0, t1, t2, t3 = t0 + x[0], t1 + x[1], t2 + x[2], t3 + x[3]
-            t0, t1, t2, t3 = t0 + y[0], t1 + y[1], t2 + y[2], t3 + y[3]
-            z += 2
-        if z < S:
+        for z in range(partials.shape[0]):
             x = load4(partials, (z, i))
             t0, t1, t2, t3 = t0 + x[0], t1 + x[1], t2 + x[2], t3 + x[3]
         if accumulate:
