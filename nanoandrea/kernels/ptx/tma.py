@@ -22,6 +22,12 @@ a simulator twin.
                                                  threads of the block have reached it
     registers_down(); registers_up()             setmaxnreg: this warpgroup's registers to
                                                  PRODUCER_REGISTERS / CONSUMER_REGISTERS
+  in a cluster (blocks launched together on neighbouring multiprocessors, runtime/launch.py):
+    box_load_multicast(rows, pairs)(..., bar, mask)   box_load into the same words of every
+                                                 block in `mask`, counted off each one's bar
+    mbarrier_arrive_at(words, bar, cta)          an arrival on block cta's mbarrier at bar
+    fence_mbarrier_init(); cluster_sync()        the barriers made, seen by the cluster;
+                                                 until every thread of the cluster is here
 
 A TENSOR MAP is 128 bytes the CUDA driver encodes (cuTensorMapEncodeTiled) that describe a
 tensor in global memory (here always 3-D: columns, rows, planes; its base, sizes and strides)
@@ -55,7 +61,8 @@ threads, each mbarrier and named barrier is a counter in a dict that its waiters
 (a wait that lasts STUCK_S fails: a phase that never completes is a bug, not a hang), a
 box copy happens at once (reading or writing the array itself, swizzling as the engine does),
 and the waits for bulk groups, the fence and setmaxnreg do nothing. The simulator runs a
-block's threads in turn, so a block cannot wait on another: there are no clusters here.
+block's threads in turn, so a block cannot wait on another: its clusters are of one block,
+a multicast landing in the block itself and mbarrier_arrive_at arriving on its own barrier.
 """
 import functools
 import threading
@@ -198,6 +205,29 @@ if SIMULATOR:
 
     box_add = _box_write(add=True)
 
+    # Clusters: the simulator runs one block at a time, so its clusters are of one block; a
+    # multicast lands in the block itself and a barrier of "block `cta`" is the block's own.
+    @functools.cache
+    def box_load_multicast(rows, pairs):
+        """The twin of box_load(rows, pairs) into every block of `mask` (the block's own)."""
+        load = box_load(rows, pairs)
+
+        @cuda.jit(device=True)
+        def load_multicast(words, word, maps, index, x, col, row, z, bar, mask):
+            load(words, word, maps, index, x, col, row, z, bar)
+        return load_multicast
+
+    @cuda.jit(device=True)
+    def mbarrier_arrive_at(words, word, cta):
+        mbarrier_arrive(words, word)
+
+    @cuda.jit(device=True)
+    def cluster_sync():
+        cuda.syncthreads()
+
+    def fence_mbarrier_init():
+        pass
+
 else:
     from llvmlite import ir
     from numba import types
@@ -279,6 +309,19 @@ else:
     mbarrier_try_wait = barrier_instruction("{ .reg .pred done; "
                                  "mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
                                  "selp.u32 $0, 1, 0, done; }", values=1, result=True)
+    # an arrival on the mbarrier at the same word of block `cta` of the cluster (its shared
+    # address there: mapa). Its default semantics (release, the block's scope), as CUTLASS's
+    # ClusterBarrier arrives: what it orders is the wgmma's reads of a stage before the copy
+    # engine's next writes into it, which the barrier's phase itself orders; the cluster's
+    # scope would put a fence of the whole GPU (MEMBAR.ALL.GPU) before every arrival
+    mbarrier_arrive_at = barrier_instruction(
+        "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, $0, $1; "
+        "mbarrier.arrive.shared::cluster.b64 _, [remote]; }", values=1)
+    # every thread of every block of the cluster meets here (not .aligned: a warp's threads
+    # may come apart, as the producer's one busy thread does)
+    cluster_sync = _statement("barrier.cluster.arrive; barrier.cluster.wait;")
+    # mbarrier_init's writes, seen by the cluster's other blocks (before cluster_sync)
+    fence_mbarrier_init = _statement("fence.mbarrier_init.release.cluster;")
 
     @intrinsic
     def barrier_sync(typingctx, b, count):
@@ -327,6 +370,30 @@ else:
             return types.void(words, word, maps, index, x, col, row, z, bar), codegen
         return load
 
+    @functools.cache
+    def box_load_multicast(rows, pairs):
+        """box_load(rows, pairs), the box landing at the same word in every block of the
+        cluster whose bit is set in `mask` (16 bits, bit r: block r), and counted off the
+        mbarrier at the same word in each: one read of L2 for them all."""
+        @intrinsic
+        def load(typingctx, words, word, maps, index, x, col, row, z, bar, mask):
+            def codegen(context, builder, signature, args):
+                kinds = signature.args
+                destination = _shared(context, builder, kinds[0], args[0], kinds[1], args[1])
+                barrier = _shared(context, builder, kinds[0], args[0], kinds[8], args[8])
+                address = _map(context, builder, kinds[2], args[2], kinds[3], args[3])
+                bits = builder.trunc(_ints(context, builder, args[9:], kinds[9:])[0],
+                                     ir.IntType(16))
+                _asm(builder, "cp.async.bulk.tensor.3d.shared::cluster.global.tile"
+                     ".mbarrier::complete_tx::bytes.multicast::cluster"
+                     " [$0], [$1, {$2, $3, $4}], [$5], $6;",
+                     "r,l,r,r,r,r,h,~{memory}",
+                     [destination, address,
+                      *_coordinates(context, builder, signature, args, pairs), barrier, bits])
+
+            return types.void(words, word, maps, index, x, col, row, z, bar, mask), codegen
+        return load
+
     def _box_write(text, pairs):
         @intrinsic
         def write(typingctx, words, word, maps, index, x, col, row, z):
@@ -355,6 +422,7 @@ else:
 def wait_phase(words, word, parity):
     while not mbarrier_try_wait(words, word, parity):
         pass
+
 
 
 # --- the tensor maps -------------------------------------------------------------------------

@@ -95,16 +95,25 @@ def kernel_factory(make):
 _recording = None       # while a run's kernels are listed (`recording`): the set they go to
 
 
-def launch(kernel, grid, block, *args, shared_bytes=0):
+def launch(kernel, grid, block, *args, shared_bytes=0, cluster=1):
     """Launch `kernel` on the current stream. grid and block are ints or tuples. shared_bytes:
     the size of the kernel's dynamic shared array (`cuda.shared.array(0, ...)`, cut into
     tiles by kernels/sharedmem.py); over 48 KB, the kernel is let have that much first.
+    cluster: blocks a cluster, along x (Hopper; grid, an int, a multiple of it): the blocks
+    of a cluster run at once, on neighbouring multiprocessors, each able to write into the
+    others' shared memory and arrive on their barriers (ptx/tma.py). The simulator runs
+    clusters of one block only.
     A kernel's first launch gives it the compile cache on disk (runtime/cache.py)."""
     if _recording is not None:
         _recording.add((kernel, argument_types(kernel, args)))
         return
     if not SIMULATOR and not isinstance(kernel._cache, cache.KernelCache):
         cache.attach(kernel)
+    if cluster > 1:
+        check(not SIMULATOR and isinstance(grid, int) and grid % cluster == 0,
+              f"launch: a grid of {grid} blocks in clusters of {cluster}")
+        launch_in_clusters(kernel, grid, block, args, shared_bytes, cluster)
+        return
     configured = kernel[grid, block, _stream, shared_bytes]
     # (numba-cuda caches the configured launch per (grid, block, stream, bytes): the hook goes
     # on it once, not on every launch)
@@ -114,14 +123,37 @@ def launch(kernel, grid, block, *args, shared_bytes=0):
     configured(*args)
 
 
+def launch_in_clusters(kernel, grid, block, args, shared_bytes, cluster):
+    """numba-cuda's launch (dispatcher._Kernel.launch) with a cluster in its configuration,
+    which numba-cuda does not offer: the kernel compiled for these arguments (or taken from
+    memory or the disk cache), its arguments prepared as numba-cuda prepares them, and
+    cuda.core's launch, whose grid then counts clusters."""
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as core_launch
+    from numba.cuda.cudadrv.driver import _to_core_stream
+    compiled = kernel.compile(argument_types(kernel, args))
+    stream = _to_core_stream(_stream)
+    if shared_bytes > STATIC_SHARED_BYTES:
+        _allow_shared_bytes(compiled, shared_bytes)
+    prepared, written_back = [], []
+    for kind, value in zip(compiled.argument_types, args):
+        compiled._prepare_args(kind, value, stream, written_back, prepared)
+    config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block,
+                          shmem_size=shared_bytes)
+    core_launch(stream, config, compiled._codelibrary.get_cufunc().kernel, *prepared)
+
+
 _allowed_shared = {}        # compiled kernel -> the dynamic shared bytes it may take
 
 
 def _allow_dynamic_shared(compiled, configuration):
-    # (numba-cuda's pre-launch hook, given the kernel compiled for these arguments.) The
-    # driver's attribute, set the way numba-cuda sets a kernel's shared-memory carveout
+    # (numba-cuda's pre-launch hook, given the kernel compiled for these arguments)
+    _allow_shared_bytes(compiled, configuration.sharedmem)
+
+
+def _allow_shared_bytes(compiled, bytes_wanted):
+    # The driver's attribute, set the way numba-cuda sets a kernel's shared-memory carveout
     # (CudaPythonFunction.set_shared_memory_carveout), once per kernel and size
-    bytes_wanted = configuration.sharedmem
     if _allowed_shared.get(id(compiled), 0) >= bytes_wanted:
         return
     from cuda.bindings import driver as binding
