@@ -46,7 +46,7 @@ losses do not depend on which of the two computes them.
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, float64
 
 from .operands import (Bf16Matrix, bf16_matrix_values, bf16_values, device_empty, round_bf16,
                        round_bf16_numpy)
@@ -286,8 +286,8 @@ def store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V, lse2
                      scale):
     # dlogits[n, 8c : 8c + 8] from the chunk's base-2 logits, rounded to bf16 pairs, one
     # 16-byte store. All but a row's one or two chunks hold eight classes and no target:
-    # softmax * scale. (scale is float64, dloss / N: each product is rounded to float32, then
-    # to bf16, as the row-per-block kernel's are)
+    # softmax * scale. (scale: dloss / N, float64, or float32 where that is the same value:
+    # each product is rounded to float32, then to bf16, as the row-per-block kernel's are)
     v = 8 * c
     if v + 8 <= V and not (v <= target < v + 8):
         g0, g1 = exp2_fast(x0 - lse2) * scale, exp2_fast(x1 - lse2) * scale
@@ -305,6 +305,16 @@ def store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V, lse2
         g7 = edge_gradient(x7, v + 7, V, lse2, target, scale)
     store4_u32(dlogit_pairs, (n, 4 * c), bf16_pair(g0, g1), bf16_pair(g2, g3),
                bf16_pair(g4, g5), bf16_pair(g6, g7))
+
+
+@inlined
+def store_gradient_row(dlogit_pairs, words, at, n, row_words, V, lse2, target, scale):
+    # this thread's chunks of row n's gradient, from the row's logits in words[at:]
+    for c in range(cuda.threadIdx.x, row_words // 4, BF16_THREADS):
+        w0, w1, w2, w3 = load4_u32(words, (at + 4 * c,))
+        x0, x1, x2, x3, x4, x5, x6, x7 = logits8_log2(w0, w1, w2, w3, 8 * c, V)
+        store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V, lse2, target,
+                         scale)
 
 
 @inlined
@@ -339,7 +349,14 @@ def bf16_logits_kernel(gradient, buffers=2):
         words = dynamic_shared_words()          # `buffers` rows of P/2 words, 16-byte aligned
         scratch = cuda.shared.array(MAX_THREADS, float32)
         N, row_words = logit_pairs.shape
-        scale = dloss[0] / N                    # (float64, as before; unread without gradient)
+        # the gradient's scale, dloss / N in float64 as before. Where float32 holds it exactly
+        # (dloss 1 and N a power of two: every recipe's), each float32 product x * scale is
+        # the float64 product rounded once to float32, the same bits, and costs no
+        # conversions to float64 and back (64-bit conversions run at 16 a clock a
+        # multiprocessor: ~0.25 ms over andrea-120m's 824M logits)
+        scale = dloss[0] / N
+        scale32 = float32(scale)
+        exact32 = float64(scale32) == scale
         n, at = cuda.blockIdx.x, 0          # the row, and the word where its buffer starts
         start_row_copy(words, at, logit_pairs, n)
         while n < N:
@@ -361,12 +378,12 @@ def bf16_logits_kernel(gradient, buffers=2):
                 low, high = bf16_unpair(words[at + (target >> 1)])
                 lse[n] = lse2 / LOG2E
                 losses[n] = lse2 / LOG2E - (high if target & 1 else low)
-            if gradient:
-                for c in range(cuda.threadIdx.x, row_words // 4, BF16_THREADS):
-                    w0, w1, w2, w3 = load4_u32(words, (at + 4 * c,))
-                    x0, x1, x2, x3, x4, x5, x6, x7 = logits8_log2(w0, w1, w2, w3, 8 * c, V)
-                    store_gradients8(dlogit_pairs, n, c, x0, x1, x2, x3, x4, x5, x6, x7, V,
-                                     lse2, target, scale)
+            if gradient and exact32:
+                store_gradient_row(dlogit_pairs, words, at, n, row_words, V, lse2, target,
+                                   scale32)
+            elif gradient:
+                store_gradient_row(dlogit_pairs, words, at, n, row_words, V, lse2, target,
+                                   scale)
             if buffers == 1:                # the one buffer is free once this row is done
                 start_row_copy(words, next_at, logit_pairs, next_n)
             n, at = next_n, next_at

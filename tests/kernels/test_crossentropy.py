@@ -146,13 +146,16 @@ def test_bf16_logits_grid(monkeypatch):
     assert crossentropy.bf16_logits_grid(16384, 2 * 120_000) is None
 
 
-def test_bf16_logits_kernel_keeps_the_bits_of_the_kernel_before(rng, monkeypatch):
+@pytest.mark.parametrize("scale", ["float64", "float32"])
+def test_bf16_logits_kernel_keeps_the_bits_of_the_kernel_before(rng, monkeypatch, scale):
     """The persistent kernel does the arithmetic of the row-per-block kernel it replaced
     (kept in tools/dev/loss_bench.py; its base-2 logits and per-thread online sums are the
     package's helpers, so this holds the rest: the reductions, lse, the loss, the gradient's
     scale and rounding, the rows each block walks), step for step: losses, lse and every
     gradient word the same bits, on a device of 2 multiprocessors whose blocks take turns at
-    the rows (the default recipe's losses were measured with those bits)."""
+    the rows (the default recipe's losses were measured with those bits). The gradient's
+    scale dloss / N: one float32 does not hold (float64 products), and one it holds (float32
+    products, which the kernel then makes: the same bits)."""
     import importlib.util
     from pathlib import Path
     from nanoandrea.kernels.runtime import device as runtime_device
@@ -173,8 +176,9 @@ def test_bf16_logits_kernel_keeps_the_bits_of_the_kernel_before(rng, monkeypatch
         losses, lse = poisoned(N), poisoned(N)
         grad = Bf16Matrix.allocate((N, Vp), lambda shape, dtype: device(
             np.full(shape, 0xFFFFFFFF), dtype))
+        dloss = 0.7 if scale == "float64" else N / 1024     # (dloss / N: 0.1, or 2^-10)
         run(losses, lse, grad, logits, device(targets, np.int32),
-            device(np.array([0.7], np.float32)), V)
+            device(np.array([dloss], np.float32)), V)
         outputs.append([x.copy_to_host().view(np.uint32)
                         for x in (losses, lse, grad.bf16_pairs)])
     for a, b in zip(*outputs):
