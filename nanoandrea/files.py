@@ -81,6 +81,21 @@ def reason(error):
 
 
 @contextlib.contextmanager
+def replacing(path):
+    """A hidden temporary beside path (.NAME.tmp), for the block to write: when the block
+    ends it replaces path whole (a rename); when anything stops it (an error, Ctrl-C, a
+    SIGTERM) the temporary is removed and path is as it was."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
 def writing(what):
     """An OSError inside the block becomes a WriteError naming `what` and why."""
     try:

@@ -31,7 +31,7 @@ from .autograd import no_grad
 from .backend import Backend
 from .checkpoint import read_checkpoint
 from .data import DEFAULT_CORPUS, VAL_FRACTION
-from .files import reason, unwritable
+from .files import reason, replacing, unwritable
 from .kernels.attention.reference import causal_probabilities
 from .model import GPT
 
@@ -311,7 +311,8 @@ def plot_gradient_shares(steps, shares, path):
     axes[0, 0].set_ylabel("share of the layer's\nattention gradient", fontsize=7)
     axes[0, 0].legend([f"head {h}" for h in range(shares.shape[2])], fontsize=5)
     figure.tight_layout()
-    temporary = Path(path).with_name("." + Path(path).name + ".tmp")
-    figure.savefig(temporary, format="png", dpi=110)
-    plt.close(figure)
-    temporary.replace(path)
+    try:
+        with replacing(path) as temporary:
+            figure.savefig(temporary, format="png", dpi=110)
+    finally:
+        plt.close(figure)

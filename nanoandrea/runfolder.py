@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from .checkpoint import NAMES, checkpoint_folder
-from .files import fsync_folder, remove, unwritable
+from .files import fsync_folder, remove, replacing, unwritable
 
 LOGS = ("metrics.jsonl", "samples.txt")
 PLOTS = ("loss.png", "heads_grad.png")
@@ -181,9 +181,7 @@ def _rewrite(path, before, after):
     one or the other whole)."""
     if after == before:
         return
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as file:
+    with replacing(path) as temporary, open(temporary, "w", encoding="utf-8") as file:
         file.writelines(after)
         file.flush()
         os.fsync(file.fileno())
-    os.replace(temporary, path)

@@ -45,7 +45,7 @@ from .checkpoint import CheckpointError, checkpoint_folder, read_checkpoint, sav
 from .config import PRESETS, ConfigError, get_preset, parameter_breakdown
 from .data import BatchSampler, DataError, Dataset, resolve_data
 from .distributed import DistributedError, data_parallel
-from .files import WriteError, writing
+from .files import WriteError, replacing, writing
 from .heads import HeadsError, gradient_shares, plot_gradient_shares
 from .hf import InteropError
 from .mfu import mfu, peak_flops, precision_line
@@ -527,11 +527,9 @@ class Run:
         axes.grid(alpha=0.3)
         axes.legend()
         figure.tight_layout()
-        temporary = self.out / ".loss.png.tmp"
         try:
-            with writing(self.out / "loss.png"):
+            with writing(self.out / "loss.png"), replacing(self.out / "loss.png") as temporary:
                 figure.savefig(temporary, format="png", dpi=100)
-                temporary.replace(self.out / "loss.png")
         finally:
             plt.close(figure)
 

@@ -499,6 +499,29 @@ def test_sigterm_and_ctrl_c_end_training_with_one_line_naming_the_checkpoint(cor
                               f"{tmp_path / 'again' / 'ckpt'}, holds step 3")
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, OSError])
+def test_a_file_stopped_while_it_is_replaced_leaves_no_temporary_and_the_old_file(tmp_path,
+                                                                                   stop):
+    """loss.png, metrics.jsonl and samples.txt are replaced through .NAME.tmp
+    (files.replacing): a Ctrl-C or SIGTERM (raised in the main thread, where the plot is
+    being written) or a failed write in the middle leaves the file as it was and no
+    temporary. (The SIGTERM test above met this only when the signal came while loss.png
+    was written: a .loss.png.tmp was left behind.)"""
+    from nanoandrea.files import replacing
+    path = tmp_path / "loss.png"
+    path.write_bytes(b"the plot before")
+    with pytest.raises(stop):
+        with replacing(path) as temporary:
+            temporary.write_bytes(b"half a plot")
+            raise stop()
+    assert sorted(os.listdir(tmp_path)) == ["loss.png"]
+    assert path.read_bytes() == b"the plot before"
+    with replacing(path) as temporary:
+        temporary.write_bytes(b"the plot after")
+    assert sorted(os.listdir(tmp_path)) == ["loss.png"]
+    assert path.read_bytes() == b"the plot after"
+
+
 def listing(folder):
     """Every file under folder, with its bytes' digest and mode: what must stay untouched."""
     import hashlib
