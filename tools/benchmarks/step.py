@@ -140,7 +140,12 @@ def bench_profile(args):
         for side, fn in (("ours", ours(False)), *baselines.items()):
             times = kernel_times(fn, 3)
             total = sum(ms for _, ms in times.values())
-            print(f"profile: {preset} B={B} T={T}, {side}: {total:.2f} ms of kernels per step")
+            # (issue 64 counts launches a step, before and after a fusion: the kernels', not
+            # the copies' the profiler lists beside them)
+            launches = sum(count for name, (count, _) in times.items()
+                           if not name.startswith("Memcpy") and not name.startswith("Memset"))
+            print(f"profile: {preset} B={B} T={T}, {side}: {total:.2f} ms of kernels per step, "
+                  f"{launches:.0f} kernel launches")
             print_kernel_times(times, args.top)
 
 
