@@ -141,6 +141,8 @@ def launch_in_clusters(kernel, grid, block, args, shared_bytes, cluster):
     config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block,
                           shmem_size=shared_bytes)
     core_launch(stream, config, compiled._codelibrary.get_cufunc().kernel, *prepared)
+    for write_back in written_back:     # (host arrays given: copied back, as numba-cuda does)
+        write_back()
 
 
 _allowed_shared = {}        # compiled kernel -> the dynamic shared bytes it may take
